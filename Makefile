@@ -1,0 +1,38 @@
+# `make test` and `make demo` set everything up on a fresh machine, then run. Both are idempotent.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TOOLS := .tools/bin
+TOOLS_STAMP := .tools/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: test demo setup tools bench-probe clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: the CPU wheel this machine kind carries (a bare `torch` pulls a CUDA build).
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,demo]'
+	touch $(STAMP)
+
+$(TOOLS_STAMP): .ci/install-tools
+	.ci/install-tools
+	touch $(TOOLS_STAMP)
+
+setup: $(STAMP)
+tools: $(TOOLS_STAMP)
+
+test: setup tools
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/gluon-agent probe; status=$$?; \
+	  if [ $$status -le 1 ]; then echo "(probe exit $$status: 0 capable, 1 not capable; both are a finished demo)"; exit 0; fi; exit $$status
+
+bench-probe: setup
+	$(PY) bench/probe.py --json
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache

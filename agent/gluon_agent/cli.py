@@ -1,0 +1,46 @@
+"""`gluon-agent`: the node agent's command line. Exit codes: 0 success/capable, 1 not, 2 usage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from . import __version__
+from .probe import DEFAULT_TIMEOUT_S, format_table, probe
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    report = probe(python=args.python, timeout=args.timeout)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_table(report))
+    return 0 if report["capable"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gluon-agent", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gluon-agent {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("probe", help="capability probe of the aiter MLA Gluon decode path")
+    p.add_argument("--python", help="interpreter to probe (default: this one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, help="seconds per check child")
+    p.set_defaults(func=cmd_probe)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

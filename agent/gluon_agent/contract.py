@@ -1,0 +1,95 @@
+"""The contract between agent, operator, chart, dashboards and users: every label, annotation,
+environment variable and metric name this project writes or reads. Nothing else spells them.
+
+Stdlib only: the preflight copies this package into foreign serving images.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+PREFIX: Final = "gluonrollout.io/"
+
+# SGLang's switch for the accelerated path (SGLang PR #34647). Not ours: SGLang reads it.
+FLAG_ENV: Final = "SGLANG_AITER_MLA_GLUON"
+
+# ---------------------------------------------------------------- node labels, agent-owned
+# "true" when the probe found the stack and hardware able to run the Gluon path (gfx950, the aiter
+# import, Triton's Gluon cga_layout API, fp8 e4m3fn), whatever the env flag says. "false" otherwise.
+LABEL_CAPABLE: Final = PREFIX + "capable"
+# The self-test verdict for this node's current fingerprint, worst over GPUs and paths.
+LABEL_SELFTEST: Final = PREFIX + "selftest"
+SELFTEST_VALUES: Final = ("pass", "fail", "error", "pending", "deferred")
+# The GPU architecture of the node, e.g. "gfx950" (first GPU; "mixed" when they differ, "none" without).
+LABEL_GPU_ARCH: Final = PREFIX + "gpu-arch"
+
+# ---------------------------------------------------------------- node labels, operator-owned
+# "true" only on nodes where the operator has turned the flag on; "false" where it decided off.
+LABEL_ENABLED: Final = PREFIX + "enabled"
+# The node state of the rollout state machine (NODE_STATES below).
+LABEL_STATE: Final = PREFIX + "state"
+NODE_STATES: Final = (
+    "Ineligible",
+    "Eligible",
+    "Enabling",
+    "Analyzing",
+    "Promoted",
+    "RolledBack",
+    "Disabled",
+)
+
+# ---------------------------------------------------------------- pod label, operator-owned
+# The value of SGLANG_AITER_MLA_GLUON the serving pod really started with ("1" or "0"),
+# read from its preflight verdict, so metrics and dashboards can split by the flag in use.
+LABEL_POD_FLAG: Final = PREFIX + "flag"
+
+# ---------------------------------------------------------------- node annotations
+# Agent-owned. JSON: probe, self-test results, fingerprint, time, agent version.
+ANNOTATION_REPORT: Final = PREFIX + "report"
+# Agent-owned. Comma-separated list of the label and annotation keys the agent last set, so it can
+# remove keys it no longer sets (NFD's "extended-resources"/"feature-labels" bookkeeping).
+ANNOTATION_OWNED_KEYS: Final = PREFIX + "agent-owned-keys"
+# Written by a person or the operator; any new value asks the agent for a self-test run.
+ANNOTATION_SELFTEST_REQUEST: Final = PREFIX + "selftest-request"
+# Operator-owned. JSON: why the node was rolled back, with the measured numbers and thresholds.
+ANNOTATION_ROLLBACK: Final = PREFIX + "rollback"
+
+# ---------------------------------------------------------------- agent metrics
+AGENT_METRIC_PREFIX: Final = "gluon_agent_"
+M_AGENT_INFO: Final = AGENT_METRIC_PREFIX + "probe"  # info metric: versions, arch
+M_AGENT_CAPABLE: Final = AGENT_METRIC_PREFIX + "capable"
+M_AGENT_SELFTEST_RESULT: Final = AGENT_METRIC_PREFIX + "selftest_result"
+M_AGENT_CASE_ERROR: Final = AGENT_METRIC_PREFIX + "selftest_case_rel_error"
+M_AGENT_KERNEL_SECONDS: Final = AGENT_METRIC_PREFIX + "kernel_seconds"
+M_AGENT_KERNEL_BANDWIDTH: Final = AGENT_METRIC_PREFIX + "kernel_bandwidth_bytes_per_second"
+M_AGENT_SPEEDUP: Final = AGENT_METRIC_PREFIX + "speedup_ratio"
+M_AGENT_LAST_RUN: Final = AGENT_METRIC_PREFIX + "selftest_last_run_timestamp_seconds"
+M_AGENT_RUN_DURATION: Final = AGENT_METRIC_PREFIX + "selftest_duration_seconds"
+M_AGENT_RUNS: Final = AGENT_METRIC_PREFIX + "selftest_runs"  # counter, _total added by the client
+M_AGENT_API_ERRORS: Final = AGENT_METRIC_PREFIX + "api_errors"  # counter
+M_AGENT_PUBLISH_SECONDS: Final = AGENT_METRIC_PREFIX + "publish_seconds"
+M_AGENT_MALFORMED: Final = AGENT_METRIC_PREFIX + "malformed_input"  # counter
+
+# ---------------------------------------------------------------- operator metrics
+ROLLOUT_METRIC_PREFIX: Final = "gluon_rollout_"
+M_ROLLOUT_NODES: Final = ROLLOUT_METRIC_PREFIX + "nodes"
+M_ROLLOUT_TRANSITIONS: Final = ROLLOUT_METRIC_PREFIX + "transitions"  # counter
+M_ROLLOUT_VERDICTS: Final = ROLLOUT_METRIC_PREFIX + "verdicts"  # counter
+M_ROLLOUT_ROLLBACKS: Final = ROLLOUT_METRIC_PREFIX + "rollbacks"  # counter
+M_ROLLOUT_EFFECT: Final = ROLLOUT_METRIC_PREFIX + "effect_ratio"
+M_ROLLOUT_ANALYSIS_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "analysis_errors"  # counter
+M_ROLLOUT_QUERY_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "query_seconds"
+
+# ---------------------------------------------------------------- agent HTTP
+AGENT_PORT: Final = 9477
+DECISION_PATH: Final = "/v1/decision"
+
+
+def is_ours(key: str) -> bool:
+    """True for keys under the contract prefix (the only ones the agent may write)."""
+    return key.startswith(PREFIX)
+
+
+def as_dict() -> dict[str, object]:
+    """Every public name above, for docs, the chart's consistency tests and `gluon-operator contract`."""
+    return {k: v for k, v in globals().items() if k.isupper() and not k.startswith("_")}

@@ -1,0 +1,96 @@
+"""Run a child process with a hard time limit and describe how it ended. Stdlib only.
+
+A crash (signal), a hang (timeout) or a non-zero exit is a result to report, never an exception of ours.
+The child gets its own process group so a hang kills its grandchildren too (JIT compilers, workers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+STDIO_LIMIT = 64 * 1024  # keep the tail of a chatty child's output, not all of it
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    status: str  # "ok" | "exit" | "signal" | "timeout" | "spawn-failed"
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    detail: str  # a human sentence for reports: "killed by SIGABRT", "timed out after 5.0 s"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_end(returncode: int | None, timed_out: bool, timeout: float) -> tuple[str, str]:
+    if timed_out:
+        return "timeout", f"timed out after {timeout:g} s (killed)"
+    if returncode is None:
+        return "spawn-failed", "did not start"
+    if returncode < 0:
+        return "signal", f"killed by {signal_name(-returncode)}"
+    if returncode != 0:
+        return "exit", f"exited with status {returncode}"
+    return "ok", "exited normally"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def run_isolated(
+    argv: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    stdin_text: str | None = None,
+) -> ChildOutcome:
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            text=True,
+            errors="replace",
+        )
+    except OSError as exc:
+        return ChildOutcome("spawn-failed", None, "", str(exc), 0.0, f"could not start {argv[0]}: {exc}")
+    timed_out = False
+    try:
+        out, err = proc.communicate(stdin_text, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a grandchild kept the pipes open past SIGKILL of the group
+            out, err = "", ""
+    status, detail = describe_end(proc.returncode, timed_out, timeout)
+    if not timed_out:
+        _kill_group(proc)  # reap stray grandchildren left behind by a finished child
+    return ChildOutcome(
+        status, proc.returncode, out[-STDIO_LIMIT:], err[-STDIO_LIMIT:], time.monotonic() - started, detail
+    )

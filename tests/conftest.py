@@ -1,0 +1,15 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.fakes
+
+
+@pytest.fixture
+def clean_env():
+    """Our environment without anything that would change what a probed interpreter imports."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLANG_AITER_MLA_GLUON")}
+    return env
