@@ -2,7 +2,7 @@
 
 Kernels record every call's arguments in CALLS and compute through gluon_agent's fp32 reference, so
 tests can prove that our adapters call aiter exactly as SGLang does. Behaviour switches through
-FAKE_AITER_MODE: "ok" (default), "garbage" (returns noise), "abort" (kills the process), "hang".
+FAKE_AITER_MODE (see _fake.py) makes chosen devices abort, hang or return garbage.
 """
 
 __version__ = "0.1.99+fake"

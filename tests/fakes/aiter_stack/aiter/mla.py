@@ -15,5 +15,5 @@ def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_pa
     assert q.shape[1] % 16 == 0, "mla_decode_fwd: cannot get heuristic kernel for gqa %d" % q.shape[1]
     assert kv_buffer.dim() == 4 and kv_buffer.shape[1:3] == (1, 1), "kv_buffer must be [N,1,1,576]"
     scale = 1.0 if kv_scale is None else float(kv_scale.reshape(-1)[0])
-    attend(q, kv_buffer.view(kv_buffer.shape[0], -1), scale, kv_indptr, kv_indices, sm_scale, o)
+    attend("mla_decode_fwd", q, kv_buffer.view(kv_buffer.shape[0], -1), scale, kv_indptr, kv_indices, sm_scale, o)
     return o

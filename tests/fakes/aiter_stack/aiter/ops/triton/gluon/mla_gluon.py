@@ -15,5 +15,5 @@ def mla_gluon(q_nope, q_pe, kv_c, o, page_table, seq_info, sm_scale, k_pe=None, 
     assert kv_c.dtype == torch.float8_e4m3fn, "mla_gluon: kv must be float8_e4m3fn (fnuz is rejected)"
     assert isinstance(kv_scale, float), "mla_gluon: kv_scale is a Python float"
     q = torch.cat([q_nope, q_pe], dim=-1)
-    attend(q, kv_c, kv_scale, seq_info, page_table, sm_scale, o)
+    attend("mla_gluon", q, kv_c, kv_scale, seq_info, page_table, sm_scale, o)
     return o

@@ -1,0 +1,222 @@
+"""Portable Triton MLA decode: split-KV (flash-decoding) with an fp32 online softmax and a reduce step.
+
+Layout as aiter's mla_gluon takes it from SGLang: q bf16 [B, H, 576] (512 latent + 64 rope), one shared
+latent KV head fp8 e4m3fn [N, 576] with a scalar scale, page size 1 through kv_indptr [B+1] and int32
+kv_indices. Heads sit in one 16-row tile (12 real rows masked), so each KV token is loaded once for all
+heads. Plain tl.load/tl.dot only: runs on NVIDIA and AMD Triton, and under TRITON_INTERPRET=1.
+
+Graph-safe: the split count depends on the batch and a length *bound* fixed at capture; each split's
+token range comes from the live kv_indptr on the device, so replays at other lengths stay correct and
+fast (the frozen-split bug of aiter PR #4555 cannot happen here).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .problem import D_LATENT, D_ROPE
+
+HEAD_TILE = 16
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_n: int = 128  # KV tokens per inner step
+    num_warps: int = 8
+    num_stages: int = 2
+    waves: float = 4.0  # target programs = waves x multiprocessors
+    min_tokens_per_split: int = 256  # below this a split costs more in partials than it saves
+    d_chunk: int = 64  # QK in slices of the latent dim: q never sits whole in every warp's registers
+
+
+# Best of the H200 sweeps (docs/benchmarks/README.md): large batches want 4 waves of programs, a single
+# long sequence one wave (each extra split costs a 16x512 fp32 partial written and read back).
+DEFAULT_CONFIG = KernelConfig()
+SMALL_BATCH_CONFIG = KernelConfig(waves=1.0)
+SMALL_BATCH = 8
+
+
+def config_for(batch: int) -> KernelConfig:
+    """Depends on the batch only, never on lengths, so a captured graph stays valid at any length."""
+    if interpreting():
+        return INTERPRET_CONFIG
+    return SMALL_BATCH_CONFIG if batch < SMALL_BATCH else DEFAULT_CONFIG
+INTERPRET_CONFIG = KernelConfig(block_n=16, num_warps=1, num_stages=1, waves=1.0, min_tokens_per_split=16)
+last_split_launch = None  # the compiled split kernel of the last call (registers, spills) for bench/
+
+
+@triton.jit
+def _split_kernel(
+    Q, KV, KV_INDPTR, KV_INDICES, PART_O, PART_LSE,
+    qk_scale_log2, kv_scale, num_heads, num_splits,
+    stride_qb, stride_qh, stride_kv,
+    stride_pb, stride_ps, stride_ph,
+    stride_lb, stride_ls,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_PE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, D_CHUNK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    s = tl.program_id(1)
+    start = tl.load(KV_INDPTR + b)
+    end = tl.load(KV_INDPTR + b + 1)
+    per_split = tl.cdiv(tl.cdiv(end - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + s * per_split
+    hi = tl.minimum(lo + per_split, end)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < num_heads
+    offs_d = tl.arange(0, D_NOPE)
+    offs_r = tl.arange(0, D_PE)
+    q_row = Q + b * stride_qb + offs_h[:, None] * stride_qh
+    q_pe = tl.load(q_row + D_NOPE + offs_r[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+    offs_c = tl.arange(0, D_CHUNK)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        tok = tl.load(KV_INDICES + offs_n, mask=mask_n, other=0).to(tl.int64)
+        row = KV + tok[:, None] * stride_kv
+        k_pe = tl.load(row + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+        qk = tl.dot(q_pe, tl.trans(k_pe))
+        # q slices come from L1 each step; the KV slices are the tile's first (HBM) read,
+        # the value tile below re-reads the same lines from L1.
+        for c in tl.static_range(D_NOPE // D_CHUNK):
+            q_c = tl.load(q_row + c * D_CHUNK + offs_c[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
+            k_c = tl.load(row + c * D_CHUNK + offs_c[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+            qk = tl.dot(q_c, tl.trans(k_c), qk)
+        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+        qk = tl.where(mask_n[None, :], qk * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])
+        m_i = m_new
+
+    empty = l_i == 0.0  # this split got no tokens (short sequence, many splits)
+    safe_l = tl.where(empty, 1.0, l_i)
+    out = acc * (kv_scale / safe_l)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(safe_l))
+    p_row = PART_O + b * stride_pb + s * stride_ps + offs_h[:, None] * stride_ph
+    tl.store(p_row + offs_d[None, :], out, mask=mask_h[:, None])
+    tl.store(PART_LSE + b * stride_lb + s * stride_ls + offs_h, lse, mask=mask_h)
+
+
+@triton.jit
+def _reduce_kernel(
+    PART_O, PART_LSE, O, num_splits,
+    stride_pb, stride_ps, stride_ph,
+    stride_lb, stride_ls,
+    stride_ob, stride_oh,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m = float("-inf")
+    l = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s in range(0, num_splits):
+        lse = tl.load(PART_LSE + b * stride_lb + s * stride_ls + h)
+        if lse > float("-inf"):
+            part = tl.load(PART_O + b * stride_pb + s * stride_ps + h * stride_ph + offs_d)
+            m_new = tl.maximum(m, lse)
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new)
+            acc = acc * alpha + part * w
+            l = l * alpha + w
+            m = m_new
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / l).to(O.dtype.element_ty))
+
+
+def multiprocessors(device: torch.device) -> int:
+    if device.type == "cpu":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_count(batch: int, max_kv_len: int, device: torch.device, config: KernelConfig) -> int:
+    target = math.ceil(config.waves * multiprocessors(device) / batch)
+    return max(1, min(target, math.ceil(max_kv_len / config.min_tokens_per_split)))
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def mla_decode(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_scale: float,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    out: torch.Tensor,
+    max_kv_len: int,
+    config: KernelConfig | None = None,
+) -> torch.Tensor:
+    """Writes out[B, H, 512] (bf16). `max_kv_len` bounds every sequence's length; under graph capture
+    pass the capacity the graph will be replayed with, never the current length."""
+    batch, heads, dim = q.shape
+    config = config or config_for(batch)
+    if heads > HEAD_TILE or dim != D_LATENT + D_ROPE or kv.shape[-1] != dim:
+        raise ValueError(f"mla_decode: q {tuple(q.shape)} / kv {tuple(kv.shape)} are not MLA 576 with <= 16 heads")
+    if q.stride(-1) != 1 or kv.stride(-1) != 1:
+        raise ValueError("mla_decode: q and kv need a contiguous last dimension")
+    splits = split_count(batch, max_kv_len, q.device, config)
+    part_o = torch.empty(batch, splits, HEAD_TILE, D_LATENT, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(batch, splits, HEAD_TILE, dtype=torch.float32, device=q.device)
+    global last_split_launch
+    last_split_launch = _split_kernel[(batch, splits)](
+        q, kv, kv_indptr, kv_indices, part_o, part_lse,
+        sm_scale * kv_scale * LOG2E, kv_scale, heads, splits,
+        q.stride(0), q.stride(1), kv.stride(0),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        BLOCK_H=HEAD_TILE, BLOCK_N=config.block_n, D_NOPE=D_LATENT, D_PE=D_ROPE,
+        # fp8 e4m3 -> fp16 is one conversion per pair and fp16 keeps 3 more mantissa bits than bf16 for P.
+        # Triton's interpreter multiplies 16-bit floats as raw bits in tl.dot (seen with 3.9): fp32 there.
+        DOT_DTYPE=tl.float32 if interpreting() else tl.float16,
+        D_CHUNK=config.d_chunk,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    block_d = 128
+    _reduce_kernel[(batch, heads, D_LATENT // block_d)](
+        part_o, part_lse, out, splits,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_D=block_d, num_warps=4,
+    )
+    return out
+
+
+def mla_decode_zero_pad(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_scale: float,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    sm_scale: float,
+    out: torch.Tensor,
+    max_kv_len: int,
+    config: KernelConfig | None = None,
+) -> torch.Tensor:
+    """SGLang's fallback shape: q zero-padded to 16 heads, a 16-head decode, output sliced back."""
+    batch, heads, dim = q.shape
+    q16 = q.new_zeros(batch, HEAD_TILE, dim)
+    q16[:, :heads] = q
+    o16 = out.new_empty(batch, HEAD_TILE, D_LATENT)
+    mla_decode(q16, kv, kv_scale, kv_indptr, kv_indices, sm_scale, o16, max_kv_len, config)
+    out.copy_(o16[:, :heads])
+    return out

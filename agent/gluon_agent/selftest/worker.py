@@ -1,0 +1,194 @@
+"""One self-test child: one device, one path (accelerated or fallback). Imports torch; the parent never does.
+
+    python -m gluon_agent.selftest.worker '<json spec>'
+
+Prints progress lines (so a crash can be attributed to the step that died) and one result line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import json
+import sys
+import time
+from typing import Any
+
+import torch
+
+from . import plan, timing
+from .backends import BACKEND_SETS, Backend, Call
+from .problem import Problem, make_problem
+from .reference import mla_decode_reference
+
+ROTATION_L2_MULTIPLE = 3  # rotate through enough inputs to be several times the L2
+MAX_ROTATIONS = 4
+
+
+def emit(marker: str, payload: dict[str, Any]) -> None:
+    sys.stdout.write(marker + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reference_of(p: Problem) -> torch.Tensor:
+    return mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale)
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
+    values = out.float()
+    unwritten = int((values == plan.POISON).sum())
+    nonfinite = int((~torch.isfinite(values)).sum())
+    if unwritten or nonfinite:
+        return {"unwritten": unwritten, "nonfinite": nonfinite, "rel_l2": None, "cos_diff": None}
+    x, y = values.double(), ref.double()
+    rel_l2 = float((x - y).norm() / y.norm())
+    cos_diff = float(1 - 2 * (x * y).sum() / (x * x + y * y).sum().clamp_min(1e-30))
+    return {"unwritten": 0, "nonfinite": 0, "rel_l2": rel_l2, "cos_diff": cos_diff}
+
+
+def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: int, heads: int) -> tuple[plan.CaseResult, Problem]:
+    p = make_problem(list(case.lengths), heads=heads, device=device, seed=seed)
+    ref = reference_of(p)
+    out = p.new_output(plan.POISON)
+    started = time.perf_counter()
+    backend.run(p, out, Call(max_kv_len=max(p.lengths)))
+    synchronize(device)
+    result = plan.CaseResult(
+        case=case.name, backend=backend.name, batch=p.batch, kv_lens=sorted(set(p.lengths)),
+        seconds=round(time.perf_counter() - started, 4), **compare(out, ref),
+    )
+    return plan.judge_case(result), p
+
+
+def rotations_for(p: Problem, device: torch.device) -> int:
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * 2**20)
+    return max(1, min(MAX_ROTATIONS, -(-ROTATION_L2_MULTIPLE * l2 // p.kv_bytes)))
+
+
+def time_case(backend: Backend, case: plan.Case, first: Problem, device: torch.device, seed: int) -> dict[str, Any]:
+    """Median ms per call under graph replay (as SGLang decodes), rotating through fresh inputs."""
+    problems = [first] + [
+        make_problem(list(case.lengths), heads=first.heads, device=device, seed=seed + 1000 + i)
+        for i in range(rotations_for(first, device) - 1)
+    ]
+    outs = [p.new_output() for p in problems]
+    call = Call(max_kv_len=max(first.lengths), capturing=True)
+    ms = timing.graph_ms_per_call([lambda p=p, o=o: backend.run(p, o, call) for p, o in zip(problems, outs)])
+    return {
+        "case": case.name,
+        "backend": backend.name,
+        "batch": first.batch,
+        "kv_len": max(first.lengths),
+        "rotations": len(problems),
+        "ms": ms,
+        "kv_bytes": first.kv_bytes,
+        "kv_tbps": first.kv_bytes / (ms * 1e-3) / 1e12,
+    }
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return None
+    return float((a - b).norm() / b.norm())
+
+
+def check_graph(backend: Backend, device: torch.device, seed: int, heads: int) -> plan.GraphResult:
+    """Capture once at the largest length, then replay at each length with new token tables written in
+    place, as a serving engine's decode graph is reused across steps."""
+    batch, capture_len = plan.GPU_GRAPH_BATCH, plan.GPU_GRAPH_LENGTHS[0]
+    p = make_problem([capture_len] * batch, heads=heads, device=device, seed=seed)
+    static_out = p.new_output(plan.POISON)
+    graph = timing.capture([lambda: backend.run(p, static_out, Call(max_kv_len=capture_len, capturing=True))])
+    gen = torch.Generator(device=device).manual_seed(seed + 7)
+    replays, replay_ms, eager_ms = [], None, None
+    for kv_len in plan.GPU_GRAPH_LENGTHS:
+        p.kv_indptr.copy_(torch.arange(batch + 1, device=device, dtype=torch.int32) * kv_len)
+        p.kv_indices[: batch * kv_len] = torch.randperm(p.kv.shape[0], generator=gen, device=device)[: batch * kv_len].int()
+        view = dataclasses.replace(p, lengths=[kv_len] * batch)
+        static_out.fill_(plan.POISON)
+        graph.replay()
+        synchronize(device)
+        replayed = static_out.clone()
+        eager = view.new_output(plan.POISON)
+        eager_call = Call(max_kv_len=kv_len)
+        backend.run(view, eager, eager_call)
+        synchronize(device)
+        ref = reference_of(view)
+        replays.append({"kv_len": kv_len, "rel_l2": compare(replayed, ref)["rel_l2"], "rel_vs_eager": relative(replayed, eager.float())})
+        if kv_len == capture_len:
+            replay_ms = statistics.median(timing.event_ms(graph.replay, timing.REPLAYS))
+            eager_ms = timing.eager_ms(lambda: backend.run(view, eager, eager_call))
+    return plan.judge_graph(plan.GraphResult(backend.name, batch, capture_len, replays, replay_ms, eager_ms))
+
+
+def prepare_device(device: torch.device, limit: int) -> str | None:
+    """Bounds our GPU memory; returns a deferral reason when the GPU lacks the free memory."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.set_device(device)
+    free, total = torch.cuda.mem_get_info(device)
+    if free < limit:
+        return f"{device}: {free / plan.GiB:.1f} GiB free of {total / plan.GiB:.1f} GiB, the self-test needs {limit / plan.GiB:.1f} GiB"
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return None
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    device = torch.device(spec["device"])
+    limit = int(spec.get("memory_limit_bytes", plan.MEMORY_LIMIT_BYTES))
+    deferred = prepare_device(device, limit)
+    if deferred:
+        return {"deferred": deferred}
+    backend = BACKEND_SETS[spec["backend_set"]][spec["path"]]
+    on_gpu = device.type == "cuda"
+    cases = plan.GPU_CASES if on_gpu else plan.CPU_CASES
+    seed, heads = int(spec["seed"]), int(spec.get("heads", 12))
+    started = time.perf_counter()
+    results, timings, graphs = [], [], []
+    for index, case in enumerate(cases):
+        emit(plan.PROGRESS_MARKER, {"step": f"case {case.name}", "backend": backend.name})
+        result, problem = check_case(backend, case, device, seed + index, heads)
+        results.append(result)
+        if on_gpu and case.timed and spec.get("timing", True) and result.ok:
+            emit(plan.PROGRESS_MARKER, {"step": f"timing {case.name}", "backend": backend.name})
+            timings.append(time_case(backend, case, problem, device, seed + index))
+        del problem
+    if on_gpu and spec.get("graph", True):
+        emit(plan.PROGRESS_MARKER, {"step": "graph", "backend": backend.name})
+        graphs.append(check_graph(backend, device, seed + 99, heads))
+    ceiling = None
+    if on_gpu and spec.get("timing", True):
+        emit(plan.PROGRESS_MARKER, {"step": "copy ceiling", "backend": backend.name})
+        ceiling = timing.copy_ceiling_tbps(device)
+        for t in timings:
+            t["ceiling_tbps"] = ceiling
+            t["ratio_to_ceiling"] = t["kv_tbps"] / ceiling
+    return {
+        "device": str(device),
+        "name": torch.cuda.get_device_name(device) if on_gpu else "cpu (TRITON_INTERPRET=1)",
+        "backend": backend.name,
+        "path": spec["path"],
+        "cases": [dataclasses.asdict(r) for r in results],
+        "timing": timings,
+        "graph": [dataclasses.asdict(g) | {"ratio": g.ratio} for g in graphs],
+        "ceiling_tbps": ceiling,
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    emit(plan.RESULT_MARKER, run(spec))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,145 @@
+"""MLA decode speed on one GPU: copy ceiling, plain torch decode, portable Triton kernel native-12 and
+zero-pad-16, for Kimi-K3 TP8 shapes (12 heads, 576 latent+rope, fp8 KV). Prints JSON.
+
+    python bench/mla_decode.py --json            # the recorded benchmark
+    python bench/mla_decode.py --json --sweep    # also time a grid of kernel configs (native-12)
+
+Each timing: graph replay of one call per rotating input set, median of 25 replays, after warm-up.
+kv_tbps = fp8 KV bytes the call must read (batch x kv_len x 576) / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import platform
+import sys
+
+import torch
+import triton
+
+from gluon_agent.selftest import timing, triton_mla
+from gluon_agent.selftest.problem import D_LATENT, Problem, make_problem
+from gluon_agent.selftest.reference import mla_decode_reference
+from gluon_agent.selftest.worker import rotations_for
+
+SHAPES = [(1, 131072), (32, 8192), (32, 65536), (128, 8192)]
+SWEEP_SHAPES = [(1, 131072), (32, 65536)]
+HEADS = 12
+TARGETS = {
+    "native12_32x64k_ratio_to_ceiling_min": 0.80,
+    "native12_1x128k_ratio_to_ceiling_min": 0.70,
+    "native12_speedup_vs_torch_min": 12.0,
+}
+
+
+def torch_decode(p: Problem, out: torch.Tensor) -> None:
+    """The plain PyTorch decode: gather and dequantize KV, two matmuls, an fp32 softmax."""
+    batch, kv_len = p.batch, p.lengths[0]
+    keys = p.kv[p.kv_indices.view(batch, kv_len).long()].to(torch.bfloat16)  # [B, L, 576]
+    scores = torch.matmul(p.q, keys.transpose(1, 2)).float() * (p.sm_scale * p.kv_scale)
+    weights = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+    out.copy_(torch.matmul(weights, keys[..., :D_LATENT]) * p.kv_scale)
+
+
+def kernel_mode(mode: str, config: triton_mla.KernelConfig | None):
+    fn = triton_mla.mla_decode if mode == "native-12" else triton_mla.mla_decode_zero_pad
+
+    def run(p: Problem, out: torch.Tensor) -> None:
+        fn(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, max(p.lengths), config)
+
+    return run
+
+
+def rel_l2(p: Problem, run) -> float:
+    out = p.new_output()
+    run(p, out)
+    ref = mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale)
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def time_mode(problems: list[Problem], run) -> float:
+    outs = [p.new_output() for p in problems]
+    return timing.graph_ms_per_call([lambda p=p, o=o: run(p, o) for p, o in zip(problems, outs)])
+
+
+def entry(p: Problem, mode: str, ms: float, ceiling: float, torch_ms: float | None, err: float | None) -> dict:
+    tbps = p.kv_bytes / (ms * 1e-3) / 1e12
+    return {
+        "batch": p.batch, "kv_len": p.lengths[0], "heads": p.heads, "mode": mode, "ms": ms,
+        "kv_tbps": tbps, "ceiling_tbps": ceiling, "ratio_to_ceiling": tbps / ceiling,
+        "speedup_vs_torch": (torch_ms / ms) if torch_ms else None, "rel_l2": err,
+    }
+
+
+def sweep(problems: list[Problem], ceiling: float) -> list[dict]:
+    rows = []
+    grid = itertools.product((32, 64, 128), (4, 8), (1, 2, 3), (1.0, 2.0, 4.0))
+    for block_n, warps, stages, waves in grid:
+        config = triton_mla.KernelConfig(block_n, warps, stages, waves)
+        try:
+            ms = time_mode(problems, kernel_mode("native-12", config))
+        except Exception as exc:  # out of shared memory for big tiles: record and go on
+            rows.append({"config": dataclasses.asdict(config), "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            continue
+        tbps = problems[0].kv_bytes / (ms * 1e-3) / 1e12
+        launch = triton_mla.last_split_launch
+        rows.append({
+            "config": dataclasses.asdict(config), "ms": ms, "ratio_to_ceiling": tbps / ceiling,
+            "registers": getattr(launch, "n_regs", None), "spills": getattr(launch, "n_spills", None),
+        })
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cuda:0")
+    ceiling = timing.copy_ceiling_tbps(device, nbytes=2**30)
+    results, sweeps = [], {}
+    for batch, kv_len in SHAPES:
+        first = make_problem([kv_len] * batch, heads=HEADS, device=device)
+        problems = [first] + [make_problem([kv_len] * batch, heads=HEADS, device=device) for _ in range(rotations_for(first, device) - 1)]
+        torch_ms = time_mode(problems, torch_decode)
+        results.append(entry(first, "torch", torch_ms, ceiling, torch_ms, rel_l2(first, torch_decode)))
+        for mode in ("native-12", "zero-pad-16"):
+            run = kernel_mode(mode, None)
+            results.append(entry(first, mode, time_mode(problems, run), ceiling, torch_ms, rel_l2(first, run)))
+        if args.sweep and (batch, kv_len) in SWEEP_SHAPES:
+            sweeps[f"{batch}x{kv_len}"] = sweep(problems, ceiling)
+        del problems, first
+        torch.cuda.empty_cache()
+    native = {(r["batch"], r["kv_len"]): r for r in results if r["mode"] == "native-12"}
+    report = {
+        "bench": "mla_decode",
+        "machine": {
+            "gpu": torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "python": platform.python_version(),
+        },
+        "command": " ".join(["python", "bench/mla_decode.py"] + sys.argv[1:]),
+        "kernel_config": {
+            "batch >= 8": dataclasses.asdict(triton_mla.DEFAULT_CONFIG),
+            "batch < 8": dataclasses.asdict(triton_mla.SMALL_BATCH_CONFIG),
+        },
+        "ceiling_tbps": ceiling,
+        "cases": results,
+        "targets": TARGETS,
+        "met": {
+            "native12_32x64k_ratio_to_ceiling_min": native[(32, 65536)]["ratio_to_ceiling"] >= 0.80,
+            "native12_1x128k_ratio_to_ceiling_min": native[(1, 131072)]["ratio_to_ceiling"] >= 0.70,
+            "native12_speedup_vs_torch_min": min(r["speedup_vs_torch"] for r in native.values()) >= 12.0,
+        },
+    }
+    if args.sweep:
+        report["sweep"] = sweeps
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""The GPU self-test on a machine without a GPU: reference, portable kernel under Triton's interpreter,
+aiter adapters against a fake aiter with the documented signatures, verdict logic, and crash isolation
+of the per-device, per-path children."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from gluon_agent.selftest import plan, runner
+from gluon_agent.selftest.backends import BACKEND_SETS, Call
+from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
+from gluon_agent.selftest.reference import mla_decode_reference
+from tests.fakes.stacks import AITER_STACK
+
+CAPABLE_PROBE = {"capable": True, "gpus": [], "torch_version": "t", "triton_version": "x"}
+
+
+def reference_of(p):
+    return mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale)
+
+
+def numpy_decode(p) -> np.ndarray:
+    """Float64 re-computation, independent of torch's kernels."""
+    q = p.q.float().numpy().astype(np.float64)
+    kv = p.kv.float().numpy().astype(np.float64) * p.kv_scale
+    bounds, idx = p.kv_indptr.numpy(), p.kv_indices.numpy()
+    out = np.empty((p.batch, p.heads, D_LATENT))
+    for b in range(p.batch):
+        keys = kv[idx[bounds[b] : bounds[b + 1]]]
+        scores = q[b] @ keys.T * p.sm_scale
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        out[b] = weights @ keys[:, :D_LATENT]
+    return out
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+@pytest.mark.parametrize("lengths", [[1], [3, 1, 40], [129, 2]])
+def test_reference_matches_float64_numpy(lengths):
+    p = make_problem(lengths, heads=12)
+    ref = reference_of(p).double().numpy()
+    assert np.abs(ref - numpy_decode(p)).max() / np.abs(ref).max() < 1e-5
+
+
+def test_problems_are_fresh_random_and_paged():
+    a, b = make_problem([64, 64]), make_problem([64, 64])
+    assert a.seed != b.seed and not torch.equal(a.q, b.q)
+    assert a.kv.dtype == torch.float8_e4m3fn and a.q.dtype == torch.bfloat16
+    assert a.kv_indptr.tolist() == [0, 64, 128] and a.kv_indices.dtype == torch.int32
+    assert a.kv.shape[0] > 128  # a larger pool than the batch uses
+    assert len(set(a.kv_indices.tolist())) == 128  # distinct tokens...
+    assert a.kv_indices.tolist() != sorted(a.kv_indices.tolist())  # ...shuffled, as a server has them
+    assert a.q.float().abs().sum() > 0 and a.kv.float().abs().sum() > 0  # never zeros
+    with pytest.raises(ValueError, match="at least one KV token"):
+        make_problem([4, 0])
+
+
+@pytest.mark.parametrize("backend", ["triton-native", "triton-zero-pad-16"])
+@pytest.mark.parametrize("lengths", [[1, 1], [15, 16, 17], [1, 5, 33, 100]])
+def test_portable_kernel_interpreted(backend, lengths):
+    p = make_problem(lengths)
+    out = p.new_output(plan.POISON)
+    chosen = next(b for b in BACKEND_SETS["triton"].values() if b.name == backend)
+    chosen.run(p, out, Call(max_kv_len=max(lengths)))
+    assert not (out.float() == plan.POISON).any()
+    assert rel_l2(out, reference_of(p)) < 1e-2
+
+
+@pytest.mark.parametrize("capacity", [1, 16, 4096])
+def test_split_count_from_capacity_keeps_answers_right(capacity):
+    """A graph captured with one capacity replays at other lengths: answers must not depend on it."""
+    from gluon_agent.selftest.triton_mla import mla_decode
+
+    p = make_problem([1, 90, 300])
+    out = p.new_output(plan.POISON)
+    mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, capacity)
+    assert rel_l2(out, reference_of(p)) < 1e-2
+
+
+def test_portable_kernel_rejects_non_mla_shapes():
+    from gluon_agent.selftest.triton_mla import mla_decode
+
+    p = make_problem([4])
+    with pytest.raises(ValueError, match="not MLA 576"):
+        mla_decode(p.q[..., :512], p.kv, 1.0, p.kv_indptr, p.kv_indices, 0.1, p.new_output(), 4)
+
+
+@pytest.fixture
+def fake_aiter(monkeypatch):
+    monkeypatch.syspath_prepend(str(AITER_STACK))
+    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import aiter._fake
+
+    aiter._fake.CALLS.clear()
+    return aiter._fake.CALLS
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_aiter_gluon_adapter_calls_like_sglang(fake_aiter, capturing):
+    p = make_problem([5, 130, 7])
+    out = p.new_output(plan.POISON)
+    BACKEND_SETS["aiter"]["accelerated"].run(p, out, Call(max_kv_len=130, capturing=capturing))
+    (call,) = fake_aiter
+    assert call["kernel"] == "mla_gluon"
+    assert call["q_nope"].shape == (3, 12, 512) and call["q_pe"].shape == (3, 12, 64)
+    assert call["q_nope"].dtype == call["q_pe"].dtype == torch.bfloat16
+    assert torch.equal(torch.cat([call["q_nope"], call["q_pe"]], -1), p.q)
+    assert call["kv_c"].shape == (p.kv.shape[0], D_QK) and call["kv_c"].dtype == torch.float8_e4m3fn
+    assert call["kv_c"].data_ptr() == p.kv.data_ptr()  # a view of the pool, not a copy
+    assert call["o"] is out
+    assert call["page_table"] is p.kv_indices and call["seq_info"] is p.kv_indptr
+    assert call["use_2d_view"] is False and call["k_pe"] is None and call["kv_pe_offset"] == 512
+    assert type(call["kv_scale"]) is float and call["kv_scale"] == p.kv_scale
+    assert call["sm_scale"] == p.sm_scale
+    assert call["min_kv_seq_len"] == (1 if capturing else 130)  # SGLang's eager vs capture choice
+    assert rel_l2(out, reference_of(p)) < 1e-2
+
+
+def test_aiter_zero_pad_adapter_pads_and_slices(fake_aiter):
+    p = make_problem([9, 1])
+    out = p.new_output(plan.POISON)
+    BACKEND_SETS["aiter"]["fallback"].run(p, out, Call(max_kv_len=9))
+    (call,) = fake_aiter
+    assert call["kernel"] == "mla_decode_fwd"
+    q16 = call["q"]
+    assert q16.shape == (2, 16, D_QK) and q16.dtype == torch.bfloat16
+    assert torch.equal(q16[:, :12], p.q) and not q16[:, 12:].any()  # zero padding, not repetition
+    assert call["kv_buffer"].shape == (p.kv.shape[0], 1, 1, D_QK)
+    assert call["o"].shape == (2, 16, D_LATENT)
+    assert call["qo_indptr"].tolist() == [0, 1, 2] and call["kv_last_page_lens"].tolist() == [1, 1]
+    assert call["kv_indptr"] is p.kv_indptr and call["kv_indices"] is p.kv_indices
+    assert call["max_seqlen_q"] == 1 and call["page_size"] == 1 and call["nhead_kv"] == 1
+    assert call["kv_scale"].dtype == torch.float32 and float(call["kv_scale"]) == pytest.approx(p.kv_scale)
+    assert call["q_scale"] is None and call["sm_scale"] == p.sm_scale
+    assert torch.equal(out, call["o"][:, :12])  # sliced back to the real heads
+    assert rel_l2(out, reference_of(p)) < 1e-2
+
+
+# ---------------------------------------------------------------- verdicts (pure)
+
+
+def case(**overrides):
+    values = dict(case="c", backend="b", batch=1, kv_lens=[1], seconds=0.0, rel_l2=1e-3, cos_diff=1e-6)
+    values.update(overrides)
+    return plan.judge_case(plan.CaseResult(**values))
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        ({}, []),
+        ({"unwritten": 3, "rel_l2": None, "cos_diff": None}, ["3 output elements never written"]),
+        ({"nonfinite": 2, "rel_l2": None, "cos_diff": None}, ["2 NaN/Inf output elements"]),
+        ({"rel_l2": 0.05}, ["relative L2 error 0.05 > 0.02"]),
+        ({"rel_l2": float("nan")}, ["relative L2 error nan"]),
+        ({"cos_diff": 0.2}, ["cosine difference 0.2 > 0.03"]),
+    ],
+)
+def test_judge_case(overrides, expected):
+    problems = case(**overrides).problems
+    for text in expected:
+        assert any(p.startswith(text) for p in problems), problems
+    if not expected:
+        assert problems == []
+
+
+def graph(ratio_ms=(1.0, 1.0), rel=1e-3, vs_eager=1e-3):
+    replays = [{"kv_len": n, "rel_l2": rel, "rel_vs_eager": vs_eager} for n in (32768, 8192, 1024)]
+    return plan.judge_graph(plan.GraphResult("b", 4, 32768, replays, *ratio_ms))
+
+
+def test_judge_graph_catches_frozen_splits_and_wrong_replays():
+    assert graph().problems == []
+    assert graph((0.129, 0.1)).problems == []  # 1.29x is within 1.3x
+    frozen = graph((2.5, 0.05)).problems
+    assert len(frozen) == 1 and "50.00x eager" in frozen[0] and "frozen" in frozen[0]
+    assert len(graph(rel=0.5).problems) == 3
+    assert len(graph(vs_eager=None).problems) == 3
+
+
+def test_path_verdicts_and_worst():
+    ok_child = {"cases": [{"case": "c", "problems": []}], "graph": []}
+    bad_child = {"cases": [{"case": "c", "problems": ["relative L2 error 0.5 > 0.02"]}], "graph": []}
+    assert plan.path_verdict(ok_child, None) == ("pass", [])
+    assert plan.path_verdict(bad_child, None) == ("fail", ["c: relative L2 error 0.5 > 0.02"])
+    assert plan.path_verdict(None, "child killed by SIGABRT") == ("error", ["child killed by SIGABRT"])
+    assert plan.path_verdict({"deferred": "cuda:0: 1.0 GiB free"}, None) == ("deferred", ["cuda:0: 1.0 GiB free"])
+    assert plan.worst(["pass", "deferred", "fail"]) == "fail"
+    assert plan.worst(["pass", "error", "fail"]) == "error"
+    assert plan.worst(["pass", "pass"]) == "pass"
+    assert plan.worst([]) == "pending"
+
+
+def test_speed_gate():
+    assert plan.speed_gate("aiter", {"a": 1.9, "b": 2.7}) is None
+    assert "not faster" in plan.speed_gate("aiter", {"a": 0.8, "b": 0.9})
+    assert plan.speed_gate("triton", {"a": 0.5}) is None  # the portable kernel's modes are not gated
+    assert plan.speedups([{"case": "x", "ms": 1.0}], [{"case": "x", "ms": 2.5}]) == {"x": 2.5}
+
+
+def test_deferral_when_gpu_memory_is_short(monkeypatch):
+    from gluon_agent.selftest import worker
+
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 * 2**30, 80 * 2**30))
+    reason = worker.prepare_device(torch.device("cuda:0"), plan.MEMORY_LIMIT_BYTES)
+    assert reason == "cuda:0: 1.0 GiB free of 80.0 GiB, the self-test needs 4.0 GiB"
+    assert worker.run({"device": "cuda:0", "backend_set": "triton", "path": "accelerated", "seed": 1}) == {
+        "deferred": reason
+    }
+
+
+# ---------------------------------------------------------------- children, isolation, CLI
+
+
+def test_backend_choice():
+    assert runner.choose_backend_set({"capable": True}, None) == "aiter"
+    assert runner.choose_backend_set({"capable": False}, "auto") == "triton"
+    assert runner.choose_backend_set({"capable": True}, "triton") == "triton"
+
+
+def test_crash_hang_and_garbage_are_reported_per_device_and_path(clean_env):
+    env = dict(clean_env)
+    env["PYTHONPATH"] = str(AITER_STACK)
+    env["FAKE_AITER_MODE"] = "1:abort:mla_gluon,2:hang:mla_decode_fwd,3:garbage:mla_gluon"
+    report = runner.run_selftest(CAPABLE_PROBE, cpu_interpret=True, cpu_devices=4, timeout=25, env=env, seed=5)
+    gpus = report["gpus"]
+    assert report["backend_set"] == "aiter"
+    assert [g["result"] for g in gpus] == [
+        {"accelerated": "pass", "fallback": "pass"},
+        {"accelerated": "error", "fallback": "pass"},
+        {"accelerated": "pass", "fallback": "error"},
+        {"accelerated": "fail", "fallback": "pass"},
+    ]
+    abort = gpus[1]["paths"]["accelerated"]["reasons"][0]
+    assert abort.startswith("child killed by SIGABRT during case single-token (aiter-gluon)")
+    hang = gpus[2]["paths"]["fallback"]["reasons"][0]
+    assert hang.startswith("child timed out after 25 s (killed) during case single-token (aiter-zero-pad)")
+    garbage = gpus[3]["paths"]["accelerated"]["reasons"]
+    assert {r.split(":")[0] for r in garbage if "relative L2 error" in r} == {c.name for c in plan.CPU_CASES}
+    assert report["result"] == "error"
+    assert report["thresholds"]["rel_l2_max"] == plan.REL_L2_MAX
+
+
+def run_cli(*args, env):
+    return subprocess.run([sys.executable, "-m", "gluon_agent", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_cpu_interpret_json(clean_env):
+    done = run_cli("selftest", "--cpu-interpret", "--json", env=clean_env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["mode"] == "cpu-interpret" and report["result"] == "pass"
+    assert report["backends"] == {"accelerated": "triton-native", "fallback": "triton-zero-pad-16"}
+    (gpu,) = report["gpus"]
+    cases = gpu["paths"]["accelerated"]["child"]["cases"]
+    assert [c["case"] for c in cases] == [c.name for c in plan.CPU_CASES]
+    assert all(c["rel_l2"] < plan.REL_L2_MAX for c in cases)
+    assert len(report["fingerprint"]) == 16 and report["fingerprint_parts"]["kernel"]
+
+
+def test_cli_reports_failure_exit_code(clean_env):
+    env = dict(clean_env, PYTHONPATH=str(AITER_STACK), FAKE_AITER_MODE="*:garbage:mla_decode_fwd")
+    done = run_cli("selftest", "--cpu-interpret", "--backends", "aiter", env=env)
+    assert done.returncode == 1
+    assert "self-test FAIL" in done.stdout and "fallback=fail" in done.stdout
+
+
+def test_no_gpu_is_an_error_not_a_pass():
+    report = runner.run_selftest({"capable": False, "gpus": []})
+    assert report["result"] == "error" and report["problems"] == ["no GPU visible: nothing to test"]
+
+
+def test_daemon_side_never_imports_torch():
+    code = "import sys, gluon_agent.selftest.runner, gluon_agent.probe, gluon_agent.cli; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert done.stdout.strip() == "False", done.stderr
