@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from typing import Sequence
 
@@ -38,6 +40,27 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return 0 if result["result"] == "pass" else 1
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from .daemon import Agent, AgentConfig, install_signal_handlers
+    from .kube import NodeApi, make_api_client
+    from .sources import RealSource, SimulatedSource
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if not args.node_name:
+        print("gluon-agent run: no node name: set NODE_NAME (downward API spec.nodeName) or --node-name", file=sys.stderr)
+        return 2
+    source = SimulatedSource(args.simulate) if args.simulate else RealSource(args.cpu_interpret, args.selftest_timeout)
+    config = AgentConfig(
+        node_name=args.node_name, host=args.host, port=args.port, period=args.period, jitter=args.jitter,
+        probe_interval=args.probe_interval, retry_base=args.retry_base, max_view_age=args.max_view_age,
+        watch_timeout=args.watch_timeout, tick=args.tick,
+    )
+    agent = Agent(config, NodeApi(make_api_client(args.api_url, args.kubeconfig), args.node_name), source)
+    install_signal_handlers(agent)
+    agent.run()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gluon-agent", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gluon-agent {__version__}")
@@ -58,6 +81,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-timing", action="store_true", help="skip the timing and copy-ceiling steps")
     s.add_argument("--timeout", type=positive_float, default=runner.DEFAULT_TIMEOUT_S, help="seconds per child")
     s.set_defaults(func=cmd_selftest)
+
+    r = sub.add_parser("run", help="the node daemon: probe, self-test, publish labels and report, serve metrics")
+    r.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="this node (default: $NODE_NAME)")
+    r.add_argument("--api-url", help="Kubernetes API URL without auth (tests, development)")
+    r.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    r.add_argument("--host", default="0.0.0.0")
+    r.add_argument("--port", type=int, default=9477)
+    r.add_argument("--period", type=positive_float, default=24 * 3600.0, help="seconds between periodic self-tests")
+    r.add_argument("--jitter", type=float, default=0.1, help="fraction of the period to jitter by")
+    r.add_argument("--probe-interval", type=positive_float, default=600.0, help="seconds between fingerprint probes")
+    r.add_argument("--retry-base", type=positive_float, default=60.0, help="first back-off after a deferral")
+    r.add_argument("--max-view-age", type=positive_float, default=90.0, help="decision answers '0' past this")
+    r.add_argument("--watch-timeout", type=int, default=30)
+    r.add_argument("--tick", type=positive_float, default=1.0)
+    r.add_argument("--selftest-timeout", type=positive_float, default=runner.DEFAULT_TIMEOUT_S)
+    r.add_argument("--cpu-interpret", action="store_true", help="self-test the portable kernel on the CPU")
+    r.add_argument("--simulate", metavar="FILE", help="SIMULATION: read probe and self-test results from FILE")
+    r.add_argument("--log-level", default="INFO")
+    r.set_defaults(func=cmd_run)
     return parser
 
 

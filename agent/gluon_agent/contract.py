@@ -54,6 +54,12 @@ ANNOTATION_SELFTEST_REQUEST: Final = PREFIX + "selftest-request"
 # Operator-owned. JSON: why the node was rolled back, with the measured numbers and thresholds.
 ANNOTATION_ROLLBACK: Final = PREFIX + "rollback"
 
+# Keys the agent may write and remove; it never touches the operator's or a person's keys.
+AGENT_LABELS: Final = (LABEL_CAPABLE, LABEL_SELFTEST, LABEL_GPU_ARCH)
+AGENT_ANNOTATIONS: Final = (ANNOTATION_REPORT, ANNOTATION_OWNED_KEYS)
+# Keys the operator writes on nodes (the agent reads LABEL_ENABLED and LABEL_STATE for its decision).
+OPERATOR_NODE_KEYS: Final = (LABEL_ENABLED, LABEL_STATE, ANNOTATION_ROLLBACK)
+
 # ---------------------------------------------------------------- agent metrics
 AGENT_METRIC_PREFIX: Final = "gluon_agent_"
 M_AGENT_INFO: Final = AGENT_METRIC_PREFIX + "probe"  # info metric: versions, arch

@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 STDIO_LIMIT = 64 * 1024  # keep the tail of a chatty child's output, not all of it
+_live_groups: set[int] = set()  # process groups of running children, for kill_all() at shutdown
+_live_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,18 @@ def _kill_group(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
+def kill_all() -> int:
+    """Kill every running child group (the agent is shutting down). Returns how many were signalled."""
+    with _live_lock:
+        groups = list(_live_groups)
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(groups)
+
+
 def run_isolated(
     argv: Sequence[str],
     timeout: float,
@@ -78,6 +93,8 @@ def run_isolated(
         )
     except OSError as exc:
         return ChildOutcome("spawn-failed", None, "", str(exc), 0.0, f"could not start {argv[0]}: {exc}")
+    with _live_lock:
+        _live_groups.add(proc.pid)
     timed_out = False
     try:
         out, err = proc.communicate(stdin_text, timeout=timeout)
@@ -91,6 +108,8 @@ def run_isolated(
     status, detail = describe_end(proc.returncode, timed_out, timeout)
     if not timed_out:
         _kill_group(proc)  # reap stray grandchildren left behind by a finished child
+    with _live_lock:
+        _live_groups.discard(proc.pid)
     return ChildOutcome(
         status, proc.returncode, out[-STDIO_LIMIT:], err[-STDIO_LIMIT:], time.monotonic() - started, detail
     )

@@ -1,0 +1,190 @@
+"""The agent's pure decisions over plain data: what to publish on its node, when to test again, how a
+new verdict merges with the last one, and what the flag should be for a serving pod. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import contract
+
+CONCLUSIVE = ("pass", "fail", "error")
+REQUEST_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")  # e.g. a timestamp or a UUID
+BOOL_LABEL_VALUES = ("true", "false")
+
+
+# ---------------------------------------------------------------- publishing
+
+
+@dataclass(frozen=True)
+class Desired:
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+    def keys(self) -> list[str]:
+        return sorted(set(self.labels) | set(self.annotations))
+
+
+def gpu_arch_label(gpus: list[Mapping[str, Any]]) -> str:
+    archs = {g.get("arch") or "unknown" for g in gpus}
+    if not archs:
+        return "none"
+    return archs.pop() if len(archs) == 1 else "mixed"
+
+
+def desired_state(probe_report: Mapping[str, Any], verdict: str, report: Mapping[str, Any]) -> Desired:
+    labels = {
+        contract.LABEL_CAPABLE: "true" if probe_report.get("capable") else "false",
+        contract.LABEL_SELFTEST: verdict,
+        contract.LABEL_GPU_ARCH: gpu_arch_label(probe_report.get("gpus", [])),
+    }
+    annotations = {contract.ANNOTATION_REPORT: json.dumps(report, sort_keys=True, separators=(",", ":"))}
+    owned = sorted(set(labels) | set(annotations))
+    annotations[contract.ANNOTATION_OWNED_KEYS] = ",".join(owned)
+    return Desired(labels, annotations)
+
+
+def parse_owned_keys(value: str | None) -> tuple[list[str], str | None]:
+    """The keys the agent recorded as its own last time, or a problem when the value is not ours."""
+    if not value:
+        return [], None
+    keys = [k.strip() for k in value.split(",") if k.strip()]
+    foreign = [k for k in keys if not contract.is_ours(k)]
+    if foreign:
+        return [], f"owned-keys annotation lists keys outside {contract.PREFIX}: {foreign}"
+    return keys, None
+
+
+def removable(key: str) -> bool:
+    """Owned keys the agent may delete: ours, and never the operator's or a person's request."""
+    return contract.is_ours(key) and key not in contract.OPERATOR_NODE_KEYS and key != contract.ANNOTATION_SELFTEST_REQUEST
+
+
+@dataclass
+class PatchPlan:
+    patch: dict[str, Any] | None  # a JSON merge patch, or None when the node already matches
+    problems: list[str] = field(default_factory=list)  # malformed input seen while planning
+
+
+def plan_node_patch(node: Mapping[str, Any] | None, desired: Desired) -> PatchPlan:
+    """A merge patch that makes the node carry `desired` and drops keys the agent owned before and no
+    longer sets. Without a complete view of the node (None) nothing is removed. The patch names the
+    resourceVersion it was planned on, so a concurrent change answers 409 and we plan again."""
+    if node is None:
+        return PatchPlan({"metadata": {"labels": dict(desired.labels), "annotations": dict(desired.annotations)}})
+    meta = node.get("metadata", {})
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    owned, problem = parse_owned_keys(annotations.get(contract.ANNOTATION_OWNED_KEYS))
+    patch_labels = {k: v for k, v in desired.labels.items() if labels.get(k) != v}
+    patch_annotations = {k: v for k, v in desired.annotations.items() if annotations.get(k) != v}
+    for key in owned:
+        if key in desired.labels or key in desired.annotations or not removable(key):
+            continue
+        if key in labels:
+            patch_labels[key] = None
+        if key in annotations:
+            patch_annotations[key] = None
+    if not patch_labels and not patch_annotations:
+        return PatchPlan(None, [problem] if problem else [])
+    patch_meta: dict[str, Any] = {"resourceVersion": meta.get("resourceVersion")}
+    if patch_labels:
+        patch_meta["labels"] = patch_labels
+    if patch_annotations:
+        patch_meta["annotations"] = patch_annotations
+    return PatchPlan({"metadata": patch_meta}, [problem] if problem else [])
+
+
+# ---------------------------------------------------------------- verdicts and triggers
+
+
+def merge_verdict(previous: str | None, previous_fingerprint: str | None, new: str, fingerprint: str) -> str:
+    """A deferral (GPUs busy) never replaces a conclusive verdict for the same fingerprint."""
+    if new == "deferred" and previous in CONCLUSIVE and previous_fingerprint == fingerprint:
+        return previous
+    return new
+
+
+def valid_request_token(value: str | None) -> tuple[str | None, str | None]:
+    """(token, problem): a self-test request annotation is an opaque token of up to 63 safe characters."""
+    if value is None:
+        return None, None
+    if REQUEST_TOKEN.fullmatch(value):
+        return value, None
+    return None, f"{contract.ANNOTATION_SELFTEST_REQUEST}={value[:100]!r} is not a token of 1-63 characters [A-Za-z0-9._:-]"
+
+
+@dataclass
+class Schedule:
+    """When the agent tested last and when it should test next (wall-clock seconds)."""
+
+    tested_fingerprint: str | None = None
+    handled_request: str | None = None
+    last_run_at: float | None = None
+    next_periodic_at: float = 0.0
+    deferrals: int = 0
+    next_retry_at: float | None = None
+
+
+def retest_reason(s: Schedule, now: float, fingerprint: str, request: str | None) -> str | None:
+    if s.last_run_at is None:
+        return "start"
+    if fingerprint != s.tested_fingerprint:
+        return "fingerprint changed"
+    if request is not None and request != s.handled_request:
+        return "requested"
+    if s.next_retry_at is not None and now >= s.next_retry_at:
+        return "deferred retry"
+    if now >= s.next_periodic_at:
+        return "periodic"
+    return None
+
+
+def jittered(period: float, fraction: float, rng: random.Random) -> float:
+    return period * (1 + rng.uniform(-fraction, fraction))
+
+
+def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
+    """Exponential back-off with "equal jitter": d/2 + uniform(0, d/2), d = min(cap, base * 2^attempt).
+    Never less than half the step (no hammering), never in lock-step with the rest of the fleet."""
+    step = min(cap, base * 2 ** max(0, attempt))
+    return step / 2 + rng.uniform(0, step / 2)
+
+
+def after_run(s: Schedule, now: float, fingerprint: str, request: str | None, result: str, period: float,
+              jitter: float, retry_base: float, retry_cap: float, rng: random.Random) -> Schedule:
+    deferrals = s.deferrals + 1 if result == "deferred" else 0
+    return Schedule(
+        tested_fingerprint=fingerprint,
+        handled_request=request,
+        last_run_at=now,
+        next_periodic_at=now + jittered(period, jitter, rng),
+        deferrals=deferrals,
+        next_retry_at=now + backoff(deferrals - 1, retry_base, retry_cap, rng) if deferrals else None,
+    )
+
+
+# ---------------------------------------------------------------- the flag for serving pods
+
+
+def flag_decision(labels: Mapping[str, str] | None, view_age: float | None, max_view_age: float,
+                  verdict: str | None, capable: bool | None) -> dict[str, Any]:
+    """What a serving pod's preflight should set: '1' only when the operator enabled this node and the
+    agent's own current facts agree. No current view of the node means '0'."""
+    if labels is None or view_age is None or view_age > max_view_age:
+        age = "never" if view_age is None else f"{view_age:.0f} s ago"
+        return {"flag": "0", "current": False, "enabled": None, "state": None,
+                "reason": f"the agent has no current view of its node (last seen {age}, limit {max_view_age:.0f} s)"}
+    enabled, state = labels.get(contract.LABEL_ENABLED), labels.get(contract.LABEL_STATE)
+    base = {"current": True, "enabled": enabled == "true", "state": state}
+    if enabled is not None and enabled not in BOOL_LABEL_VALUES:
+        return base | {"flag": "0", "reason": f"malformed label {contract.LABEL_ENABLED}={enabled!r}"}
+    if enabled != "true":
+        return base | {"flag": "0", "reason": f"the operator has not enabled this node ({contract.LABEL_ENABLED}={enabled}, state={state})"}
+    if not capable:
+        return base | {"flag": "0", "reason": "this node's probe says it is not capable"}
+    if verdict != "pass":
+        return base | {"flag": "0", "reason": f"this node's self-test is {verdict}"}
+    return base | {"flag": "1", "reason": f"enabled by the operator (state={state}), capable, self-test pass"}

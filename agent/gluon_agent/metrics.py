@@ -1,0 +1,64 @@
+"""The agent's Prometheus metrics (names from the contract), filled from probe and self-test reports."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from . import contract
+from .selftest.plan import WORST_FIRST
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.info = Info(contract.M_AGENT_INFO, "Probe facts: versions, GPU arch, fingerprint", registry=r)
+        self.capable = Gauge(contract.M_AGENT_CAPABLE, "1 when the probe found the node capable of the Gluon path", registry=r)
+        self.result = Gauge(contract.M_AGENT_SELFTEST_RESULT, "1 for the current self-test result of each GPU and path", ["gpu", "path", "result"], registry=r)
+        self.case_error = Gauge(contract.M_AGENT_CASE_ERROR, "Relative L2 error against the fp32 reference per case", ["gpu", "path", "backend", "case"], registry=r)
+        self.kernel_seconds = Gauge(contract.M_AGENT_KERNEL_SECONDS, "Median kernel time per timed case", ["gpu", "path", "backend", "case"], registry=r)
+        self.bandwidth = Gauge(contract.M_AGENT_KERNEL_BANDWIDTH, "fp8 KV bytes read per second per timed case", ["gpu", "path", "backend", "case"], registry=r)
+        self.speedup = Gauge(contract.M_AGENT_SPEEDUP, "Fallback time / accelerated time per timed case", ["gpu", "case"], registry=r)
+        self.last_run = Gauge(contract.M_AGENT_LAST_RUN, "When the last self-test finished (unix seconds)", registry=r)
+        self.duration = Gauge(contract.M_AGENT_RUN_DURATION, "How long the last self-test took", registry=r)
+        self.runs = Counter(contract.M_AGENT_RUNS, "Self-test runs by result", ["result"], registry=r)
+        self.api_errors = Counter(contract.M_AGENT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
+        self.publish_seconds = Histogram(contract.M_AGENT_PUBLISH_SECONDS, "Time to publish labels and report on the node", registry=r)
+        self.malformed = Counter(contract.M_AGENT_MALFORMED, "Malformed labels or annotations written by others, by key", ["key"], registry=r)
+
+    def observe_probe(self, probe: Mapping[str, Any], fingerprint: str) -> None:
+        gpus = probe.get("gpus", [])
+        self.info.info({
+            "fingerprint": fingerprint,
+            "arch": ",".join(sorted({g.get("arch") or "unknown" for g in gpus})) or "none",
+            "gpus": str(len(gpus)),
+            "aiter": str(probe.get("aiter_version")),
+            "triton": str(probe.get("triton_version")),
+            "torch": str(probe.get("torch_version")),
+            "hip": str(probe.get("hip_version")),
+            "driver": str(probe.get("driver_version")),
+        })
+        self.capable.set(1 if probe.get("capable") else 0)
+
+    def observe_selftest(self, report: Mapping[str, Any]) -> None:
+        for gauge in (self.result, self.case_error, self.kernel_seconds, self.bandwidth, self.speedup):
+            gauge.clear()  # a GPU or case that is gone must not keep its old series
+        for gpu in report.get("gpus", []):
+            index = str(gpu["index"])
+            for path, result in gpu["result"].items():
+                for value in WORST_FIRST:
+                    self.result.labels(index, path, value).set(1 if value == result else 0)
+                child = gpu.get("paths", {}).get(path, {}).get("child") or {}
+                for case in child.get("cases", []):
+                    if case.get("rel_l2") is not None:
+                        self.case_error.labels(index, path, case["backend"], case["case"]).set(case["rel_l2"])
+                for t in child.get("timing", []):
+                    self.kernel_seconds.labels(index, path, t["backend"], t["case"]).set(t["ms"] / 1e3)
+                    self.bandwidth.labels(index, path, t["backend"], t["case"]).set(t["kv_tbps"] * 1e12)
+            for case, value in gpu.get("speedup", {}).items():
+                self.speedup.labels(index, case).set(value)
+        self.runs.labels(report.get("result", "error")).inc()
+        self.last_run.set(report.get("finished_at", 0))
+        self.duration.set(report.get("seconds", 0))

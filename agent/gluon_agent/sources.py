@@ -1,0 +1,93 @@
+"""Where the agent's probe and self-test results come from: the real probe and GPU self-test, or a
+SIMULATION read from a file (for the local demo and tests, where no AMD GPU exists; it says so in
+every report it produces)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from .fingerprint import fingerprint, fingerprint_parts
+from .probe import probe
+from .selftest import runner
+
+
+class ResultSource(Protocol):
+    name: str
+
+    def probe(self) -> dict[str, Any]: ...
+
+    def selftest(self, probe_report: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class RealSource:
+    name = "real"
+
+    def __init__(self, cpu_interpret: bool = False, timeout: float = runner.DEFAULT_TIMEOUT_S) -> None:
+        self.cpu_interpret = cpu_interpret
+        self.timeout = timeout
+
+    def probe(self) -> dict[str, Any]:
+        return probe()
+
+    def selftest(self, probe_report: dict[str, Any]) -> dict[str, Any]:
+        return runner.run_selftest(probe_report, cpu_interpret=self.cpu_interpret, timeout=self.timeout)
+
+
+class SimulatedSource:
+    """Reads {"probe": {...}, "selftest": {"result": ..., "gpus": [...]}, "selftest_seconds": s} from a
+    file on every call, so a test or the demo can change the node's facts while the agent runs."""
+
+    name = "simulation"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def _read(self) -> dict[str, Any]:
+        return json.loads(self.path.read_text())
+
+    def probe(self) -> dict[str, Any]:
+        return dict(self._read()["probe"], simulated=True)
+
+    def selftest(self, probe_report: dict[str, Any]) -> dict[str, Any]:
+        spec = self._read()
+        started = time.monotonic()
+        time.sleep(float(spec.get("selftest_seconds", 0)))
+        report = dict(spec["selftest"])
+        report.setdefault("gpus", [])
+        report.update(
+            simulated=True,
+            mode="simulation",
+            fingerprint=fingerprint(probe_report),
+            fingerprint_parts=fingerprint_parts(probe_report),
+            seconds=round(time.monotonic() - started, 3),
+            finished_at=time.time(),
+        )
+        return report
+
+
+def simulated_node(capable: bool = True, accelerated: str = "pass", fallback: str = "pass", speedup: float = 2.3,
+                   driver: str = "6.12.12", gpus: int = 8, selftest_seconds: float = 0.0) -> dict[str, Any]:
+    """A SIMULATION file's content for one node: its probe facts and its self-test outcome."""
+    arch = "gfx950" if capable else "gfx942"
+    missing = [] if capable else [f"GPU arch gfx950 (have {arch})"]
+    worst = "pass" if accelerated == fallback == "pass" else min((accelerated, fallback), key=("error", "fail", "deferred", "pass").index)
+    return {
+        "probe": {
+            "capable": capable, "ready": capable, "missing_for_capable": missing, "missing_for_ready": missing,
+            "summary": "SIMULATION", "driver_version": driver, "hip_version": "7.0.51831", "torch_version": "2.9.0+rocm7.0",
+            "triton_version": "3.7.0", "aiter_version": "0.1.6",
+            "gpus": [{"index": i, "arch": arch, "name": "AMD Instinct MI355X (simulated)", "uuid": f"sim-{i}"} for i in range(gpus)],
+        },
+        "selftest": {
+            "result": worst, "backend_set": "aiter",
+            "gpus": [
+                {"index": i, "result": {"accelerated": accelerated, "fallback": fallback},
+                 "speedup": {"long-b1-128k": speedup, "long-b32-64k": speedup}, "paths": {}}
+                for i in range(gpus)
+            ],
+        },
+        "selftest_seconds": selftest_seconds,
+    }
