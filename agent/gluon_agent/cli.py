@@ -61,6 +61,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from . import preflight
+
+    return preflight.main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gluon-agent", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gluon-agent {__version__}")
@@ -100,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--simulate", metavar="FILE", help="SIMULATION: read probe and self-test results from FILE")
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=cmd_run)
+
+    f = sub.add_parser("preflight", add_help=False, help="serving pod init step: decide the flag (see --help)")
+    f.add_argument("rest", nargs=argparse.REMAINDER)
+    f.set_defaults(func=cmd_preflight)
     return parser
 
 

@@ -43,6 +43,10 @@ NODE_STATES: Final = (
 # read from its preflight verdict, so metrics and dashboards can split by the flag in use.
 LABEL_POD_FLAG: Final = PREFIX + "flag"
 
+# ---------------------------------------------------------------- pod annotation, webhook-owned
+# Set by the mutating webhook on pods it injected: the GluonRollout whose selector matched.
+ANNOTATION_POD_INJECTED: Final = PREFIX + "injected"
+
 # ---------------------------------------------------------------- node annotations
 # Agent-owned. JSON: probe, self-test results, fingerprint, time, agent version.
 ANNOTATION_REPORT: Final = PREFIX + "report"
@@ -85,6 +89,8 @@ M_ROLLOUT_ROLLBACKS: Final = ROLLOUT_METRIC_PREFIX + "rollbacks"  # counter
 M_ROLLOUT_EFFECT: Final = ROLLOUT_METRIC_PREFIX + "effect_ratio"
 M_ROLLOUT_ANALYSIS_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "analysis_errors"  # counter
 M_ROLLOUT_QUERY_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "query_seconds"
+M_ROLLOUT_API_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "api_errors"  # counter
+M_ROLLOUT_RESTARTS: Final = ROLLOUT_METRIC_PREFIX + "pod_restarts"  # counter
 
 # ---------------------------------------------------------------- agent HTTP
 AGENT_PORT: Final = 9477

@@ -17,12 +17,46 @@ def cmd_contract(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_crd(args: argparse.Namespace) -> int:
+    from .crd import crd_yaml
+
+    print(crd_yaml(), end="")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import logging
+
+    import kopf
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from . import handlers  # noqa: F401 - registers the handlers
+
+    kopf.run(
+        clusterwide=True,
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        priority=args.priority,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gluon-operator", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gluon-operator {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("contract", help="print every label, annotation and metric name as JSON")
     p.set_defaults(func=cmd_contract)
+    c = sub.add_parser("crd", help="print the GluonRollout CustomResourceDefinition (YAML)")
+    c.set_defaults(func=cmd_crd)
+    r = sub.add_parser("run", help="run the operator (kopf), cluster-wide")
+    r.add_argument("--standalone", action="store_true", help="no peering (one replica, tests)")
+    r.add_argument("--peering", default="gluon-rollout", help="kopf peering name shared by the replicas")
+    r.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    r.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
+    r.add_argument("--log-level", default="INFO")
+    r.set_defaults(func=cmd_run)
     return parser
 
 

@@ -1,0 +1,316 @@
+"""The operator's pure decisions: node eligibility, the node state machine, which nodes to enable next,
+which pods to restart, and the rollout's phase. Plain data in, plain data out; kopf handlers call these.
+
+States (contract.NODE_STATES): Ineligible, Eligible, Enabling, Analyzing, Promoted, RolledBack, Disabled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping
+
+from gluon_agent import contract
+
+INELIGIBLE, ELIGIBLE, ENABLING, ANALYZING, PROMOTED, ROLLED_BACK, DISABLED = contract.NODE_STATES
+FLAG_ON_STATES = (ENABLING, ANALYZING, PROMOTED)
+IN_PROGRESS = (ENABLING, ANALYZING)
+
+
+# ---------------------------------------------------------------- facts
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    agent_alive: bool
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    eligible: bool
+    reason: str
+    fingerprint: str | None
+
+
+def parse_report(annotations: Mapping[str, str]) -> tuple[dict[str, Any] | None, str | None]:
+    raw = annotations.get(contract.ANNOTATION_REPORT)
+    if raw is None:
+        return None, "the agent has published no report on this node"
+    try:
+        report = json.loads(raw)
+        if not isinstance(report, dict):
+            raise ValueError("not an object")
+        return report, None
+    except ValueError as exc:
+        return None, f"the agent report annotation is not JSON ({exc})"
+
+
+def parse_rollback(annotations: Mapping[str, str]) -> dict[str, Any] | None:
+    """The operator's own rollback record on a node; unreadable counts as absent (a person edited it)."""
+    try:
+        record = json.loads(annotations.get(contract.ANNOTATION_ROLLBACK) or "null")
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def failing_paths(report: Mapping[str, Any]) -> list[str]:
+    selftest = report.get("selftest") or {}
+    out = []
+    for gpu in selftest.get("gpus", []):
+        for path, result in (gpu.get("result") or {}).items():
+            if result != "pass":
+                reasons = (gpu.get("reasons") or {}).get(path, [])
+                out.append(f"GPU {gpu.get('index')} {path} {result}" + (f" ({reasons[0]})" if reasons else ""))
+    return out
+
+
+def rolled_back_for(rollback: Mapping[str, Any] | None, fingerprint: str | None, now: float,
+                    retry_after: int | None) -> str | None:
+    """Why the node is still barred by an earlier rollback, or None."""
+    if not rollback or rollback.get("fingerprint") != fingerprint:
+        return None
+    at = float(rollback.get("at", 0))
+    if retry_after is not None and now >= at + retry_after:
+        return None
+    return f"rolled back for fingerprint {fingerprint}: {rollback.get('reason', 'no reason recorded')}"
+
+
+def eligibility(facts: NodeFacts, now: float, retry_after: int | None) -> Eligibility:
+    """Eligible only with a live agent, capable, both paths passing for the current fingerprint, and not
+    rolled back for that fingerprint."""
+    report, problem = parse_report(facts.annotations)
+    fingerprint = (report or {}).get("fingerprint")
+    if not facts.agent_alive:
+        return Eligibility(False, "no running, ready agent on this node", fingerprint)
+    if report is None:
+        return Eligibility(False, problem or "no report", None)
+    if facts.labels.get(contract.LABEL_CAPABLE) != "true" or not (report.get("probe") or {}).get("capable"):
+        missing = (report.get("probe") or {}).get("missing_for_capable") or ["capable label is not 'true'"]
+        return Eligibility(False, "not capable: " + "; ".join(missing), fingerprint)
+    selftest = report.get("selftest") or {}
+    verdict = facts.labels.get(contract.LABEL_SELFTEST)
+    if verdict != "pass" or report.get("verdict") != "pass":
+        failing = failing_paths(report)
+        detail = "; ".join(failing) if failing else f"label {verdict}, report {report.get('verdict')}"
+        return Eligibility(False, f"self-test not passed: {detail}", fingerprint)
+    if selftest.get("fingerprint") != fingerprint:
+        return Eligibility(False, f"self-test is for fingerprint {selftest.get('fingerprint')}, node is at {fingerprint}", fingerprint)
+    barred = rolled_back_for(parse_rollback(facts.annotations), fingerprint, now, retry_after)
+    if barred:
+        return Eligibility(False, barred, fingerprint)
+    return Eligibility(True, f"capable, both paths pass for fingerprint {fingerprint}", fingerprint)
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    name: str
+    created: float  # unix seconds
+    flag: str | None  # the value the preflight chose, None while unknown
+    preflight_reason: str | None
+    ready: bool
+    deleting: bool
+
+
+@dataclass(frozen=True)
+class PodSummary:
+    old: list[str]  # created before the node's change: still to restart
+    new_flags: dict[str, str | None]  # pods started after the change: the flag each really uses
+    new_ready: bool
+    refused: list[str]  # new pods whose preflight chose '0', with its reason
+
+
+def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSummary:
+    pods = [p for p in pods if not p.deleting]
+    if changed_at is None:
+        return PodSummary([], {p.name: p.flag for p in pods}, all(p.ready for p in pods), [])
+    old = sorted(p.name for p in pods if p.created < changed_at)
+    new = [p for p in pods if p.created >= changed_at]
+    refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in new if p.flag == "0"]
+    return PodSummary(old, {p.name: p.flag for p in new}, all(p.ready for p in new), refused)
+
+
+# ---------------------------------------------------------------- the state machine
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node's durable record in the rollout's status (all the operator needs to resume)."""
+
+    state: str = INELIGIBLE
+    reason: str = ""
+    since: float = 0.0
+    fingerprint: str | None = None
+    changed_at: float | None = None  # when the flag last changed: pods created before it restart
+    holdout: bool = False
+    numbers: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason, "since": self.since, "fingerprint": self.fingerprint,
+                "changedAt": self.changed_at, "holdout": self.holdout, "numbers": dict(self.numbers)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> "NodeStatus":
+        raw = raw or {}
+        state = raw.get("state") if raw.get("state") in contract.NODE_STATES else INELIGIBLE
+        return cls(state, raw.get("reason", ""), float(raw.get("since") or 0), raw.get("fingerprint"),
+                   raw.get("changedAt"), bool(raw.get("holdout")), raw.get("numbers") or {})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The analysis verdict for a node (filled by the analysis; None means none yet)."""
+
+    result: str  # "pass" | "fail" | "inconclusive"
+    reason: str
+    numbers: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Step:
+    status: NodeStatus
+    action: str | None = None  # "restart": restart the node's old pods; "rollback": record and restart
+
+    @property
+    def changed(self) -> bool:
+        return self.action is not None
+
+
+def move(prev: NodeStatus, state: str, reason: str, now: float, **changes: Any) -> NodeStatus:
+    if state == prev.state:
+        return replace(prev, reason=reason, **changes)
+    return replace(prev, state=state, reason=reason, since=now, **changes)
+
+
+def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdict | None, now: float,
+            rollback_cleared: bool) -> Step:
+    """Automatic transitions. Eligible -> Enabling is the planner's choice (see plan_enables)."""
+    s = prev.state
+    if s == ROLLED_BACK:
+        if not rollback_cleared:
+            return Step(move(prev, ROLLED_BACK, prev.reason, now, fingerprint=el.fingerprint))
+        s = INELIGIBLE  # cleared by a new fingerprint, retryAfter or a person: judge afresh below
+        prev = move(prev, INELIGIBLE, "rollback cleared", now)
+    if not el.eligible:
+        if s in FLAG_ON_STATES:
+            return Step(move(prev, DISABLED, f"turned ineligible: {el.reason}", now, changed_at=now, fingerprint=el.fingerprint), "restart")
+        if s == DISABLED:
+            return Step(move(prev, DISABLED, f"ineligible: {el.reason}", now, fingerprint=el.fingerprint))
+        return Step(move(prev, INELIGIBLE, el.reason, now, fingerprint=el.fingerprint, holdout=False))
+    if s in (INELIGIBLE, DISABLED):
+        if s == DISABLED and pods.old:
+            return Step(move(prev, DISABLED, f"eligible again; waiting for {len(pods.old)} pods to restart at flag 0", now))
+        return Step(move(prev, ELIGIBLE, el.reason, now, fingerprint=el.fingerprint))
+    if s == ENABLING:
+        if pods.refused:
+            return Step(move(prev, ROLLED_BACK, "the serving image's preflight chose 0: " + "; ".join(pods.refused),
+                             now, changed_at=now, numbers={"refused": pods.refused}), "rollback")
+        if pods.old:
+            return Step(move(prev, ENABLING, f"restarting {len(pods.old)} serving pods", now))
+        if not pods.new_ready or any(flag != "1" for flag in pods.new_flags.values()):
+            return Step(move(prev, ENABLING, "waiting for restarted pods to be ready with flag 1", now))
+        return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now))
+    if s in (ANALYZING, PROMOTED) and verdict is not None:
+        if verdict.result == "fail":
+            return Step(move(prev, ROLLED_BACK, verdict.reason, now, changed_at=now, numbers=verdict.numbers), "rollback")
+        if verdict.result == "pass" and s == ANALYZING:
+            return Step(move(prev, PROMOTED, verdict.reason, now, numbers=verdict.numbers))
+        return Step(move(prev, s, prev.reason if s == PROMOTED else verdict.reason, now, numbers=verdict.numbers))
+    return Step(prev)
+
+
+def holdout_rank(name: str) -> str:
+    """A stable pseudo-random order, so the control group does not follow node naming."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def choose_holdouts(statuses: Mapping[str, NodeStatus], wanted: int) -> list[str]:
+    """Eligible nodes to add to the control group until it has `wanted` members."""
+    have = sum(1 for s in statuses.values() if s.holdout and s.state == ELIGIBLE)
+    pool = sorted((n for n, s in statuses.items() if s.state == ELIGIBLE and not s.holdout), key=holdout_rank)
+    return pool[: max(0, wanted - have)]
+
+
+def plan_enables(statuses: Mapping[str, NodeStatus], canary_nodes: int, max_parallel: int, paused: bool,
+                 aborted: bool) -> list[str]:
+    """Which Eligible nodes to enable now: canaries first, then at most max_parallel in progress."""
+    if paused or aborted:
+        return []
+    in_progress = sum(1 for s in statuses.values() if s.state in IN_PROGRESS)
+    promoted = sum(1 for s in statuses.values() if s.state == PROMOTED)
+    if promoted < canary_nodes:
+        limit = canary_nodes - promoted - in_progress
+    else:
+        limit = max_parallel - in_progress
+    candidates = sorted(n for n, s in statuses.items() if s.state == ELIGIBLE and not s.holdout)
+    return candidates[: max(0, limit)]
+
+
+def enable(prev: NodeStatus, now: float) -> Step:
+    return Step(move(prev, ENABLING, "chosen by the rollout strategy", now, changed_at=now), "restart")
+
+
+def restart_due(status: NodeStatus, now: float, delay: float) -> bool:
+    """Pods restart only after the node's label has had time to reach its agent."""
+    return status.changed_at is not None and now >= status.changed_at + delay
+
+
+def node_labels(status: NodeStatus) -> dict[str, str]:
+    return {contract.LABEL_ENABLED: "true" if status.state in FLAG_ON_STATES else "false",
+            contract.LABEL_STATE: status.state}
+
+
+# ---------------------------------------------------------------- the rollout
+
+
+def counts(statuses: Mapping[str, NodeStatus]) -> dict[str, int]:
+    out = {state: 0 for state in contract.NODE_STATES}
+    for s in statuses.values():
+        out[s.state] += 1
+    return out
+
+
+def phase(statuses: Mapping[str, NodeStatus], paused: bool, aborted: bool, invalid: bool) -> str:
+    if invalid:
+        return "Invalid"
+    if aborted:
+        return "Aborted"
+    if paused:
+        return "Paused"
+    c = counts(statuses)
+    waiting = sum(1 for s in statuses.values() if s.state == ELIGIBLE and not s.holdout)
+    if c[ENABLING] or c[ANALYZING] or waiting:
+        return "Progressing"
+    return "Complete" if c[PROMOTED] else "Idle"
+
+
+def conditions(phase_name: str, statuses: Mapping[str, NodeStatus], invalid_message: str, now_iso: str) -> list[dict[str, Any]]:
+    c = counts(statuses)
+
+    def cond(kind: str, true: bool, reason: str, message: str) -> dict[str, Any]:
+        return {"type": kind, "status": "True" if true else "False", "reason": reason, "message": message,
+                "lastTransitionTime": now_iso}
+
+    return [
+        cond("Ready", phase_name == "Complete", phase_name, f"{c[PROMOTED]} promoted, {c[ELIGIBLE]} eligible waiting or held out"),
+        cond("Progressing", phase_name == "Progressing", phase_name, f"{c[ENABLING]} enabling, {c[ANALYZING]} analyzing"),
+        cond("Degraded", phase_name == "Aborted" or c[ROLLED_BACK] > 0, "RolledBack" if c[ROLLED_BACK] else phase_name,
+             f"{c[ROLLED_BACK]} rolled back, {c[DISABLED]} disabled"),
+        cond("Invalid", bool(invalid_message), "InvalidSpec" if invalid_message else "Valid", invalid_message or "spec is valid"),
+    ]
+
+
+def merge_conditions(previous: Iterable[Mapping[str, Any]], fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep a condition's lastTransitionTime unless its status changed (so an idle rollout writes nothing)."""
+    before = {c.get("type"): c for c in previous or []}
+    out = []
+    for cond in fresh:
+        old = before.get(cond["type"])
+        if old and old.get("status") == cond["status"]:
+            cond = dict(cond, lastTransitionTime=old.get("lastTransitionTime", cond["lastTransitionTime"]))
+        out.append(cond)
+    return out

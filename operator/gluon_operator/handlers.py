@@ -1,0 +1,380 @@
+"""kopf handlers: thin shells around gating.py and webhook.py.
+
+Durable state lives only in the GluonRollout status and node labels. A node's pods are restarted only
+after the status that records why (its state and changedAt) has been persisted by an earlier reconcile,
+so an operator killed at any point resumes without restarting a node twice or skipping one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Any, Mapping
+
+import kopf
+from kubernetes import client
+
+from gluon_agent import contract
+from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, classify, make_api_client
+
+from . import gating, webhook
+from .metrics import OperatorMetrics
+from .spec import GROUP, PLURAL, VERSION, GluonRolloutSpec, parse_spec
+
+log = logging.getLogger("gluon_operator")
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+# Read when the decorators run (import time): the reconcile interval and the agent pods' label.
+RECONCILE_SECONDS = env_float("GLUON_RECONCILE_SECONDS", 10.0)
+AGENT_LABEL = os.environ.get("GLUON_AGENT_LABEL", "app.kubernetes.io/name=gluon-rollout-agent")
+AGENT_LABEL_KEY, AGENT_LABEL_VALUE = AGENT_LABEL.split("=", 1)
+METRICS = OperatorMetrics()
+
+
+class Runtime:
+    """Read from the environment at operator startup (so each test run can point elsewhere)."""
+
+    api_url: str | None = None  # tests and development; in-cluster credentials otherwise
+    injection = webhook.Injection(agent_image="ghcr.io/gluon-rollout/agent:0.1.0")
+    api: client.ApiClient | None = None
+
+    @classmethod
+    def load(cls) -> None:
+        cls.api_url = os.environ.get("GLUON_API_URL")
+        cls.injection = webhook.Injection(
+            agent_image=os.environ.get("GLUON_AGENT_IMAGE", "ghcr.io/gluon-rollout/agent:0.1.0"),
+            mode="shell" if os.environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
+        )
+        cls.api = make_api_client(cls.api_url)
+
+
+def core() -> client.CoreV1Api:
+    if Runtime.api is None:
+        Runtime.load()
+    return client.CoreV1Api(Runtime.api)
+
+
+# ---------------------------------------------------------------- startup, login
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    Runtime.load()
+    if Runtime.api_url:
+        return kopf.ConnectionInfo(server=Runtime.api_url, insecure=True)
+    return kopf.login_via_client(**kwargs)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    Runtime.load()
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = int(env_float("GLUON_WATCH_TIMEOUT", 300))
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.scanning.disabled = os.environ.get("GLUON_SCANNING", "on") == "off"
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    cert, key = os.environ.get("GLUON_WEBHOOK_CERT"), os.environ.get("GLUON_WEBHOOK_KEY")
+    if cert and key:
+        settings.admission.server = kopf.WebhookServer(
+            addr=os.environ.get("GLUON_WEBHOOK_ADDR", "0.0.0.0"), port=int(env_float("GLUON_WEBHOOK_PORT", 9443)),
+            certfile=cert, pkeyfile=key,
+        )
+    else:  # no certificate (tests, local runs): a plain-HTTP server on loopback that nothing calls
+        settings.admission.server = kopf.WebhookServer(addr="127.0.0.1", port=None, insecure=True)
+    settings.admission.managed = None  # the chart owns the MutatingWebhookConfiguration
+    port = int(env_float("GLUON_METRICS_PORT", 8080))
+    if port:
+        METRICS.serve(os.environ.get("GLUON_METRICS_ADDR", "0.0.0.0"), port)
+
+
+# ---------------------------------------------------------------- indexes (kopf keeps them from watches)
+
+
+@kopf.index("nodes")
+def node_index(name: str, labels: Mapping[str, str], annotations: Mapping[str, str], **_: Any) -> dict[str, Any]:
+    return {name: {"labels": dict(labels), "annotations": dict(annotations)}}
+
+
+def pod_ready(status: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+@kopf.index("pods", labels={AGENT_LABEL_KEY: AGENT_LABEL_VALUE})
+def agent_index(spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any], **_: Any) -> dict[str, Any] | None:
+    node = spec.get("nodeName")
+    if not node:
+        return None
+    return {node: status.get("phase") == "Running" and pod_ready(status) and not meta.get("deletionTimestamp")}
+
+
+def preflight_verdict(status: Mapping[str, Any]) -> dict[str, Any] | None:
+    for container in status.get("initContainerStatuses") or []:
+        if container.get("name") == webhook.PREFLIGHT_CONTAINER:
+            message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+            try:
+                verdict = json.loads(message) if message else None
+            except ValueError:
+                return {"flag": None, "reason": f"unreadable preflight message: {message[:200]!r}"}
+            return verdict if isinstance(verdict, dict) else None
+    return None
+
+
+@kopf.index("pods")
+def pod_index(namespace: str, name: str, labels: Mapping[str, str], spec: Mapping[str, Any],
+              status: Mapping[str, Any], meta: Mapping[str, Any], **_: Any) -> dict[Any, Any] | None:
+    node = spec.get("nodeName")
+    if not node:
+        return None
+    verdict = preflight_verdict(status)
+    return {(namespace, node): {
+        "name": name, "labels": dict(labels), "created": meta.get("creationTimestamp"),
+        "ready": pod_ready(status), "deleting": bool(meta.get("deletionTimestamp")),
+        "flag": (verdict or {}).get("flag"), "preflight_reason": (verdict or {}).get("reason"),
+    }}
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def rollout_index(namespace: str, name: str, spec: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+    return {namespace: {"name": name, "podSelector": dict(spec.get("podSelector") or {})}}
+
+
+# ---------------------------------------------------------------- facts from the indexes
+
+
+def first(index: kopf.Index, key: Any) -> Any:
+    store = index.get(key)
+    return next(iter(store), None) if store is not None else None
+
+
+def unix(timestamp: str | None) -> float:
+    import datetime
+
+    if not timestamp:
+        return 0.0
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def serving_pods(pod_index: kopf.Index, namespace: str, node: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
+    store = pod_index.get((namespace, node))
+    return [p for p in (store or []) if webhook.selector_matches(selector, p["labels"])]
+
+
+def pod_facts(pods: list[dict[str, Any]]) -> list[gating.PodFacts]:
+    return [gating.PodFacts(p["name"], unix(p["created"]), p["flag"], p["preflight_reason"], p["ready"], p["deleting"]) for p in pods]
+
+
+def nodes_in_scope(node_index: kopf.Index, selector: Mapping[str, Any]) -> list[str]:
+    names = []
+    for name in node_index:
+        node = first(node_index, name)
+        if node is None:
+            continue
+        everything = not selector.get("matchLabels") and not selector.get("matchExpressions")
+        if everything or webhook.selector_matches(selector, node["labels"]):
+            names.append(name)
+    return sorted(names)
+
+
+# ---------------------------------------------------------------- writes (thread pool: sync client)
+
+
+async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        # Raw responses: nothing reads them, and deserializing costs time at fleet scale.
+        return await asyncio.to_thread(fn, *args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+    except Exception as exc:
+        failure = classify(exc)
+        METRICS.api_errors.labels(failure.kind).inc()
+        raise failure from exc
+
+
+async def label_node(name: str, labels: dict[str, str], annotations: dict[str, Any] | None = None) -> None:
+    body: dict[str, Any] = {"metadata": {"labels": labels}}
+    if annotations:
+        body["metadata"]["annotations"] = annotations
+    await call(core().patch_node, name, body, _content_type=MERGE_PATCH)
+
+
+async def restart_pod(namespace: str, name: str, policy: str) -> str:
+    """'restarted', 'blocked' (a PodDisruptionBudget said 429: try again later) or 'gone'."""
+    try:
+        if policy == "Evict":
+            eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+            await call(core().create_namespaced_pod_eviction, name, namespace, eviction)
+        else:
+            await call(core().delete_namespaced_pod, name, namespace)
+        return "restarted"
+    except Exception as failure:
+        status = getattr(failure, "status", None)
+        if status == 429:
+            return "blocked"
+        if status == 404:
+            return "gone"
+        raise
+
+
+async def label_pod(namespace: str, name: str, flag: str) -> None:
+    await call(core().patch_namespaced_pod, name, namespace, {"metadata": {"labels": {contract.LABEL_POD_FLAG: flag}}},
+               _content_type=MERGE_PATCH)
+
+
+# ---------------------------------------------------------------- the reconcile
+
+
+def verdict_for(node: str, status: gating.NodeStatus, spec: GluonRolloutSpec, now: float) -> gating.Verdict | None:
+    """The analysis verdict for a node in Analyzing or Promoted. The analysis fills this in; without a
+    configured analysis a node waits in Analyzing (never promoted on no evidence)."""
+    return None
+
+
+async def restart_old_pods(namespace: str, node: str, old: list[str], policy: str, logger: logging.Logger) -> None:
+    for pod in old:
+        outcome = await restart_pod(namespace, pod, policy)
+        METRICS.restarts.labels(outcome).inc()
+        if outcome == "blocked":
+            logger.info("eviction of %s/%s on %s blocked by a disruption budget; retrying next reconcile", namespace, pod, node)
+            return  # the budget also protects this node's other pods: one at a time
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_SECONDS, id="reconcile")
+async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],
+                    body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, node_index: kopf.Index,
+                    agent_index: kopf.Index, pod_index: kopf.Index, **_: Any) -> None:
+    now = time.time()
+    generation = meta.get("generation")
+    parsed, problems = parse_spec(dict(spec))
+    previous_conditions = status.get("conditions") or []
+    if problems or parsed is None:
+        message = "; ".join(problems)
+        if status.get("phase") != "Invalid" or status.get("invalid") != message:
+            kopf.warn(body, reason="InvalidSpec", message=message)
+        patch.status.update(phase="Invalid", invalid=message, observedGeneration=generation,
+                            conditions=gating.merge_conditions(previous_conditions, gating.conditions("Invalid", {}, message, iso(now))))
+        return
+
+    prev = {n: gating.NodeStatus.from_dict(d) for n, d in (status.get("nodes") or {}).items()}
+    selector = parsed.podSelector.model_dump()
+    steps: dict[str, gating.Step] = {}
+    pods_by_node: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes_in_scope(node_index, parsed.nodeSelector.model_dump()):
+        info = first(node_index, node)
+        facts = gating.NodeFacts(node, info["labels"], info["annotations"], bool(first(agent_index, node)))
+        retry = parsed.analysis.retryAfterSeconds
+        el = gating.eligibility(facts, now, retry)
+        record = gating.parse_rollback(info["annotations"])
+        cleared = gating.rolled_back_for(record, el.fingerprint, now, retry) is None
+        previous = prev.get(node, gating.NodeStatus(since=now))
+        pods_by_node[node] = serving_pods(pod_index, namespace, node, selector)
+        summary = gating.summarize_pods(pod_facts(pods_by_node[node]), previous.changed_at)
+        steps[node] = gating.advance(previous, el, summary, verdict_for(node, previous, parsed, now), now, cleared)
+
+    statuses = {n: s.status for n, s in steps.items()}
+    for node in gating.choose_holdouts(statuses, parsed.strategy.holdoutNodes):
+        statuses[node] = replace(statuses[node], holdout=True, reason="holdout: control group kept at flag 0")
+    aborted = bool(status.get("aborted"))
+    for node in gating.plan_enables(statuses, parsed.strategy.canaryNodes, parsed.strategy.maxParallel, parsed.paused, aborted):
+        steps[node] = gating.enable(statuses[node], now)
+        statuses[node] = steps[node].status
+
+    for node, new in statuses.items():
+        old = prev.get(node)
+        await apply_node(name, node, old, new, steps[node].action, first(node_index, node), body, logger)
+        persisted = old is not None and old.state == new.state and old.changed_at == new.changed_at
+        if persisted and new.state in (gating.ENABLING, gating.DISABLED, gating.ROLLED_BACK) and \
+                gating.restart_due(new, now, parsed.strategy.restartDelaySeconds) and parsed.strategy.restart != "None":
+            old_pods = gating.summarize_pods(pod_facts(pods_by_node[node]), new.changed_at).old
+            await restart_old_pods(namespace, node, old_pods, parsed.strategy.restart, logger)
+        for pod in pods_by_node[node]:
+            if pod["flag"] in ("0", "1") and pod["labels"].get(contract.LABEL_POD_FLAG) != pod["flag"]:
+                await label_pod(namespace, pod["name"], pod["flag"])
+
+    phase = gating.phase(statuses, parsed.paused, aborted, False)
+    METRICS.observe_rollout(namespace, name, statuses)
+    write_status(patch, status, {
+        "phase": phase,
+        "counts": gating.counts(statuses),
+        "nodes": {n: s.to_dict() for n, s in sorted(statuses.items())},
+        "observedGeneration": generation,
+        "invalid": None,
+        "conditions": gating.merge_conditions(previous_conditions, gating.conditions(phase, statuses, "", iso(now))),
+    })
+
+
+def write_status(patch: kopf.Patch, status: Mapping[str, Any], fresh: dict[str, Any]) -> None:
+    """Only what changed: an idle rollout costs no writes."""
+    for key, value in fresh.items():
+        if status.get(key) != value:
+            patch.status[key] = value
+
+
+def iso(now: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def apply_node(rollout: str, node: str, old: gating.NodeStatus | None, new: gating.NodeStatus, action: str | None,
+                     info: Mapping[str, Any] | None, body: kopf.Body, logger: logging.Logger) -> None:
+    """Labels (and a rollback record) on the node, one patch; an Event for the transition."""
+    wanted = gating.node_labels(new)
+    current = (info or {}).get("labels", {})
+    annotations = None
+    if action == "rollback":
+        annotations = {contract.ANNOTATION_ROLLBACK: json.dumps({"rollout": rollout, "fingerprint": new.fingerprint, "at": new.since,
+                                                                 "reason": new.reason, "numbers": dict(new.numbers)}, sort_keys=True)}
+    if any(current.get(k) != v for k, v in wanted.items()) or annotations:
+        await label_node(node, wanted, annotations)
+    if old is None or old.state != new.state:
+        METRICS.transitions.labels(old.state if old else "None", new.state).inc()
+        if action == "rollback":
+            METRICS.rollbacks.labels("analysis" if new.numbers.get("effect") is not None else "preflight").inc()
+        event = kopf.warn if new.state in (gating.ROLLED_BACK, gating.DISABLED) else kopf.info
+        event(body, reason=new.state, message=f"node {node}: {old.state if old else 'new'} -> {new.state}: {new.reason}"[:1000])
+        logger.info("node %s: %s -> %s: %s", node, old.state if old else "new", new.state, new.reason)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def cleanup(status: Mapping[str, Any], logger: logging.Logger, **_: Any) -> None:
+    """Deleting a rollout takes its labels off the nodes it managed: new pods start at flag 0. Running
+    pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
+    for node in (status.get("nodes") or {}):
+        try:
+            await label_node(node, {contract.LABEL_ENABLED: None, contract.LABEL_STATE: None})
+        except Exception as failure:  # a node deleted meanwhile
+            logger.warning("cleanup of node %s: %s", node, failure)
+
+
+# ---------------------------------------------------------------- the admission webhook
+
+
+@kopf.on.mutate("pods", id="inject", operations=["CREATE"], ignore_failures=True)
+def inject(body: kopf.Body, patch: kopf.Patch, namespace: str | None, rollout_index: kopf.Index,
+           warnings: list[str], logger: logging.Logger, **_: Any) -> None:
+    namespace = namespace or body.get("metadata", {}).get("namespace")
+    labels = body.get("metadata", {}).get("labels") or {}
+    matched = [r for r in (rollout_index.get(namespace) or []) if webhook.selector_matches(r["podSelector"], labels)]
+    if not matched:
+        return
+    rollout = sorted(r["name"] for r in matched)[0]
+    try:
+        changes = webhook.mutation(dict(body), rollout, Runtime.injection)
+    except webhook.NotInjectable as exc:
+        warnings.append(f"gluon-rollout did not inject: {exc}")
+        return
+    for key, value in (changes or {}).items():
+        if key == "spec":
+            for field, content in value.items():
+                patch.spec[field] = content
+        else:
+            for annotation, content in value["annotations"].items():
+                patch.metadata.annotations[annotation] = content

@@ -1,0 +1,37 @@
+"""The operator's Prometheus metrics (names from the contract)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from gluon_agent import contract
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.nodes = Gauge(contract.M_ROLLOUT_NODES, "Nodes per state of each rollout", ["namespace", "rollout", "state"], registry=r)
+        self.transitions = Counter(contract.M_ROLLOUT_TRANSITIONS, "Node state transitions", ["from_state", "to_state"], registry=r)
+        self.verdicts = Counter(contract.M_ROLLOUT_VERDICTS, "Analysis verdicts by result", ["namespace", "rollout", "result"], registry=r)
+        self.rollbacks = Counter(contract.M_ROLLOUT_ROLLBACKS, "Node rollbacks by reason", ["reason"], registry=r)
+        self.effect = Gauge(contract.M_ROLLOUT_EFFECT, "Estimated throughput ratio flag=1 vs control per node", ["namespace", "rollout", "node"], registry=r)
+        self.analysis_errors = Counter(contract.M_ROLLOUT_ANALYSIS_ERRORS, "Analysis errors by kind", ["kind"], registry=r)
+        self.query_seconds = Histogram(contract.M_ROLLOUT_QUERY_SECONDS, "Prometheus query latency", registry=r)
+        self.api_errors = Counter(contract.M_ROLLOUT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
+        self.restarts = Counter(contract.M_ROLLOUT_RESTARTS, "Serving pod restarts by outcome", ["outcome"], registry=r)
+        self._server_started = False
+
+    def observe_rollout(self, namespace: str, rollout: str, statuses: Mapping[str, object]) -> None:
+        counts = {state: 0 for state in contract.NODE_STATES}
+        for status in statuses.values():
+            counts[status.state] += 1  # type: ignore[attr-defined]
+        for state, count in counts.items():
+            self.nodes.labels(namespace, rollout, state).set(count)
+
+    def serve(self, addr: str, port: int) -> None:
+        if not self._server_started:
+            start_http_server(port, addr=addr, registry=self.registry)
+            self._server_started = True
