@@ -1,0 +1,218 @@
+"""The operator's pure decisions: eligibility, the node state machine, planning, phase. Exhaustive tables
+where the space is small, hypothesis properties over random histories elsewhere."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gluon_agent import contract
+from gluon_operator import gating
+from gluon_operator.gating import (ANALYZING, DISABLED, ELIGIBLE, ENABLING, INELIGIBLE, PROMOTED, ROLLED_BACK, Eligibility,
+                                   NodeFacts, NodeStatus, PodFacts, PodSummary, Verdict)
+from tests.cluster import gpu_node
+
+NOW = 1_000_000.0
+
+
+def facts(name="n1", alive=True, **traits) -> NodeFacts:
+    node = gpu_node(name, **traits)
+    return NodeFacts(name, node["metadata"]["labels"], node["metadata"]["annotations"], alive)
+
+
+def test_eligible_node():
+    el = gating.eligibility(facts(), NOW, None)
+    assert el.eligible and el.fingerprint and "both paths pass" in el.reason
+
+
+@pytest.mark.parametrize("traits,alive,reason", [
+    ({}, False, "no running, ready agent"),
+    ({"capable": False}, True, "not capable: GPU arch gfx950 (have gfx942)"),
+    ({"fallback": "fail"}, True, "GPU 0 fallback fail"),
+    ({"accelerated": "error"}, True, "GPU 0 accelerated error"),
+    ({"stale": True}, True, "self-test is for fingerprint 0ldf1ngerpr1nt00"),
+])
+def test_ineligible_nodes_say_why(traits, alive, reason):
+    el = gating.eligibility(facts(alive=alive, **traits), NOW, None)
+    assert not el.eligible and reason in el.reason
+
+
+def test_missing_or_malformed_report():
+    f = facts()
+    bare = NodeFacts("n1", f.labels, {}, True)
+    assert gating.eligibility(bare, NOW, None).reason == "the agent has published no report on this node"
+    broken = NodeFacts("n1", f.labels, {contract.ANNOTATION_REPORT: "{nope"}, True)
+    assert "not JSON" in gating.eligibility(broken, NOW, None).reason
+
+
+def test_rollback_bars_until_fingerprint_changes_or_retry_passes():
+    f = facts()
+    fp = gating.eligibility(f, NOW, None).fingerprint
+    record = json.dumps({"fingerprint": fp, "at": NOW - 100, "reason": "decode -15% (p=0.001)"})
+    barred = NodeFacts("n1", f.labels, {**f.annotations, contract.ANNOTATION_ROLLBACK: record}, True)
+    el = gating.eligibility(barred, NOW, None)
+    assert not el.eligible and "decode -15%" in el.reason
+    assert gating.eligibility(barred, NOW, 50).eligible  # retryAfter passed
+    assert not gating.eligibility(barred, NOW, 500).eligible
+    other = json.dumps({"fingerprint": "different", "at": NOW, "reason": "x"})
+    assert gating.eligibility(NodeFacts("n1", f.labels, {**f.annotations, contract.ANNOTATION_ROLLBACK: other}, True), NOW, None).eligible
+
+
+def pods(old=0, new_flags=(), ready=True, refused=()):
+    return PodSummary([f"old{i}" for i in range(old)], {f"new{i}": f for i, f in enumerate(new_flags)}, ready, list(refused))
+
+
+YES = Eligibility(True, "ok", "fp")
+NO = Eligibility(False, "not capable", "fp")
+NONE = pods()
+
+
+@pytest.mark.parametrize("state,el,summary,verdict,cleared,expected,action", [
+    (INELIGIBLE, YES, NONE, None, True, ELIGIBLE, None),
+    (INELIGIBLE, NO, NONE, None, True, INELIGIBLE, None),
+    (ELIGIBLE, YES, NONE, None, True, ELIGIBLE, None),
+    (ELIGIBLE, NO, NONE, None, True, INELIGIBLE, None),
+    (ENABLING, YES, pods(old=1), None, True, ENABLING, None),
+    (ENABLING, YES, pods(new_flags=("1", None)), None, True, ENABLING, None),
+    (ENABLING, YES, pods(new_flags=("1",), ready=False), None, True, ENABLING, None),
+    (ENABLING, YES, pods(new_flags=("1", "1")), None, True, ANALYZING, None),
+    (ENABLING, YES, pods(new_flags=("0",), refused=("p: not capable",)), None, True, ROLLED_BACK, "rollback"),
+    (ENABLING, NO, NONE, None, True, DISABLED, "restart"),
+    (ANALYZING, YES, NONE, None, True, ANALYZING, None),
+    (ANALYZING, YES, NONE, Verdict("inconclusive", "no data"), True, ANALYZING, None),
+    (ANALYZING, YES, NONE, Verdict("pass", "x1.9"), True, PROMOTED, None),
+    (ANALYZING, YES, NONE, Verdict("fail", "-15%"), True, ROLLED_BACK, "rollback"),
+    (ANALYZING, NO, NONE, Verdict("pass", "x1.9"), True, DISABLED, "restart"),
+    (PROMOTED, YES, NONE, Verdict("pass", "x1.9"), True, PROMOTED, None),
+    (PROMOTED, YES, NONE, Verdict("fail", "-15%"), True, ROLLED_BACK, "rollback"),
+    (PROMOTED, NO, NONE, None, True, DISABLED, "restart"),
+    (DISABLED, NO, NONE, None, True, DISABLED, None),
+    (DISABLED, YES, pods(old=2), None, True, DISABLED, None),
+    (DISABLED, YES, NONE, None, True, ELIGIBLE, None),
+    (ROLLED_BACK, YES, NONE, None, False, ROLLED_BACK, None),
+    (ROLLED_BACK, NO, NONE, None, False, ROLLED_BACK, None),
+    (ROLLED_BACK, YES, NONE, None, True, ELIGIBLE, None),
+    (ROLLED_BACK, NO, NONE, None, True, INELIGIBLE, None),
+])
+def test_transitions(state, el, summary, verdict, cleared, expected, action):
+    step = gating.advance(NodeStatus(state, since=1.0), el, summary, verdict, NOW, cleared)
+    assert (step.status.state, step.action) == (expected, action)
+    assert step.status.since == (1.0 if expected == state else NOW)
+    if action:
+        assert step.status.changed_at == NOW  # pods created before this restart
+
+
+def test_enable_and_labels():
+    step = gating.enable(NodeStatus(ELIGIBLE), NOW)
+    assert step.status.state == ENABLING and step.action == "restart" and step.status.changed_at == NOW
+    assert gating.node_labels(step.status) == {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: ENABLING}
+    for state in contract.NODE_STATES:
+        on = gating.node_labels(NodeStatus(state))[contract.LABEL_ENABLED] == "true"
+        assert on == (state in (ENABLING, ANALYZING, PROMOTED))
+
+
+def test_summarize_pods():
+    pods_ = [PodFacts("a", 10, None, None, True, False), PodFacts("b", 30, "1", "ok", True, False),
+             PodFacts("c", 31, "0", "not capable", True, False), PodFacts("d", 5, None, None, True, True)]
+    s = gating.summarize_pods(pods_, 20)
+    assert s.old == ["a"] and s.new_flags == {"b": "1", "c": "0"} and s.refused == ["c: not capable"]
+    assert gating.summarize_pods(pods_, None).old == []
+
+
+def statuses_from(states: dict[str, str], holdout=()):
+    return {n: NodeStatus(s, holdout=n in holdout) for n, s in states.items()}
+
+
+def test_plan_canary_then_parallel():
+    fleet = {f"n{i}": ELIGIBLE for i in range(6)}
+    assert gating.plan_enables(statuses_from(fleet), 1, 3, False, False) == ["n0"]
+    assert gating.plan_enables(statuses_from({**fleet, "n0": ANALYZING}), 1, 3, False, False) == []
+    assert gating.plan_enables(statuses_from({**fleet, "n0": PROMOTED}), 1, 3, False, False) == ["n1", "n2", "n3"]
+    assert gating.plan_enables(statuses_from({**fleet, "n0": PROMOTED, "n1": ENABLING}), 1, 3, False, False) == ["n2", "n3"]
+    assert gating.plan_enables(statuses_from(fleet, holdout={"n0"}), 1, 3, False, False) == ["n1"]
+    assert gating.plan_enables(statuses_from(fleet), 1, 3, True, False) == []
+    assert gating.plan_enables(statuses_from(fleet), 1, 3, False, True) == []
+    assert gating.plan_enables(statuses_from(fleet), 0, 2, False, False) == ["n0", "n1"]
+
+
+@given(states=st.lists(st.sampled_from(contract.NODE_STATES), min_size=1, max_size=30), canary=st.integers(0, 4),
+       parallel=st.integers(1, 5), holdouts=st.integers(0, 3))
+def test_plan_never_exceeds_limits(states, canary, parallel, holdouts):
+    statuses = {f"n{i}": NodeStatus(s) for i, s in enumerate(states)}
+    for name in gating.choose_holdouts(statuses, holdouts):
+        statuses[name] = NodeStatus(ELIGIBLE, holdout=True)
+    chosen = gating.plan_enables(statuses, canary, parallel, False, False)
+    in_progress = sum(s.state in (ENABLING, ANALYZING) for s in statuses.values()) + len(chosen)
+    promoted = sum(s.state == PROMOTED for s in statuses.values())
+    assert all(statuses[n].state == ELIGIBLE and not statuses[n].holdout for n in chosen)
+    assert len(chosen) == 0 or in_progress <= (canary - promoted if promoted < canary else parallel)
+
+
+def test_holdouts_are_stable_and_fill_up():
+    fleet = statuses_from({f"n{i}": ELIGIBLE for i in range(10)})
+    first = gating.choose_holdouts(fleet, 2)
+    assert first == gating.choose_holdouts(fleet, 2) and len(first) == 2
+    for n in first:
+        fleet[n] = NodeStatus(ELIGIBLE, holdout=True)
+    assert gating.choose_holdouts(fleet, 2) == []
+    fleet[first[0]] = NodeStatus(INELIGIBLE)  # a control node lost: another takes its place
+    assert len(gating.choose_holdouts(fleet, 2)) == 1
+
+
+@settings(max_examples=300)
+@given(history=st.lists(st.tuples(st.booleans(), st.sampled_from([None, "pass", "fail", "inconclusive"]),
+                                  st.integers(0, 2), st.sampled_from(["1", "0", None]), st.booleans(), st.booleans()),
+                        min_size=1, max_size=25))
+def test_random_histories_keep_the_invariants(history):
+    """Whatever happens: flag-on states are reached only from Enabling, a failure always ends in a
+    rollback with pods restarted, and rolled-back nodes stay so until cleared."""
+    status = NodeStatus(INELIGIBLE)
+    for step_no, (eligible, verdict, old, flag, cleared, pick) in enumerate(history):
+        el = Eligibility(eligible, "r", "fp")
+        summary = pods(old=old, new_flags=(flag,) if flag else (), refused=("p: x",) if flag == "0" else ())
+        prev = status
+        step = gating.advance(prev, el, summary, Verdict(verdict, "v") if verdict else None, NOW + step_no, cleared)
+        status = step.status
+        if pick and status.state == ELIGIBLE and not status.holdout:
+            step = gating.enable(status, NOW + step_no)
+            status = step.status
+        assert status.state in contract.NODE_STATES
+        if status.state in (ANALYZING, PROMOTED):
+            assert prev.state in (ENABLING, ANALYZING, PROMOTED)
+        if status.state == ROLLED_BACK and prev.state != ROLLED_BACK:
+            assert step.action == "rollback"
+        if prev.state == ROLLED_BACK and not cleared:
+            assert status.state == ROLLED_BACK
+        if not eligible and prev.state in (ENABLING, ANALYZING, PROMOTED) and status.state != ROLLED_BACK:
+            assert status.state == DISABLED and step.action == "restart"
+
+
+def test_phase_and_conditions():
+    assert gating.phase({}, False, False, True) == "Invalid"
+    assert gating.phase(statuses_from({"a": ELIGIBLE}), True, False, False) == "Paused"
+    assert gating.phase(statuses_from({"a": ELIGIBLE}), False, True, False) == "Aborted"
+    assert gating.phase(statuses_from({"a": ELIGIBLE}), False, False, False) == "Progressing"
+    assert gating.phase(statuses_from({"a": ELIGIBLE}, holdout={"a"}), False, False, False) == "Idle"
+    assert gating.phase(statuses_from({"a": PROMOTED, "b": INELIGIBLE}), False, False, False) == "Complete"
+    conds = {c["type"]: c for c in gating.conditions("Complete", statuses_from({"a": PROMOTED, "b": ROLLED_BACK}), "", "t0")}
+    assert conds["Ready"]["status"] == "True" and conds["Degraded"]["status"] == "True"
+
+
+def test_merge_conditions_keeps_transition_times():
+    before = gating.conditions("Progressing", {}, "", "t0")
+    again = gating.merge_conditions(before, gating.conditions("Progressing", {}, "", "t1"))
+    assert all(c["lastTransitionTime"] == "t0" for c in again)
+    flipped = gating.merge_conditions(before, gating.conditions("Complete", statuses_from({"a": PROMOTED}), "", "t2"))
+    times = {c["type"]: c["lastTransitionTime"] for c in flipped}
+    assert times["Ready"] == "t2" and times["Progressing"] == "t2" and times["Invalid"] == "t0"
+
+
+def test_node_status_round_trip():
+    s = NodeStatus(PROMOTED, "x1.9", 5.0, "fp", 3.0, True, {"effect": 1.9})
+    assert NodeStatus.from_dict(s.to_dict()) == s
+    assert NodeStatus.from_dict({"state": "Bogus"}).state == INELIGIBLE
+    assert list(itertools.islice(contract.NODE_STATES, 2)) == [INELIGIBLE, ELIGIBLE]
