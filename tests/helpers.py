@@ -62,13 +62,24 @@ class Prometheus:
             for job, hosts in targets.items()
         ]
         (self.dir / "prometheus.yml").write_text(json.dumps({"global": {"scrape_interval": scrape_interval}, "scrape_configs": jobs}))
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"],
-            stdout=subprocess.DEVNULL, stderr=(self.dir / "log.txt").open("w"),
-        )
+        self.argv = [binary, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        """Start (or start again, on the same port and data) and wait until it answers."""
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=(self.dir / "log.txt").open("a"))
         wait_for(self._ready, timeout=30, what="prometheus to start")
+
+    def halt(self) -> None:
+        """Stop the process, keeping its data (an outage, not a teardown)."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
 
     def _ready(self) -> bool:
         try:
@@ -82,11 +93,8 @@ class Prometheus:
         return body["data"]["result"]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        if self.proc.poll() is None:
+            self.halt()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -21,8 +21,9 @@ from kubernetes import client
 from gluon_agent import contract
 from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, classify, make_api_client
 
-from . import gating, webhook
+from . import analysis, gating, webhook
 from .metrics import OperatorMetrics
+from .promclient import PrometheusClient, PrometheusError
 from .spec import GROUP, PLURAL, VERSION, GluonRolloutSpec, parse_spec
 
 log = logging.getLogger("gluon_operator")
@@ -231,9 +232,69 @@ async def label_pod(namespace: str, name: str, flag: str) -> None:
 # ---------------------------------------------------------------- the reconcile
 
 
-def verdict_for(node: str, status: gating.NodeStatus, spec: GluonRolloutSpec, now: float) -> gating.Verdict | None:
-    """The analysis verdict for a node in Analyzing or Promoted. The analysis fills this in; without a
-    configured analysis a node waits in Analyzing (never promoted on no evidence)."""
+def control_nodes(statuses: Mapping[str, gating.NodeStatus]) -> list[str]:
+    """Flag-0 nodes of this rollout to compare with: the holdout group when there is one, else every
+    eligible node not enabled yet (never ineligible nodes: other hardware or software)."""
+    eligible = [n for n, s in statuses.items() if s.state == gating.ELIGIBLE]
+    holdouts = [n for n in eligible if statuses[n].holdout]
+    return sorted(holdouts or eligible)
+
+
+def analysis_due(spec: GluonRolloutSpec, status: Mapping[str, Any], now: float) -> bool:
+    if not spec.analysis.prometheusUrl:
+        return False
+    last = float((status.get("analysis") or {}).get("lastRun") or 0)
+    return now - last >= spec.analysis.intervalSeconds
+
+
+async def analyse(namespace: str, rollout: str, spec: GluonRolloutSpec, statuses: Mapping[str, gating.NodeStatus],
+                  now: float, logger: logging.Logger) -> tuple[dict[str, gating.Verdict], dict[str, Any]]:
+    """One query for the whole rollout; a verdict for every node in Analyzing or Promoted (guard mode)."""
+    a = spec.analysis
+    judged = [n for n, s in statuses.items() if s.state in (gating.ANALYZING, gating.PROMOTED)]
+    summary: dict[str, Any] = {"lastRun": now, "nodes": len(judged)}
+    if not judged:
+        return {}, summary
+    query = analysis.render(a.query or analysis.DEFAULT_QUERY, namespace, spec.podSelector.matchLabels, a.stepSeconds)
+    earliest = min((statuses[n].changed_at or now) for n in judged)
+    start = max(now - 4 * a.windowSeconds - a.warmupSeconds, min(now - a.windowSeconds, earliest - a.windowSeconds))
+    step = a.stepSeconds
+    client = PrometheusClient(a.prometheusUrl, token=os.environ.get("GLUON_PROMETHEUS_TOKEN"), ca_file=os.environ.get("GLUON_PROMETHEUS_CA"))
+    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic)
+    try:
+        with METRICS.query_seconds.time():
+            series = analysis.series_by_node(await client.query_range(query, start, now, step))
+        error = None
+    except PrometheusError as exc:
+        METRICS.analysis_errors.labels(exc.kind.split()[0]).inc()
+        logger.warning("analysis: %s", exc)
+        series, error = {}, str(exc)
+    controls = [series[n] for n in control_nodes(statuses) if n in series]
+    verdicts = {}
+    for node in judged:
+        status = statuses[node]
+        judgement = (analysis.Judgement("inconclusive", f"Prometheus error: {error}") if error else
+                     analysis.judge(series.get(node, []), controls, status.changed_at or now, a.warmupSeconds, now, a.windowSeconds, cfg))
+        decision = analysis.decide(judgement, int(status.numbers.get("failStreak", 0)), status.numbers.get("inconclusiveSince"),
+                                   now, a.consecutiveFailures, a.onNoData, a.noDataDeadlineSeconds)
+        METRICS.verdicts.labels(namespace, rollout, judgement.result).inc()
+        if judgement.effect is not None:
+            METRICS.effect.labels(namespace, rollout, node).set(judgement.effect)
+        numbers = judgement.to_dict() | {"failStreak": decision.streak, "inconclusiveSince": decision.inconclusive_since, "at": now}
+        verdicts[node] = gating.Verdict(decision.verdict or "inconclusive", decision.reason, numbers)
+    summary.update(query=query, error=error, controls=len(controls))
+    return verdicts, summary
+
+
+def abort_now(spec: GluonRolloutSpec, status: Mapping[str, Any], statuses: Mapping[str, gating.NodeStatus],
+              generation: int | None) -> dict[str, Any] | None:
+    """The abort record: kept until a person edits the spec (a new generation re-arms the rollout)."""
+    previous = status.get("aborted")
+    if previous and previous.get("generation") == generation:
+        return previous
+    failed = sum(1 for s in statuses.values() if s.state == gating.ROLLED_BACK)
+    if failed > spec.abort.maxFailedNodes:
+        return {"generation": generation, "reason": f"{failed} nodes rolled back > maxFailedNodes {spec.abort.maxFailedNodes}"}
     return None
 
 
@@ -263,6 +324,9 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         return
 
     prev = {n: gating.NodeStatus.from_dict(d) for n, d in (status.get("nodes") or {}).items()}
+    verdicts, analysis_summary = {}, status.get("analysis")
+    if analysis_due(parsed, status, now):
+        verdicts, analysis_summary = await analyse(namespace, name, parsed, prev, now, logger)
     selector = parsed.podSelector.model_dump()
     steps: dict[str, gating.Step] = {}
     pods_by_node: dict[str, list[dict[str, Any]]] = {}
@@ -276,13 +340,18 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         previous = prev.get(node, gating.NodeStatus(since=now))
         pods_by_node[node] = serving_pods(pod_index, namespace, node, selector)
         summary = gating.summarize_pods(pod_facts(pods_by_node[node]), previous.changed_at)
-        steps[node] = gating.advance(previous, el, summary, verdict_for(node, previous, parsed, now), now, cleared)
+        steps[node] = gating.advance(previous, el, summary, verdicts.get(node), now, cleared)
 
     statuses = {n: s.status for n, s in steps.items()}
+    aborted = abort_now(parsed, status, statuses, generation)
+    if aborted:
+        for node, current in statuses.items():
+            if current.state in gating.FLAG_ON_STATES:
+                steps[node] = gating.Step(gating.move(current, gating.DISABLED, f"rollout aborted: {aborted['reason']}", now, changed_at=now), "restart")
+                statuses[node] = steps[node].status
     for node in gating.choose_holdouts(statuses, parsed.strategy.holdoutNodes):
         statuses[node] = replace(statuses[node], holdout=True, reason="holdout: control group kept at flag 0")
-    aborted = bool(status.get("aborted"))
-    for node in gating.plan_enables(statuses, parsed.strategy.canaryNodes, parsed.strategy.maxParallel, parsed.paused, aborted):
+    for node in gating.plan_enables(statuses, parsed.strategy.canaryNodes, parsed.strategy.maxParallel, parsed.paused, bool(aborted)):
         steps[node] = gating.enable(statuses[node], now)
         statuses[node] = steps[node].status
 
@@ -298,7 +367,7 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
             if pod["flag"] in ("0", "1") and pod["labels"].get(contract.LABEL_POD_FLAG) != pod["flag"]:
                 await label_pod(namespace, pod["name"], pod["flag"])
 
-    phase = gating.phase(statuses, parsed.paused, aborted, False)
+    phase = gating.phase(statuses, parsed.paused, bool(aborted), False)
     METRICS.observe_rollout(namespace, name, statuses)
     write_status(patch, status, {
         "phase": phase,
@@ -306,6 +375,8 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         "nodes": {n: s.to_dict() for n, s in sorted(statuses.items())},
         "observedGeneration": generation,
         "invalid": None,
+        "aborted": aborted,
+        "analysis": analysis_summary,
         "conditions": gating.merge_conditions(previous_conditions, gating.conditions(phase, statuses, "", iso(now))),
     })
 
@@ -337,7 +408,7 @@ async def apply_node(rollout: str, node: str, old: gating.NodeStatus | None, new
     if old is None or old.state != new.state:
         METRICS.transitions.labels(old.state if old else "None", new.state).inc()
         if action == "rollback":
-            METRICS.rollbacks.labels("analysis" if new.numbers.get("effect") is not None else "preflight").inc()
+            METRICS.rollbacks.labels("preflight" if "refused" in new.numbers else "analysis").inc()
         event = kopf.warn if new.state in (gating.ROLLED_BACK, gating.DISABLED) else kopf.info
         event(body, reason=new.state, message=f"node {node}: {old.state if old else 'new'} -> {new.state}: {new.reason}"[:1000])
         logger.info("node %s: %s -> %s: %s", node, old.state if old else "new", new.state, new.reason)

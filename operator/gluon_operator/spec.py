@@ -42,10 +42,11 @@ class Strategy(Model):
 
 class Analysis(Model):
     prometheusUrl: str | None = Field(None, description="Prometheus base URL; without it nodes wait in Analyzing.")
-    query: str | None = Field(None, description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node.")
+    query: str | None = Field(None, description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node (default: decode tokens/s per sequence).")
     direction: Literal["higher", "lower"] = "higher"
-    intervalSeconds: int = Field(60, ge=5)
-    windowSeconds: int = Field(300, ge=10)
+    intervalSeconds: int = Field(60, ge=1)
+    stepSeconds: int = Field(30, ge=1, description="Sample spacing and rate window ({{window}}); at least two scrape intervals.")
+    windowSeconds: int = Field(300, ge=10, description="How much recent history each evaluation judges.")
     warmupSeconds: int = Field(120, ge=0)
     minSamples: int = Field(5, ge=1)
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
@@ -73,6 +74,8 @@ class GluonRolloutSpec(Model):
 def semantic_problems(spec: GluonRolloutSpec) -> list[str]:
     problems = []
     a = spec.analysis
+    if a.windowSeconds < a.minSamples * a.stepSeconds:
+        problems.append(f"spec.analysis.windowSeconds ({a.windowSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s")
     if a.windowSeconds < a.intervalSeconds:
         problems.append(f"spec.analysis.windowSeconds ({a.windowSeconds}) must be >= spec.analysis.intervalSeconds ({a.intervalSeconds})")
     if (a.prometheusUrl is None) != (a.query is None) and a.query is not None:
