@@ -121,6 +121,12 @@ def test_summarize_pods():
     s = gating.summarize_pods(pods_, 20)
     assert s.old == ["a"] and s.new_flags == {"b": "1", "c": "0"} and s.refused == ["c: not capable"]
     assert gating.summarize_pods(pods_, None).old == []
+    # creationTimestamp is whole seconds: a pod stamped 20 may predate a change at 20.4, so it is old
+    same_second = [PodFacts("x", 20, None, None, True, False), PodFacts("y", 21, "1", "ok", True, False)]
+    assert gating.summarize_pods(same_second, 20.4).old == ["x"]
+    assert not gating.restart_due(NodeStatus(ENABLING, changed_at=20.4), 20.9, 0)  # the change's second
+    assert gating.restart_due(NodeStatus(ENABLING, changed_at=20.4), 21.0, 0)
+    assert not gating.restart_due(NodeStatus(ENABLING, changed_at=20.4), 24.0, 5)
 
 
 def statuses_from(states: dict[str, str], holdout=()):

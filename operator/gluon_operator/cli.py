@@ -42,6 +42,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def prune_patch(node: dict) -> dict | None:
+    """A merge patch removing every label and annotation under the contract prefix (None: nothing to do)."""
+    meta = node.get("metadata", {})
+    labels = {k: None for k in (meta.get("labels") or {}) if contract.is_ours(k)}
+    annotations = {k: None for k in (meta.get("annotations") or {}) if contract.is_ours(k)}
+    if not labels and not annotations:
+        return None
+    return {"metadata": {"labels": labels, "annotations": annotations}}
+
+
+def cmd_prune_nodes(args: argparse.Namespace) -> int:
+    """The chart's post-delete hook: nothing keeps our keys true once agents and operator are gone."""
+    from kubernetes import client
+
+    from gluon_agent.kube import MERGE_PATCH, make_api_client
+
+    core = client.CoreV1Api(make_api_client(args.api_url))
+    nodes = json.loads(core.list_node(_preload_content=False).data)["items"]
+    pruned = 0
+    for node in nodes:
+        patch = prune_patch(node)
+        if patch:
+            core.patch_node(node["metadata"]["name"], patch, _content_type=MERGE_PATCH, _preload_content=False)
+            pruned += 1
+    print(json.dumps({"nodes": len(nodes), "pruned": pruned}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gluon-operator", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gluon-operator {__version__}")
@@ -57,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=cmd_run)
+    n = sub.add_parser("prune-nodes", help="remove every label and annotation under our prefix from all nodes (post-delete hook)")
+    n.add_argument("--api-url", help="Kubernetes API URL without auth (tests); default in-cluster or kubeconfig")
+    n.set_defaults(func=cmd_prune_nodes)
     return parser
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
@@ -125,11 +126,16 @@ class PodSummary:
 
 
 def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSummary:
+    """Old pods predate the node's change and restart; new ones carry the flag their preflight chose.
+    creationTimestamp has one-second resolution: a pod stamped with the second of the change may predate
+    it, so it counts as old. Restarts wait until that second is over (restart_due), so a replacement is
+    always stamped later and counts as new: never evicted twice."""
     pods = [p for p in pods if not p.deleting]
     if changed_at is None:
         return PodSummary([], {p.name: p.flag for p in pods}, all(p.ready for p in pods), [])
-    old = sorted(p.name for p in pods if p.created < changed_at)
-    new = [p for p in pods if p.created >= changed_at]
+    cutoff = math.ceil(changed_at)
+    old = sorted(p.name for p in pods if p.created < cutoff)
+    new = [p for p in pods if p.created >= cutoff]
     refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in new if p.flag == "0"]
     return PodSummary(old, {p.name: p.flag for p in new}, all(p.ready for p in new), refused)
 
@@ -255,8 +261,9 @@ def enable(prev: NodeStatus, now: float) -> Step:
 
 
 def restart_due(status: NodeStatus, now: float, delay: float) -> bool:
-    """Pods restart only after the node's label has had time to reach its agent."""
-    return status.changed_at is not None and now >= status.changed_at + delay
+    """Pods restart after the node's label has had time to reach its agent, and never within the second of
+    the change (see summarize_pods)."""
+    return status.changed_at is not None and now >= max(status.changed_at + delay, math.ceil(status.changed_at))
 
 
 def node_labels(status: NodeStatus) -> dict[str, str]:

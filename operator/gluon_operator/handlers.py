@@ -19,7 +19,7 @@ import kopf
 from kubernetes import client
 
 from gluon_agent import contract
-from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, classify, make_api_client
+from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify, make_api_client
 
 from . import analysis, gating, webhook
 from .metrics import OperatorMetrics
@@ -224,9 +224,13 @@ async def restart_pod(namespace: str, name: str, policy: str) -> str:
         raise
 
 
-async def label_pod(namespace: str, name: str, flag: str) -> None:
-    await call(core().patch_namespaced_pod, name, namespace, {"metadata": {"labels": {contract.LABEL_POD_FLAG: flag}}},
-               _content_type=MERGE_PATCH)
+async def label_pod(namespace: str, name: str, flag: str, logger: logging.Logger) -> None:
+    """Best effort: a pod evicted meanwhile (404) or a transient error is retried at the next reconcile."""
+    try:
+        await call(core().patch_namespaced_pod, name, namespace, {"metadata": {"labels": {contract.LABEL_POD_FLAG: flag}}},
+                   _content_type=MERGE_PATCH)
+    except ApiFailure as failure:
+        logger.info("flag label on %s/%s not written: %s", namespace, name, failure)
 
 
 # ---------------------------------------------------------------- the reconcile
@@ -307,7 +311,8 @@ async def restart_old_pods(namespace: str, node: str, old: list[str], policy: st
             return  # the budget also protects this node's other pods: one at a time
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_SECONDS, id="reconcile")
+# backoff: a failed reconcile (API errors) is retried after one interval, not kopf's default minute.
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_SECONDS, backoff=RECONCILE_SECONDS, id="reconcile")
 async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],
                     body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, node_index: kopf.Index,
                     agent_index: kopf.Index, pod_index: kopf.Index, **_: Any) -> None:
@@ -365,7 +370,7 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
             await restart_old_pods(namespace, node, old_pods, parsed.strategy.restart, logger)
         for pod in pods_by_node[node]:
             if pod["flag"] in ("0", "1") and pod["labels"].get(contract.LABEL_POD_FLAG) != pod["flag"]:
-                await label_pod(namespace, pod["name"], pod["flag"])
+                await label_pod(namespace, pod["name"], pod["flag"], logger)
 
     phase = gating.phase(statuses, parsed.paused, bool(aborted), False)
     METRICS.observe_rollout(namespace, name, statuses)

@@ -52,7 +52,7 @@ class Analysis(Model):
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
     tolerance: float = Field(0.05, ge=0, le=1, description="How much worse than control still passes (0.05 = 5%).")
     confidence: float = Field(0.95, ge=0.5, le=0.9999)
-    consecutiveFailures: int = Field(3, ge=1)
+    consecutiveFailures: int = Field(2, ge=1, description="Failing evaluations in a row before a rollback.")
     onNoData: Literal["hold", "promote", "rollback"] = "hold"
     noDataDeadlineSeconds: int = Field(1800, ge=0)
     retryAfterSeconds: int | None = Field(None, ge=0, description="Re-admit a rolled-back node after this long.")

@@ -1,0 +1,272 @@
+"""The Helm chart: lint, render with several value sets, validate every object against Kubernetes 1.30 and
+1.37 schemas, least-privilege RBAC against an explicit list, the values schema, the alerts (promtool),
+the agent's admission policy (its CEL evaluated), and the post-delete cleanup against the API emulator."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cel
+import kubernetes_validate
+import pytest
+import yaml
+
+from gluon_agent import contract
+from tests.apiserver import ApiServerThread
+from tests.helpers import NODES
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts/gluon-rollout"
+HELM = shutil.which("helm") or str(ROOT / ".tools/bin/helm")
+NAMESPACE = "gluon-system"
+VALUE_SETS = {
+    "defaults": [],
+    "cert-manager": ["--set", "certManager.enabled=true"],
+    "monitoring-off": ["--set", "monitoring.serviceMonitor.enabled=false", "--set", "monitoring.podMonitor.enabled=false",
+                       "--set", "monitoring.servingPodMonitor.enabled=false", "--set", "monitoring.prometheusRule.enabled=false",
+                       "--set", "monitoring.dashboard.enabled=false"],
+    "gpu-resource": ["--set", "agent.gpuAccess=resource", "--set", "agent.gpuResourceCount=8"],
+}
+# Kinds from CRDs that the Kubernetes schemas do not hold (Prometheus Operator, cert-manager, kopf).
+CUSTOM = {("monitoring.coreos.com/v1", k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")} | \
+         {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"), ("kopf.dev/v1", "ClusterKopfPeering")}
+
+EXPECTED_RBAC = {
+    "t-gluon-rollout-operator": [
+        ("", "nodes", "get list watch patch"),
+        ("", "pods", "get list watch patch delete"),
+        ("", "pods/eviction", "create"),
+        ("", "events", "create patch"),
+        ("gluonrollout.io", "gluonrollouts", "get list watch patch"),
+        ("gluonrollout.io", "gluonrollouts/status", "get patch"),
+        ("kopf.dev", "clusterkopfpeerings", "get list watch patch"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "get list watch"),
+        ("", "namespaces", "get list watch"),
+    ],
+    "t-gluon-rollout-agent": [("", "nodes", "get list watch patch")],
+    "t-gluon-rollout-cleanup": [("", "nodes", "list patch")],
+}
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+
+
+def render(extra: list[str], show_crds: bool = False) -> list[dict]:
+    done = helm("template", "t", str(CHART), "--namespace", NAMESPACE, *(["--include-crds"] if show_crds else []), *extra)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_lint_strict():
+    done = helm("lint", "--strict", str(CHART))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+@pytest.mark.parametrize("version", ["1.30", "1.37"])
+def test_every_object_validates(name, version):
+    docs = render(VALUE_SETS[name], show_crds=True)
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CUSTOM:
+            assert doc["metadata"]["name"] and doc.get("spec") is not None or doc["kind"] == "ClusterKopfPeering"
+            continue
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_rbac_is_exactly_the_listed_rules():
+    docs = render([])
+    roles = {r["metadata"]["name"]: [(g, res, " ".join(rule["verbs"])) for rule in r["rules"]
+                                     for g in rule["apiGroups"] for res in rule["resources"]]
+             for r in by_kind(docs, "ClusterRole")}
+    assert roles == EXPECTED_RBAC
+    assert not by_kind(docs, "Role") and all(b["roleRef"]["kind"] == "ClusterRole" for b in by_kind(docs, "ClusterRoleBinding"))
+
+
+@pytest.mark.parametrize("bad,complaint", [
+    (["--set", "operator.replicas=0"], "replicas"),
+    (["--set", "agent.gpuAccess=gpu"], "gpuAccess"),
+    (["--set", "surprise=1"], "surprise"),
+    (["--set", "operator.metricsPort=notaport"], "metricsPort"),
+    (["--set", "webhook.failurePolicy=Sometimes"], "failurePolicy"),
+    (["--set", "monitoring.podMonitor.interval=often"], "interval"),
+])
+def test_values_schema_rejects(bad, complaint):
+    done = helm("template", "t", str(CHART), *bad)
+    assert done.returncode != 0 and complaint in done.stderr
+
+
+def test_agent_gpu_access_modes():
+    default = by_kind(render([]), "DaemonSet")[0]["spec"]["template"]["spec"]
+    container = default["containers"][0]
+    assert container["securityContext"]["privileged"] is True
+    assert {v["name"]: v["hostPath"]["path"] for v in default["volumes"] if "hostPath" in v} == {"dev": "/dev", "sys": "/sys"}
+    assert default["priorityClassName"] == "system-node-critical"
+    assert default["nodeSelector"] == {"feature.node.kubernetes.io/amd-gpu": "true"}
+    assert {e["name"] for e in container["env"]} >= {"NODE_NAME", "HOST_IP"}
+    assert container["ports"][0]["hostPort"] == contract.AGENT_PORT  # the preflight calls HOST_IP:9477
+    resource = by_kind(render(VALUE_SETS["gpu-resource"]), "DaemonSet")[0]["spec"]["template"]["spec"]
+    assert resource["containers"][0]["resources"]["limits"]["amd.com/gpu"] == 8
+    assert "privileged" not in resource["containers"][0]["securityContext"] and resource["securityContext"]["runAsNonRoot"]
+    assert not any("hostPath" in v for v in resource["volumes"])
+
+
+def test_operator_is_hardened_and_highly_available():
+    docs = render([])
+    spec = by_kind(docs, "Deployment")[0]["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert spec["replicas"] == 2 and "--peering" in container["args"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and "readinessProbe" in container
+    assert by_kind(docs, "PodDisruptionBudget")[0]["spec"]["maxUnavailable"] == 1
+
+
+def test_webhook_configuration():
+    docs = render([])
+    hook = by_kind(docs, "MutatingWebhookConfiguration")[0]["webhooks"][0]
+    assert hook["failurePolicy"] == "Ignore" and hook["clientConfig"]["service"]["path"] == "/inject"  # kopf handler id
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["clientConfig"]["caBundle"]
+    secret = [s for s in by_kind(docs, "Secret") if s["type"] == "kubernetes.io/tls"][0]
+    assert secret["data"]["ca.crt"] == hook["clientConfig"]["caBundle"]
+    managed = render(VALUE_SETS["cert-manager"])
+    annotated = by_kind(managed, "MutatingWebhookConfiguration")[0]
+    assert annotated["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/t-gluon-rollout-webhook"
+    assert by_kind(managed, "Certificate") and not [s for s in by_kind(managed, "Secret") if s.get("type") == "kubernetes.io/tls"]
+
+
+def test_monitoring_toggles_and_release_label():
+    docs = render(["--set", "monitoring.release=prom"])
+    monitors = by_kind(docs, "ServiceMonitor") + by_kind(docs, "PodMonitor") + by_kind(docs, "PrometheusRule")
+    assert len(monitors) == 4 and all(m["metadata"]["labels"]["release"] == "prom" for m in monitors)
+    serving = [m for m in by_kind(docs, "PodMonitor") if m["metadata"]["name"].endswith("-serving")][0]
+    relabel = serving["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_label_gluonrollout_io_flag"], "targetLabel": "flag"} in relabel
+    dashboard = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard") == "1"][0]
+    assert json.loads(dashboard["data"]["gluon-rollout.json"])["uid"] == "gluon-rollout"
+    off = render(VALUE_SETS["monitoring-off"])
+    assert not any(by_kind(off, k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")) and not by_kind(off, "ConfigMap")
+
+
+def test_promtool_checks_and_unit_tests_the_alerts():
+    check = subprocess.run(["promtool", "check", "rules", str(CHART / "files/alerts.yaml")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    unit = subprocess.run(["promtool", "test", "rules", "alerts_test.yaml"], cwd=ROOT / "tests/promtool", capture_output=True, text=True)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+    tested = set(re.findall(r"alertname: (\w+)", (ROOT / "tests/promtool/alerts_test.yaml").read_text()))
+    defined = {r["alert"] for g in yaml.safe_load((CHART / "files/alerts.yaml").read_text())["groups"] for r in g["rules"]}
+    assert tested == defined  # a case per alert
+
+
+def chart_metric_names() -> set[str]:
+    text = (CHART / "files/alerts.yaml").read_text() + (CHART / "files/dashboard.json").read_text()
+    return set(re.findall(r"\bgluon_(?:agent|rollout)_[a-z_]+", text))
+
+
+def test_chart_metric_names_come_from_the_contract():
+    known = {v for k, v in contract.as_dict().items() if k.startswith("M_")}
+    suffixes = ("_total", "_info", "_bucket", "_sum", "_count")
+    for name in chart_metric_names():
+        base = next((name[: -len(s)] for s in suffixes if name.endswith(s) and name[: -len(s)] in known), name)
+        assert base in known, f"{name} is not a contract metric"
+
+
+def test_readme_lists_every_value():
+    def keys(tree, prefix=""):
+        for key, value in tree.items():
+            path = f"{prefix}{key}"
+            yield path
+            if isinstance(value, dict) and value and key not in ("resources", "nodeSelector", "selector", "namespaceSelector", "requests", "limits"):
+                yield from keys(value, path + ".")
+    readme = (CHART / "README.md").read_text()
+    missing = [k for k in keys(yaml.safe_load((CHART / "values.yaml").read_text())) if f"`{k}`" not in readme]
+    assert missing == []
+
+
+# ---------------------------------------------------------------- the agent's admission policy, evaluated
+
+
+def policy() -> dict:
+    return [d for d in render([]) if d["kind"] == "ValidatingAdmissionPolicy"][0]["spec"]
+
+
+def admit(request: dict, old: dict, new: dict) -> list[str]:
+    """Evaluate the policy's CEL as the API server would; returns the messages of failed validations."""
+    spec = policy()
+    context = {"request": request, "object": new, "oldObject": old}
+    if not all(cel.evaluate(m["expression"], context) for m in spec["matchConditions"]):
+        return []
+    variables = {}
+    for v in spec["variables"]:
+        variables[v["name"]] = cel.evaluate(v["expression"], {**context, "variables": variables})
+    return [v["message"] for v in spec["validations"] if not cel.evaluate(v["expression"], {**context, "variables": variables})]
+
+
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:t-gluon-rollout-agent"
+
+
+def node(name: str, labels: dict, annotations: dict | None = None) -> dict:
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations or {}}, "spec": {"podCIDR": "10.0.0.0/24"}}
+
+
+def request(user=AGENT_USER, node_name="n1"):
+    return {"operation": "UPDATE", "subResource": "", "userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node_name]}}}
+
+
+def test_policy_lets_the_agent_write_its_own_keys_on_its_own_node():
+    old = node("n1", {"kubernetes.io/hostname": "n1", contract.LABEL_ENABLED: "true"})
+    new = node("n1", {"kubernetes.io/hostname": "n1", contract.LABEL_ENABLED: "true", contract.LABEL_SELFTEST: "pass"},
+               {contract.ANNOTATION_REPORT: "{}"})
+    assert admit(request(), old, new) == []
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("other node", "the agent may change only its own node"),
+    ("foreign label", "the agent may change only gluonrollout.io/ labels and annotations"),
+    ("operator key", "the agent may not change the operator's keys (enabled, state, rollback)"),
+    ("spec", "the agent may not change a node's spec"),
+])
+def test_policy_denies(case, expected):
+    old = node("n1", {"kubernetes.io/hostname": "n1", contract.LABEL_ENABLED: "false"})
+    new = json.loads(json.dumps(old))
+    req = request()
+    if case == "other node":
+        req = request(node_name="n2")
+    elif case == "foreign label":
+        new["metadata"]["labels"]["kubernetes.io/hostname"] = "evil"
+    elif case == "operator key":
+        new["metadata"]["labels"][contract.LABEL_ENABLED] = "true"
+    else:
+        new["spec"]["unschedulable"] = True
+    assert expected in admit(req, old, new)
+
+
+def test_policy_ignores_everyone_else():
+    old, new = node("n1", {"a": "1"}), node("n1", {"a": "2"})
+    assert admit(request(user="system:serviceaccount:gluon-system:t-gluon-rollout-operator"), old, new) == []
+
+
+# ---------------------------------------------------------------- the post-delete hook's command
+
+
+def test_prune_nodes_removes_only_our_keys():
+    with ApiServerThread() as api:
+        ours = {contract.LABEL_CAPABLE: "true", contract.LABEL_ENABLED: "true", "kubernetes.io/hostname": "n1"}
+        api.call(lambda: api.server.put_object(NODES, node("n1", ours, {contract.ANNOTATION_REPORT: "{}", "other/x": "y"})))
+        api.call(lambda: api.server.put_object(NODES, node("n2", {"kubernetes.io/hostname": "n2"})))
+        done = subprocess.run([sys.executable, "-m", "gluon_operator.cli", "prune-nodes", "--api-url", api.url],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"nodes": 2, "pruned": 1}
+        n1 = api.call(lambda: api.server.get_object(NODES, None, "n1"))["metadata"]
+        assert n1["labels"] == {"kubernetes.io/hostname": "n1"} and n1["annotations"] == {"other/x": "y"}
