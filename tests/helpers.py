@@ -51,14 +51,16 @@ def http_text(url: str, timeout: float = 5.0) -> str:
 class Prometheus:
     """A real Prometheus server (Debian package) on 127.0.0.1, scraping the given targets every second."""
 
-    def __init__(self, targets: dict[str, list[str]], scrape_interval: str = "1s") -> None:
+    def __init__(self, targets: dict[str, list[Any]], scrape_interval: str = "1s") -> None:
+        """targets: job -> ["host:port", ...] or [{"targets": [...], "labels": {...}}, ...]."""
         binary = shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus is not installed: `make test` installs it (.ci/install-tools)")
         self.dir = Path(tempfile.mkdtemp(prefix="prom-"))
         self.port = free_port()
         jobs = [
-            {"job_name": job, "scrape_interval": scrape_interval, "static_configs": [{"targets": hosts}]}
+            {"job_name": job, "scrape_interval": scrape_interval,
+             "static_configs": [h if isinstance(h, dict) else {"targets": [h]} for h in hosts]}
             for job, hosts in targets.items()
         ]
         (self.dir / "prometheus.yml").write_text(json.dumps({"global": {"scrape_interval": scrape_interval}, "scrape_configs": jobs}))
@@ -99,7 +101,7 @@ class Prometheus:
 
 
 @contextmanager
-def prometheus(targets: dict[str, list[str]]) -> Iterator[Prometheus]:
+def prometheus(targets: dict[str, list[Any]]) -> Iterator[Prometheus]:
     server = Prometheus(targets)
     try:
         yield server

@@ -252,4 +252,4 @@ def test_prometheus_scrapes_the_agent(api, sim):
             assert float(speedup[0]["value"][1]) == pytest.approx(2.3)
             info = prom.query(f'{contract.M_AGENT_INFO}_info')
             assert info[0]["metric"]["arch"] == "gfx950" and info[0]["metric"]["fingerprint"] == agent.fingerprint
-            assert prom.query(f"{contract.M_AGENT_RUNS}_total")[0]["value"][1] == "1"
+            assert prom.query(f'{contract.M_AGENT_RUNS}_total{{result="pass"}}')[0]["value"][1] == "1"

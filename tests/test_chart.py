@@ -232,7 +232,7 @@ def test_policy_lets_the_agent_write_its_own_keys_on_its_own_node():
 
 @pytest.mark.parametrize("case,expected", [
     ("other node", "the agent may change only its own node"),
-    ("foreign label", "the agent may change only gluonrollout.io/ labels and annotations"),
+    ("foreign label", f"the agent may change only {contract.PREFIX} labels and annotations"),
     ("operator key", "the agent may not change the operator's keys (enabled, state, rollback)"),
     ("spec", "the agent may not change a node's spec"),
 ])

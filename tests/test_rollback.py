@@ -1,11 +1,15 @@
 """Analysis and rollback end to end: a real Prometheus scrapes fake SGLang exporters (real metric names,
-node and flag labels) for 6 nodes; the operator under KopfRunner judges them. One node regresses 15%
-when its flag flips, one speeds up 2x; Prometheus goes down mid-analysis and comes back."""
+node and flag labels) for 6 nodes, a real agent and the operator's own metrics; the operator under
+KopfRunner judges them. One node regresses 15% when its flag flips, one speeds up 2x; Prometheus goes
+down mid-analysis and comes back. Then every PromQL expression of the chart's dashboard and alerts runs
+against that Prometheus (a metric name that drifted from the contract returns nothing)."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 from kopf.testing import KopfRunner
@@ -14,11 +18,13 @@ from gluon_agent import contract
 from tests.apiserver import ApiServerThread
 from tests.cluster import (NODES, PODS, ROLLOUTS, SERVING_NS, ReplicaController, agent_pod, declare_rollouts, gpu_node,
                            rollout)
+from gluon_agent.sources import simulated_node
 from tests.fake_sglang import FakeSglang, NodeModel
-from tests.helpers import prometheus, wait_for
+from tests.helpers import free_port, prometheus, running_agent, wait_for
 from tests.test_operator import OPERATOR_ENV, status
 
 EFFECTS = {"n1": 0.85, "n2": 2.0, "n3": 2.2, "n4": 2.2, "n5": 2.2, "n6": 2.2}
+CHART = Path(__file__).resolve().parent.parent / "charts/gluon-rollout"
 
 
 def serving_flag(api, node):
@@ -32,7 +38,7 @@ def serving_flag(api, node):
 
 
 @pytest.fixture
-def stack(monkeypatch):
+def stack(monkeypatch, tmp_path):
     with ApiServerThread() as api:
         declare_rollouts(api.server)
 
@@ -43,10 +49,18 @@ def stack(monkeypatch):
         api.call(build)
         exporters = [FakeSglang(NodeModel(node, flag_effect=effect, noise=0.02), serving_flag(api, node)).start()
                      for node, effect in EFFECTS.items()]
+        sim = tmp_path / "sim.json"
+        sim.write_text(json.dumps(simulated_node()))
+        metrics_port = free_port()
         try:
-            with ReplicaController(api) as replicas, prometheus({"sglang": [f"127.0.0.1:{e.port}" for e in exporters]}) as prom:
+            with ReplicaController(api) as replicas, running_agent(api.url, "n6", sim) as agent, prometheus({
+                "sglang": [f"127.0.0.1:{e.port}" for e in exporters],
+                "gluon-rollout-agent": [{"targets": [agent.url.removeprefix("http://")], "labels": {"node": "n6"}}],
+                "gluon-rollout-operator": [f"127.0.0.1:{metrics_port}"],
+            }) as prom:
                 replicas.wanted = {node: 1 for node in EFFECTS}
-                for key, value in dict(OPERATOR_ENV, GLUON_API_URL=api.url).items():
+                env = dict(OPERATOR_ENV, GLUON_API_URL=api.url, GLUON_METRICS_PORT=str(metrics_port), GLUON_METRICS_ADDR="127.0.0.1")
+                for key, value in env.items():
                     monkeypatch.setenv(key, value)
                 wait_for(lambda: len(prom.query('{__name__=~"sglang[:_]inter_token_latency_seconds_count"}')) == 6, timeout=30, what="scrapes")
                 time.sleep(8)  # pre-enable history: the baseline every node is compared with
@@ -91,3 +105,36 @@ def test_regression_rolled_back_speedup_promoted_and_prometheus_outage(stack):
     assert final["analysis"]["controls"] >= 1 and "inter_token_latency_seconds_count" in final["analysis"]["query"]
     events = [e.get("message", "") for e in api.call(lambda: api.server.objects(("", "v1", "events")))]
     assert any("node n1: Analyzing -> RolledBack" in m and "effect x0.8" in m for m in events)
+
+
+    # ---- every expression the chart ships, against what really ran
+    wait_for(lambda: prom.query('up{job="gluon-rollout-operator"} == 1') and prom.query(f"{contract.M_ROLLOUT_ROLLBACKS}_total"),
+             timeout=30, what="operator metrics scraped")
+    for title, expr in dashboard_expressions():
+        assert prom.query(expr), f"dashboard panel {title!r} returns nothing: {expr}"
+    for alert, expr in alert_expressions():
+        for selector in vector_selectors(expr):
+            assert prom.query(selector), f"alert {alert}: selector {selector} matches no series"
+
+
+def dashboard_expressions():
+    board = json.loads((CHART / "files/dashboard.json").read_text())
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            yield panel["title"], target["expr"].replace("$namespace", ".*")
+
+
+def alert_expressions():
+    import yaml
+
+    for group in yaml.safe_load((CHART / "files/alerts.yaml").read_text())["groups"]:
+        for rule in group["rules"]:
+            yield rule["alert"], rule["expr"]
+
+
+SELECTOR = re.compile(r'\{__name__=~"[^"]+"[^}]*\}|\b(?:gluon_[a-z_]+|up)(?:\{[^}]*\})?')
+
+
+def vector_selectors(expr):
+    """The series selectors of an expression: each must match something if the names are right."""
+    return [m.group(0) for m in SELECTOR.finditer(expr)]

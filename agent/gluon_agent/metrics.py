@@ -26,6 +26,8 @@ class AgentMetrics:
         self.runs = Counter(contract.M_AGENT_RUNS, "Self-test runs by result", ["result"], registry=r)
         self.api_errors = Counter(contract.M_AGENT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
         self.publish_seconds = Histogram(contract.M_AGENT_PUBLISH_SECONDS, "Time to publish labels and report on the node", registry=r)
+        for result in WORST_FIRST:  # present at 0 from the start, so increase() sees the first run
+            self.runs.labels(result)
         self.malformed = Counter(contract.M_AGENT_MALFORMED, "Malformed labels or annotations written by others, by key", ["key"], registry=r)
 
     def observe_probe(self, probe: Mapping[str, Any], fingerprint: str) -> None:

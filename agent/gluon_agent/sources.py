@@ -68,6 +68,21 @@ class SimulatedSource:
         return report
 
 
+def simulated_path(backend: str, result: str, tbps: float) -> dict[str, Any]:
+    """One path's SIMULATED child report: a correctness case and a timed case, as the real worker reports."""
+    problems = [] if result == "pass" else [f"simulated {result}"]
+    kv_bytes = 32 * 65536 * 576
+    return {
+        "result": result,
+        "reasons": problems,
+        "child": {
+            "backend": backend,
+            "cases": [{"case": "long-b32-64k", "backend": backend, "rel_l2": 0.0017, "cos_diff": 1.4e-6, "problems": problems}],
+            "timing": [{"case": "long-b32-64k", "backend": backend, "ms": kv_bytes / (tbps * 1e12) * 1e3, "kv_tbps": tbps}],
+        },
+    }
+
+
 def simulated_node(capable: bool = True, accelerated: str = "pass", fallback: str = "pass", speedup: float = 2.3,
                    driver: str = "6.12.12", gpus: int = 8, selftest_seconds: float = 0.0) -> dict[str, Any]:
     """A SIMULATION file's content for one node: its probe facts and its self-test outcome."""
@@ -85,7 +100,9 @@ def simulated_node(capable: bool = True, accelerated: str = "pass", fallback: st
             "result": worst, "backend_set": "aiter",
             "gpus": [
                 {"index": i, "result": {"accelerated": accelerated, "fallback": fallback},
-                 "speedup": {"long-b1-128k": speedup, "long-b32-64k": speedup}, "paths": {}}
+                 "speedup": {"long-b1-128k": speedup, "long-b32-64k": speedup},
+                 "paths": {path: simulated_path(backend, result, tbps) for path, backend, result, tbps in (
+                     ("accelerated", "aiter-gluon", accelerated, 3.4), ("fallback", "aiter-zero-pad", fallback, 3.4 / speedup))}}
                 for i in range(gpus)
             ],
         },

@@ -8,6 +8,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from gluon_agent import contract
 
+ROLLBACK_REASONS = ("analysis", "preflight")
+VERDICT_RESULTS = ("pass", "fail", "inconclusive")
+
 
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -23,8 +26,14 @@ class OperatorMetrics:
         self.api_errors = Counter(contract.M_ROLLOUT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
         self.restarts = Counter(contract.M_ROLLOUT_RESTARTS, "Serving pod restarts by outcome", ["outcome"], registry=r)
         self._server_started = False
+        # Labelled counters exist at 0 from the start, so increase() sees their first event (a series that
+        # appears at 1 hides it: the usual Prometheus pitfall with lazily created children).
+        for reason in ROLLBACK_REASONS:
+            self.rollbacks.labels(reason)
 
     def observe_rollout(self, namespace: str, rollout: str, statuses: Mapping[str, object]) -> None:
+        for result in VERDICT_RESULTS:
+            self.verdicts.labels(namespace, rollout, result)
         counts = {state: 0 for state in contract.NODE_STATES}
         for status in statuses.values():
             counts[status.state] += 1  # type: ignore[attr-defined]
