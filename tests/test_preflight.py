@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import venv
 
 import pytest
@@ -44,6 +45,14 @@ def run_preflight(python, shared, agent_url, stack_paths=(), extra_env=None):
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr  # never fails the pod
     return (shared / FLAG_FILE_NAME).read_text(), json.loads(termination.read_text())
+
+
+def test_install_through_the_console_command(tmp_path):
+    """Exactly the install init container's command line (webhook.INSTALL_CONTAINER)."""
+    done = subprocess.run([sys.executable, "-m", "gluon_agent", "preflight", "--install", str(tmp_path / "g")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "g" / FLAG_FILE_NAME).read_text() == flag_line("0")
 
 
 def test_install_writes_the_safe_default(shared):

@@ -61,12 +61,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_preflight(args: argparse.Namespace) -> int:
-    from . import preflight
-
-    return preflight.main(args.rest)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gluon-agent", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gluon-agent {__version__}")
@@ -107,13 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=cmd_run)
 
-    f = sub.add_parser("preflight", add_help=False, help="serving pod init step: decide the flag (see --help)")
-    f.add_argument("rest", nargs=argparse.REMAINDER)
-    f.set_defaults(func=cmd_preflight)
+    # Listed for --help; main() hands `preflight ...` to preflight.main (its own options).
+    sub.add_parser("preflight", add_help=False, help="serving pod init step: decide the flag (gluon-agent preflight --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["preflight"]:  # its own parser: argparse's REMAINDER does not pass on `--install ...`
+        from . import preflight
+
+        return preflight.main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,55 @@
+"""End to end, the `make demo` harness: real agents (one process per node), the real operator process with
+its TLS webhook, the real preflight, Prometheus, SGLang-shaped exporters; simulated self-test results and
+decode speeds. Asserts the final node states, labels, pod flags, events and the rollback's numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from gluon_agent import contract
+from tests import demo
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    return demo.run(tmp_path_factory.mktemp("demo"), timeout=180, quiet=True)
+
+
+def test_final_states(result):
+    assert result["settled"]
+    assert sorted(p["node"] for p in result["promoted"]) == ["gpu-01", "gpu-04", "gpu-05", "gpu-06"]
+    assert all(1.7 < p["effect"] < 3.0 for p in result["promoted"])  # the simulated x1.9..x2.7 speedups, measured
+    assert result["holdout"] == ["gpu-03"]
+    assert set(result["ineligible"]) == {"gpu-07", "gpu-08"}
+    assert "not capable: GPU arch gfx950 (have gfx942)" in result["ineligible"]["gpu-07"]
+    assert "fallback fail" in result["ineligible"]["gpu-08"]
+
+
+def test_rollback_numbers(result):
+    rolled = result["rolled_back"]["gpu-02"]
+    assert 0.78 < rolled["effect"] < 0.92 and rolled["ci"][1] < rolled["threshold"] == 0.95
+    assert rolled["p_worse"] < 0.05 and rolled["n_post"] >= 5 and rolled["n_pre"] >= 5
+    assert "consecutive failing evaluations" in rolled["reason"]
+
+
+def test_pod_flags_follow_the_decisions(result):
+    flags = result["pod_flags"]
+    assert all(flags[n] == "1" for n in ("gpu-01", "gpu-04", "gpu-05", "gpu-06"))
+    assert flags["gpu-02"] == "0"  # restarted on the safe path after its rollback
+
+
+def test_events_tell_the_story(result):
+    events = result["events"]
+    assert any(e.startswith("node gpu-02: Analyzing -> RolledBack") for e in events)
+    assert sum("-> Promoted" in e for e in events) == 4
+    assert any("gpu-01" in e and "-> Enabling" in e for e in events)
+
+
+def test_labels_on_nodes(result):
+    labels = result["node_labels"]
+    for name in ("gpu-01", "gpu-04", "gpu-05", "gpu-06"):
+        assert labels[name][contract.LABEL_ENABLED] == "true" and labels[name][contract.LABEL_STATE] == "Promoted"
+    assert labels["gpu-02"][contract.LABEL_ENABLED] == "false" and labels["gpu-02"][contract.LABEL_STATE] == "RolledBack"
+    assert labels["gpu-03"][contract.LABEL_ENABLED] == "false" and labels["gpu-03"][contract.LABEL_STATE] == "Eligible"
+    assert labels["gpu-07"][contract.LABEL_CAPABLE] == "false" and labels["gpu-08"][contract.LABEL_SELFTEST] == "fail"
+    assert all(labels[n][contract.LABEL_GPU_ARCH] in ("gfx950", "gfx942") for n in labels)  # published by the real agents
