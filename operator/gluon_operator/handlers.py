@@ -8,6 +8,7 @@ so an operator killed at any point resumes without restarting a node twice or sk
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import os
@@ -158,8 +159,6 @@ def first(index: kopf.Index, key: Any) -> Any:
 
 
 def unix(timestamp: str | None) -> float:
-    import datetime
-
     if not timestamp:
         return 0.0
     return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
@@ -394,8 +393,6 @@ def write_status(patch: kopf.Patch, status: Mapping[str, Any], fresh: dict[str, 
 
 
 def iso(now: float) -> str:
-    import datetime
-
     return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
