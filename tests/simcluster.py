@@ -28,6 +28,7 @@ import jsonpatch
 
 from gluon_agent import contract
 from gluon_agent.sources import simulated_node
+from gluon_operator.spec import GROUP, KIND, VERSION
 from tests.apiserver import ApiServerThread
 from tests.cluster import AGENT_LABELS, AGENT_NS, NODES, PODS, ROLLOUTS, SERVING_LABELS, SERVING_NS, declare_rollouts
 from tests.fake_sglang import FakeSglang, NodeModel
@@ -256,7 +257,7 @@ class SimCluster:
         wait_for(published, timeout=timeout, interval=0.5, what="every agent's first publish")
 
     def create_rollout(self, name: str = "kimi-k3", analysis: dict | None = None, strategy: dict | None = None) -> None:
-        body = {"apiVersion": "gluonrollout.io/v1alpha1", "kind": "GluonRollout", "metadata": {"name": name, "namespace": SERVING_NS},
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": name, "namespace": SERVING_NS},
                 "spec": {"podSelector": {"matchLabels": dict(SERVING_LABELS)},
                          "strategy": dict(DEMO_STRATEGY, **(strategy or {})),
                          "analysis": dict(DEMO_ANALYSIS, prometheusUrl=self.prometheus.url, **(analysis or {}))}}
