@@ -431,13 +431,13 @@ class ApiServer(kmock.KubernetesScaffold):
                 await send("ADDED", copy.deepcopy(obj))
         assert self._changed is not None
         while loop.time() < deadline:
-            for rv, kind, obj in list(log):
-                if rv > position:
-                    position = rv
-                    namespace_ok = request.namespace is None or obj["metadata"].get("namespace") == request.namespace
-                    name_ok = request.name is None or obj["metadata"]["name"] == request.name
-                    if namespace_ok and name_ok and self._matches(obj, request):
-                        await send(kind, obj)
+            fresh = list(itertools.takewhile(lambda e: e[0] > position, reversed(log)))  # newest first, O(new)
+            for rv, kind, obj in reversed(fresh):
+                position = rv
+                namespace_ok = request.namespace is None or obj["metadata"].get("namespace") == request.namespace
+                name_ok = request.name is None or obj["metadata"]["name"] == request.name
+                if namespace_ok and name_ok and self._matches(obj, request):
+                    await send(kind, obj)
             async with self._changed:
                 try:
                     await asyncio.wait_for(self._changed.wait(), timeout=max(0.01, min(1.0, deadline - loop.time())))
