@@ -193,6 +193,7 @@ class Agent:
         self.published_once = False
         self.heartbeat = time.monotonic()
         self.retry_publish_at = 0.0
+        self.last_request_problem: str | None = None  # logged once per distinct malformed value
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="selftest")
         self.http: ThreadingHTTPServer | None = None
 
@@ -210,8 +211,8 @@ class Agent:
         node, _ = self.view.snapshot()
         raw = ((node or {}).get("metadata", {}).get("annotations") or {}).get(contract.ANNOTATION_SELFTEST_REQUEST)
         token, problem = decisions.valid_request_token(raw)
-        if problem and problem != getattr(self, "_last_request_problem", None):
-            self._last_request_problem = problem
+        if problem and problem != self.last_request_problem:
+            self.last_request_problem = problem
             self.metrics.malformed.labels(contract.ANNOTATION_SELFTEST_REQUEST).inc()
             log.warning("ignoring a malformed self-test request: %s", problem)
         return token
