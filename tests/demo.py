@@ -142,6 +142,9 @@ def main() -> int:
     for name, reason in result["ineligible"].items():
         print(f"  ineligible:  {name}: {reason[:110]}")
     for name, r in result["rolled_back"].items():
+        if r["effect"] is None:  # rolled back without an analysis (e.g. the serving image's preflight said 0)
+            print(f"  rolled back: {name}: {r['reason'][:150]}")
+            continue
         print(f"  rolled back: {name}: effect x{r['effect']:.3f} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), threshold x{r['threshold']}, "
               f"n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}")
     print(f"  timeline:    {result['timeline']}   summary: {Path(args.out) / 'summary.json'}   ({result['seconds']} s)")

@@ -77,7 +77,8 @@ class Running:
 class SimCluster:
     def __init__(self, fleet: tuple[SimNode, ...] = DEMO_FLEET, workdir: Path | None = None, reconcile_seconds: float = 1.0) -> None:
         self.fleet = fleet
-        self.dir = Path(workdir or tempfile.mkdtemp(prefix="gluon-sim-"))
+        # Absolute: PYTHONPATH entries given to the preflight's children must not depend on their cwd.
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="gluon-sim-")).resolve()
         self.reconcile_seconds = reconcile_seconds
         self.nodes = {n.name: Running(n, free_port()) for n in fleet}
         self.stop_event = threading.Event()

@@ -4,6 +4,8 @@ decode speeds. Asserts the final node states, labels, pod flags, events and the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gluon_agent import contract
@@ -53,3 +55,12 @@ def test_labels_on_nodes(result):
     assert labels["gpu-03"][contract.LABEL_ENABLED] == "false" and labels["gpu-03"][contract.LABEL_STATE] == "Eligible"
     assert labels["gpu-07"][contract.LABEL_CAPABLE] == "false" and labels["gpu-08"][contract.LABEL_SELFTEST] == "fail"
     assert all(labels[n][contract.LABEL_GPU_ARCH] in ("gfx950", "gfx942") for n in labels)  # published by the real agents
+
+
+def test_relative_workdir_is_made_absolute(tmp_path, monkeypatch):
+    """`make demo` passes out/demo: the simulated serving image's PYTHONPATH must not depend on a cwd."""
+    from tests.simcluster import SimCluster
+
+    monkeypatch.chdir(tmp_path)
+    cluster = SimCluster(workdir=Path("out/demo"))
+    assert cluster.dir.is_absolute() and cluster.image_stack.is_absolute()
