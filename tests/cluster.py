@@ -7,7 +7,6 @@ so the operator is tested against exactly what agents publish."""
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 import time
@@ -122,6 +121,3 @@ class ReplicaController:
         self.stop.set()
         self.thread.join(5)
 
-
-def copy_of(obj: dict[str, Any]) -> dict[str, Any]:
-    return copy.deepcopy(obj)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from scipy import stats
@@ -79,10 +79,9 @@ class Judgement:
     p_worse: float | None = None
     p_not_worse: float | None = None
     method: str = ""
-    numbers: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if v is not None and k != "numbers"}
+        out = {k: v for k, v in asdict(self).items() if v is not None}
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}
 
 

@@ -181,10 +181,6 @@ class Step:
     status: NodeStatus
     action: str | None = None  # "restart": restart the node's old pods; "rollback": record and restart
 
-    @property
-    def changed(self) -> bool:
-        return self.action is not None
-
 
 def move(prev: NodeStatus, state: str, reason: str, now: float, **changes: Any) -> NodeStatus:
     if state == prev.state:

@@ -4,7 +4,7 @@ agent daemon can read verdicts without importing torch)."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 # ---------------------------------------------------------------- thresholds (stated in every report)
@@ -182,6 +182,3 @@ def thresholds(backend_set: str) -> dict[str, Any]:
         "memory_limit_bytes": MEMORY_LIMIT_BYTES,
     }
 
-
-def as_dicts(items: Iterable[Any]) -> list[dict[str, Any]]:
-    return [asdict(i) for i in items]
