@@ -5,17 +5,19 @@
 Simulated decode-speed samples (one per 15 s step, 4 per 60 s evaluation interval) for one treated node
 and 7 control nodes: log-normal noise of 2, 5 and 10% per sample, a load drift common to all nodes (slow
 swings of +-12% plus occasional steps), heavy-tailed outliers (2% of samples off by up to x0.3..x3),
-5% of samples missing; the treated node's flag flips after 20 baseline samples and then either nothing
+5% of samples missing; the treated node's flag flips after 80 baseline samples (20 min, the default
+baselineSeconds: nodes run at flag 0 until their turn, so their history is there) and then either nothing
 changes, it speeds up x1.9..x2.7, or it regresses 5, 10 or 20%. Each judge is evaluated every interval
 for 20 intervals after a one-interval warm-up.
 
 Tuning, written down (tolerance 5% for all three):
-  ours          the operator's judge (gluon_operator.analysis): window 5 intervals, confidence 0.95,
-                minSamples 5, 2 consecutive failing evaluations (the default), no data = inconclusive.
+  ours          the operator's judge (gluon_operator.analysis): window 5 intervals, baseline 20 min,
+                confidence 0.95, minSamples 5, 2 consecutive failing evaluations (the default), no data =
+                inconclusive.
   ours_consecutive_1  the same with consecutiveFailures 1 (reported for the trade-off, not graded).
   flagger_style one check per interval: the treated node's mean over the interval must be >= 0.95 x its
-                pre-rollout mean (a static thresholdRange.min); no data fails the check (Flagger's
-                "no values found"); rollback after `threshold: 5` failed checks (cumulative).
+                pre-rollout mean over the same 20 min baseline (a static thresholdRange.min); no data
+                fails the check (Flagger's "no values found"); rollback after `threshold: 5` failed checks (cumulative).
   argo_style    one measurement per interval, successCondition result >= 0.95 x baseline;
                 rollback when failures exceed failureLimit 2, or after more than consecutiveErrorLimit 4
                 consecutive measurement errors (no data).
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 
 from gluon_operator.analysis import JudgeConfig, decide, judge
 
-STEP, PER_INTERVAL, BASELINE, WARMUP_INTERVALS, HORIZON, CONTROLS = 15.0, 4, 20, 1, 20, 7
+STEP, PER_INTERVAL, BASELINE, WARMUP_INTERVALS, HORIZON, CONTROLS = 15.0, 4, 80, 1, 20, 7
 TOLERANCE = 0.05
 OURS = JudgeConfig(tolerance=TOLERANCE, confidence=0.95, min_samples=5)
 OURS_WINDOW_INTERVALS, OURS_CONSECUTIVE = 5, 2
@@ -89,7 +91,7 @@ def ours(treated, controls, enable, consecutive: int = OURS_CONSECUTIVE) -> int 
     for k, now in enumerate(interval_ends(enable), 1):
         seen = [(t, v) for t, v in treated if t < now]
         peers = [[(t, v) for t, v in c if t < now] for c in controls]
-        j = judge(seen, peers, enable, WARMUP_INTERVALS * PER_INTERVAL * STEP, now, window, OURS)
+        j = judge(seen, peers, enable, WARMUP_INTERVALS * PER_INTERVAL * STEP, now, window, BASELINE * STEP, OURS)
         d = decide(j, streak, since, now, consecutive, "hold", 1e9)
         streak, since = d.streak, d.inconclusive_since
         if d.verdict == "fail":

@@ -21,6 +21,7 @@ import datetime
 import itertools
 import json
 import re
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -200,6 +201,7 @@ class ApiServer(kmock.KubernetesScaffold):
     faults: list[Fault] = attrs.field(factory=list, init=False)
     watch_drop_seconds: float | None = attrs.field(default=None, init=False)
     eviction_blocked: set[tuple[str, str]] = attrs.field(factory=set, init=False)
+    evictions: list[dict[str, Any]] = attrs.field(factory=list, init=False)  # what each eviction saw, for invariants
     _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
     _last_rv: int = attrs.field(default=0, init=False)
     _log: dict[Key, collections.deque] = attrs.field(factory=dict, init=False)
@@ -400,6 +402,9 @@ class ApiServer(kmock.KubernetesScaffold):
             raise ApiError(404, "NotFound", f'pods "{okey[2]}" not found')
         if (okey[1], okey[2]) in self.eviction_blocked:
             raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+        pod = self.store[okey]
+        node = self.store.get((("", "v1", "nodes"), None, pod.get("spec", {}).get("nodeName")))
+        self.evictions.append({"at": time.time(), "pod": copy.deepcopy(pod), "node_labels": dict((node or {}).get("metadata", {}).get("labels", {}))})
         self._delete(key, okey)
         return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}, status=201)
 

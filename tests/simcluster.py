@@ -44,6 +44,7 @@ class SimNode:
     capable: bool = True
     fallback: str = "pass"
     flag_effect: float = 2.2  # decode speed with flag 1 / flag 0 in production (SIMULATION)
+    kernel_fault: str | None = None  # "abort" | "hang": the real self-test runs, the (fake) aiter kernel crashes
 
 
 DEMO_FLEET = (
@@ -54,6 +55,7 @@ DEMO_FLEET = (
 )
 DEMO_ANALYSIS = {"intervalSeconds": 3, "stepSeconds": 2, "windowSeconds": 16, "warmupSeconds": 2,
                  "minSamples": 5, "consecutiveFailures": 2, "tolerance": 0.05, "confidence": 0.95}
+KERNEL_FAULT_TIMEOUT = 15.0  # seconds per self-test child when a kernel hangs
 DEMO_STRATEGY = {"canaryNodes": 1, "maxParallel": 2, "holdoutNodes": 1, "restart": "Evict", "restartDelaySeconds": 1}
 
 
@@ -88,6 +90,8 @@ class SimCluster:
         self.threads: list[threading.Thread] = []
         self.image_stack = write_tree(self.dir / "serving-image", TORCH_GFX950)  # SIMULATION: a gfx950 ROCm torch
         self.webhook_port, self.metrics_port = free_port(), free_port()
+        self.pod_flags: dict[str, str] = {}  # serving pod name -> the flag its preflight gave it
+        self.operator_starts = 0
         self.started = time.time()
 
     # ------------------------------------------------------------ start
@@ -120,6 +124,10 @@ class SimCluster:
 
     def _start_agent(self, running: Running) -> None:
         spec = simulated_node(capable=running.node.capable, fallback=running.node.fallback, speedup=2.3)
+        env = python_env()
+        if running.node.kernel_fault:
+            spec.update(selftest="cpu-interpret", selftest_timeout=KERNEL_FAULT_TIMEOUT)
+            env.update(PYTHONPATH=str(AITER_STACK), FAKE_AITER_MODE=f"*:{running.node.kernel_fault}:mla_gluon")
         sim = self.dir / f"sim-{running.node.name}.json"
         sim.write_text(json.dumps(spec))
         log = (self.dir / f"agent-{running.node.name}.log").open("w")
@@ -127,7 +135,7 @@ class SimCluster:
             [sys.executable, "-m", "gluon_agent", "run", "--api-url", self.api.url, "--simulate", str(sim),
              "--node-name", running.node.name, "--host", "127.0.0.1", "--port", str(running.agent_port),
              "--tick", "0.2", "--probe-interval", "3600", "--watch-timeout", "10", "--log-level", "INFO"],
-            env=python_env(), stdout=log, stderr=subprocess.STDOUT)
+            env=env, stdout=log, stderr=subprocess.STDOUT)
         pod = {"metadata": {"name": f"agent-{running.node.name}", "namespace": AGENT_NS, "labels": dict(AGENT_LABELS)},
                "spec": {"nodeName": running.node.name, "containers": [{"name": "agent", "image": "gluon-agent"}]},
                "status": {"phase": "Pending"}}
@@ -146,10 +154,21 @@ class SimCluster:
                          GLUON_METRICS_PORT=str(self.metrics_port), GLUON_METRICS_ADDR="127.0.0.1", GLUON_WATCH_TIMEOUT="60",
                          GLUON_WEBHOOK_CERT=str(crt), GLUON_WEBHOOK_KEY=str(key), GLUON_WEBHOOK_ADDR="127.0.0.1",
                          GLUON_WEBHOOK_PORT=str(self.webhook_port), GLUON_AGENT_IMAGE="gluon-agent:demo")
-        log = (self.dir / "operator.log").open("w")
+        log = (self.dir / "operator.log").open("a")
+        self.operator_starts += 1
         self.operator = subprocess.Popen(
             [sys.executable, "-m", "gluon_operator.cli", "run", "--standalone", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill_operator(self) -> None:
+        """SIGKILL, as an OOM kill or a node loss would: no cleanup, no graceful shutdown."""
+        if self.operator is not None:
+            self.operator.kill()
+            self.operator.wait(10)
+
+    def restart_operator(self) -> None:
+        self.kill_operator()
+        self._start_operator()
 
     # ------------------------------------------------------------ the kubelet and ReplicaSet (SIMULATION)
 
@@ -213,6 +232,7 @@ class SimCluster:
         if flag != running.flag:
             running.history.append((time.time(), flag))
         running.flag = flag
+        self.pod_flags[running.pod] = flag
 
     def _admit(self, pod: dict[str, Any]) -> dict[str, Any]:
         """The API server's call to the mutating webhook (failurePolicy Ignore: an unreachable webhook admits as is)."""

@@ -14,7 +14,7 @@ from gluon_operator.promclient import PrometheusClient, PrometheusError
 from tests.helpers import free_port
 
 CFG = JudgeConfig(tolerance=0.05, confidence=0.95, min_samples=5)
-ENABLE, WARMUP, WINDOW = 100.0, 10.0, 60.0
+ENABLE, WARMUP, WINDOW, BASELINE = 100.0, 10.0, 60.0, 100.0
 
 
 def fleet(effect=1.0, noise=0.03, n_controls=5, drift=0.0, missing=0.0, seed=1, step=2.0, end=200.0, direction_lower=False):
@@ -38,7 +38,7 @@ def fleet(effect=1.0, noise=0.03, n_controls=5, drift=0.0, missing=0.0, seed=1, 
 def run(effect, **kw):
     cfg = kw.pop("cfg", CFG)
     treated, controls = fleet(effect, **kw)
-    return judge(treated, controls, ENABLE, WARMUP, 200.0, WINDOW, cfg)
+    return judge(treated, controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, cfg)
 
 
 def test_speedup_passes_with_numbers():
@@ -58,6 +58,28 @@ def test_small_regression_within_tolerance_is_not_a_failure():
     assert run(0.97).result in ("pass", "inconclusive")
 
 
+def test_fail_needs_an_estimate_beyond_tolerance_and_significance():
+    # 8% worse at 3% noise: beyond the 5% tolerance and clearly worse than half of it
+    clear = run(0.92)
+    assert clear.result == "fail" and clear.effect < 0.95 and clear.p_worse < 0.05
+    # the same estimate drowned in 40% noise: not significant, so no rollback on it
+    times = [t * 2.0 for t in range(100)]
+    wobble = [(t, 30 * (0.92 if t >= ENABLE else 1.0) * math.exp((0.4 if t >= ENABLE else 0.01) * (-1) ** i))
+              for i, t in enumerate(times)]
+    noisy = judge(wobble, [[(t, 30.0) for t in times]], ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG)
+    assert noisy.result == "inconclusive" and noisy.effect < 0.95 and noisy.p_worse > 0.05, noisy.reason
+    # significantly worse than unchanged, but the estimate is inside the tolerance: no rollback
+    mild = run(0.965, noise=0.005)
+    assert mild.result != "fail" and mild.effect > 0.95 and mild.p_worse < 0.05
+
+
+def test_baseline_window_is_separate_from_the_judged_window():
+    treated, controls = fleet(0.8)
+    short = judge(treated, controls, ENABLE, WARMUP, 200.0, WINDOW, 20.0, CFG)
+    long = judge(treated, controls, ENABLE, WARMUP, 200.0, WINDOW, 100.0, CFG)
+    assert short.n_pre == 10 and long.n_pre == 50 and short.n_post == long.n_post == 30
+
+
 def test_lower_is_better_metrics():
     cfg = JudgeConfig(direction="lower", tolerance=0.05, confidence=0.95, min_samples=5)
     assert run(0.85, direction_lower=True, cfg=cfg).result == "fail"  # latency went up ~18%
@@ -70,10 +92,10 @@ def test_common_load_drift_cancels():
 
 def test_no_data_and_no_control_are_inconclusive():
     treated, controls = fleet(0.5)
-    assert judge([], controls, ENABLE, WARMUP, 200.0, WINDOW, CFG).result == "inconclusive"
-    j = judge(treated, [], ENABLE, WARMUP, 200.0, WINDOW, CFG)
+    assert judge([], controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG).result == "inconclusive"
+    j = judge(treated, [], ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG)
     assert j.result == "inconclusive" and "no control" in j.reason
-    few = judge(treated[-3:], controls, ENABLE, WARMUP, 200.0, WINDOW, CFG)
+    few = judge(treated[-3:], controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG)
     assert few.result == "inconclusive" and "3 samples" in few.reason
 
 
@@ -84,14 +106,14 @@ def test_too_little_traffic_is_inconclusive():
 
 def test_no_pre_enable_baseline_falls_back_to_one_sample():
     treated, controls = fleet(0.8)
-    j = judge([s for s in treated if s[0] >= ENABLE], controls, ENABLE, WARMUP, 200.0, WINDOW, CFG)
+    j = judge([s for s in treated if s[0] >= ENABLE], controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG)
     assert j.result == "fail" and j.n_pre == 0 and "one-sample" in j.method
 
 
 def test_heavy_tailed_outliers_do_not_decide():
     treated, controls = fleet(1.0, seed=3)
     spiky = [(t, v * (0.2 if i % 9 == 0 else 1.0)) for i, (t, v) in enumerate(treated)]
-    assert judge(spiky, controls, ENABLE, WARMUP, 200.0, WINDOW, CFG).result != "fail"
+    assert judge(spiky, controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG).result != "fail"
 
 
 @pytest.mark.parametrize("results,expected", [

@@ -29,7 +29,7 @@ def test_final_states(result):
 
 def test_rollback_numbers(result):
     rolled = result["rolled_back"]["gpu-02"]
-    assert 0.78 < rolled["effect"] < 0.92 and rolled["ci"][1] < rolled["threshold"] == 0.95
+    assert 0.78 < rolled["effect"] < 0.92 < rolled["threshold"] == 0.95 and rolled["ci"][0] < rolled["effect"] < rolled["ci"][1]
     assert rolled["p_worse"] < 0.05 and rolled["n_post"] >= 5 and rolled["n_pre"] >= 5
     assert "consecutive failing evaluations" in rolled["reason"]
 

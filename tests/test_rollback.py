@@ -94,7 +94,7 @@ def test_regression_rolled_back_speedup_promoted_and_prometheus_outage(stack):
 
     final = status(api)
     n1, n2 = final["nodes"]["n1"], final["nodes"]["n2"]
-    assert 0.78 < n1["numbers"]["effect"] < 0.92 and n1["numbers"]["ci_high"] < 0.95 and n1["numbers"]["threshold"] == 0.95
+    assert 0.78 < n1["numbers"]["effect"] < 0.92 and n1["numbers"]["p_worse"] < 0.05 and n1["numbers"]["threshold"] == 0.95
     assert n1["numbers"]["failStreak"] >= 2 and "consecutive failing evaluations" in n1["reason"]
     assert 1.7 < n2["numbers"]["effect"] < 2.3 and n2["numbers"]["ci_low"] > 0.95
     node = api.call(lambda: api.server.get_object(NODES, None, "n1"))

@@ -38,7 +38,10 @@ class RealSource:
 
 class SimulatedSource:
     """Reads {"probe": {...}, "selftest": {"result": ..., "gpus": [...]}, "selftest_seconds": s} from a
-    file on every call, so a test or the demo can change the node's facts while the agent runs."""
+    file on every call, so a test or the demo can change the node's facts while the agent runs.
+    With "selftest": "cpu-interpret" the probe stays simulated but the self-test is the real runner on the
+    CPU (real children, time limits and isolation; the kernels are whatever the environment provides, e.g.
+    a fake aiter told to crash or hang)."""
 
     name = "simulation"
 
@@ -53,6 +56,9 @@ class SimulatedSource:
 
     def selftest(self, probe_report: dict[str, Any]) -> dict[str, Any]:
         spec = self._read()
+        if spec["selftest"] == "cpu-interpret":
+            report = runner.run_selftest(probe_report, cpu_interpret=True, timeout=float(spec.get("selftest_timeout", runner.DEFAULT_TIMEOUT_S)))
+            return dict(report, simulated=True)
         started = time.monotonic()
         time.sleep(float(spec.get("selftest_seconds", 0)))
         report = dict(spec["selftest"])

@@ -5,10 +5,17 @@ own pre-enable baseline: a difference-in-differences on log ratios, so load drif
 cancels and a node's own hardware offset cancels too. The test is Yuen's trimmed-mean Welch t-test
 (scipy.stats.ttest_ind with trim=0.2: robust to heavy-tailed outliers); the verdict is tri-state:
 
-  fail          the whole confidence interval of the effect lies below the tolerance (e.g. < -5%)
-  pass          the whole confidence interval lies above the tolerance
+  fail          the estimate is worse than the tolerance (e.g. < -5%) and the test says, at the confidence
+                level, that the node is worse than half the tolerance (a real regression, not noise)
+  pass          the whole confidence interval lies above the tolerance (proved not worse than it)
   inconclusive  anything else, and always when there are too few samples, too little traffic, no
                 control, or no data: never pass, never fail
+
+Why fail does not demand proof of "worse than the tolerance" itself: that test needs about 65 samples
+after the flip to catch a 10% regression at 5% noise 99 times in 100 (docs/benchmarks/README.md); the
+estimate-beyond-tolerance rule with a significance test against half the tolerance catches it in 3
+intervals while false rollbacks stay under 0.5% (bench/judge.py). Pass keeps the strict proof: promoting
+is the irreversible-looking step, rolling back only costs the speedup.
 
 Every judgement carries its numbers: estimate, interval, sample counts, threshold, p-values.
 """
@@ -36,6 +43,7 @@ DEFAULT_QUERY = (
     " / "
     'sum by (node) (rate({__name__=~"sglang[:_]inter_token_latency_seconds_sum",namespace="{{namespace}}"{{selector}}}[{{window}}]))'
 )
+FAIL_NULL_FRACTION = 0.5  # fail tests "worse than this fraction of the tolerance" (see the docstring)
 TRIM = 0.2  # Yuen: trim 20% from each tail (at n=8 that is one sample per side; 10% would trim none)
 LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -76,8 +84,8 @@ class Judgement:
     n_post: int = 0
     n_pre: int = 0
     n_controls: int = 0
-    p_worse: float | None = None
-    p_not_worse: float | None = None
+    p_worse: float | None = None  # H0: not worse than FAIL_NULL_FRACTION x tolerance
+    p_not_worse: float | None = None  # H0: worse than the tolerance
     method: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,28 +117,30 @@ def _usable(value: float, cfg: JudgeConfig) -> bool:
 
 
 def judge(treated: Series, controls: Sequence[Series], changed_at: float, warmup: float, now: float,
-          window: float, cfg: JudgeConfig) -> Judgement:
+          window: float, baseline: float, cfg: JudgeConfig) -> Judgement:
+    """`window`: how much recent post-flip history is judged; `baseline`: how much pre-flip history is the
+    node's own reference (longer is better: its error is shared by every later evaluation)."""
     ratios, n_controls = log_ratios(treated, controls, cfg)
     threshold = math.log(1 - cfg.tolerance)
+    harm = threshold * FAIL_NULL_FRACTION
     common = dict(threshold=1 - cfg.tolerance, n_controls=n_controls)
     if n_controls == 0:
         return Judgement("inconclusive", "no control node with flag 0 has data in the window", **common)
     post = [r for t, r in ratios if t >= max(changed_at + warmup, now - window)]
-    pre = [r for t, r in ratios if changed_at - window <= t < changed_at]
+    pre = [r for t, r in ratios if changed_at - baseline <= t < changed_at]
     counts = dict(n_post=len(post), n_pre=len(pre))
     if len(post) < cfg.min_samples:
         return Judgement("inconclusive", f"{len(post)} samples with traffic after warm-up, need {cfg.min_samples}", **common, **counts)
     level = 2 * cfg.confidence - 1  # a two-sided interval at this level gives one-sided tests at `confidence`
     if len(pre) >= cfg.min_samples:
         method = f"Yuen-Welch trimmed t-test (trim {TRIM}), difference in differences vs control"
-        shifted = [r - threshold for r in post]
-        worse = stats.ttest_ind(shifted, pre, equal_var=False, trim=TRIM, alternative="less")
-        better = stats.ttest_ind(shifted, pre, equal_var=False, trim=TRIM, alternative="greater")
+        worse = stats.ttest_ind([r - harm for r in post], pre, equal_var=False, trim=TRIM, alternative="less")
+        better = stats.ttest_ind([r - threshold for r in post], pre, equal_var=False, trim=TRIM, alternative="greater")
         ci = stats.ttest_ind(post, pre, equal_var=False, trim=TRIM).confidence_interval(level)
         estimate = stats.trim_mean(post, TRIM) - stats.trim_mean(pre, TRIM)
     else:
         method = "one-sample t-test vs control (no pre-enable baseline)"
-        worse = stats.ttest_1samp(post, threshold, alternative="less")
+        worse = stats.ttest_1samp(post, harm, alternative="less")
         better = stats.ttest_1samp(post, threshold, alternative="greater")
         ci = stats.ttest_1samp(post, 0.0).confidence_interval(level)
         estimate = statistics.fmean(post)
@@ -139,7 +149,7 @@ def judge(treated: Series, controls: Sequence[Series], changed_at: float, warmup
     alpha = 1 - cfg.confidence
     summary = (f"effect x{numbers['effect']:.3f} ({int(cfg.confidence * 100)}% CI x{numbers['ci_low']:.3f}..x{numbers['ci_high']:.3f}), "
                f"threshold x{1 - cfg.tolerance:.3f}, n={len(post)} after / {len(pre)} before, {n_controls} controls")
-    if worse.pvalue < alpha and ci.high < threshold:
+    if worse.pvalue < alpha and estimate < threshold:
         return Judgement("fail", f"decode speed worse than tolerance: {summary}", **numbers)
     if better.pvalue < alpha and ci.low > threshold:
         return Judgement("pass", f"not worse than tolerance: {summary}", **numbers)

@@ -36,6 +36,8 @@ def env_float(name: str, default: float) -> float:
 
 # Read when the decorators run (import time): the reconcile interval and the agent pods' label.
 RECONCILE_SECONDS = env_float("GLUON_RECONCILE_SECONDS", 10.0)
+STALE_WRITE_SECONDS = 30.0  # see own_write_pending
+JSON_PATCH = "application/json-patch+json"
 AGENT_LABEL = os.environ.get("GLUON_AGENT_LABEL", "app.kubernetes.io/name=gluon-rollout-agent")
 AGENT_LABEL_KEY, AGENT_LABEL_VALUE = AGENT_LABEL.split("=", 1)
 METRICS = OperatorMetrics()
@@ -47,6 +49,9 @@ class Runtime:
     api_url: str | None = None  # tests and development; in-cluster credentials otherwise
     injection = webhook.Injection(agent_image="ghcr.io/gluon-rollout/agent:0.1.0")
     api: client.ApiClient | None = None
+    # rollout uid -> (when, the status keys we last wrote): a reconcile waits until its watch has delivered
+    # them, so it never re-plans from a status older than its own last write.
+    written: dict[str, tuple[float, dict[str, Any]]] = {}
 
     @classmethod
     def load(cls) -> None:
@@ -58,10 +63,19 @@ class Runtime:
         cls.api = make_api_client(cls.api_url)
 
 
-def core() -> client.CoreV1Api:
+def api_client() -> client.ApiClient:
     if Runtime.api is None:
         Runtime.load()
-    return client.CoreV1Api(Runtime.api)
+    assert Runtime.api is not None
+    return Runtime.api
+
+
+def core() -> client.CoreV1Api:
+    return client.CoreV1Api(api_client())
+
+
+def custom() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client())
 
 
 # ---------------------------------------------------------------- startup, login
@@ -260,7 +274,9 @@ async def analyse(namespace: str, rollout: str, spec: GluonRolloutSpec, statuses
         return {}, summary
     query = analysis.render(a.query or analysis.DEFAULT_QUERY, namespace, spec.podSelector.matchLabels, a.stepSeconds)
     earliest = min((statuses[n].changed_at or now) for n in judged)
-    start = max(now - 4 * a.windowSeconds - a.warmupSeconds, min(now - a.windowSeconds, earliest - a.windowSeconds))
+    # Enough for every judged node's baseline, but bounded: long-promoted nodes in guard mode fall back
+    # to the comparison with controls alone rather than making every query reach back forever.
+    start = max(now - a.baselineSeconds - a.warmupSeconds - 4 * a.windowSeconds, min(now - a.windowSeconds, earliest - a.baselineSeconds))
     step = a.stepSeconds
     client = PrometheusClient(a.prometheusUrl, token=os.environ.get("GLUON_PROMETHEUS_TOKEN"), ca_file=os.environ.get("GLUON_PROMETHEUS_CA"))
     cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic)
@@ -277,7 +293,8 @@ async def analyse(namespace: str, rollout: str, spec: GluonRolloutSpec, statuses
     for node in judged:
         status = statuses[node]
         judgement = (analysis.Judgement("inconclusive", f"Prometheus error: {error}") if error else
-                     analysis.judge(series.get(node, []), controls, status.changed_at or now, a.warmupSeconds, now, a.windowSeconds, cfg))
+                     analysis.judge(series.get(node, []), controls, status.changed_at or now, a.warmupSeconds, now, a.windowSeconds,
+                                    a.baselineSeconds, cfg))
         decision = analysis.decide(judgement, int(status.numbers.get("failStreak", 0)), status.numbers.get("inconclusiveSince"),
                                    now, a.consecutiveFailures, a.onNoData, a.noDataDeadlineSeconds)
         METRICS.verdicts.labels(namespace, rollout, judgement.result).inc()
@@ -313,8 +330,12 @@ async def restart_old_pods(namespace: str, node: str, old: list[str], policy: st
 # backoff: a failed reconcile (API errors) is retried after one interval, not kopf's default minute.
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_SECONDS, backoff=RECONCILE_SECONDS, id="reconcile")
 async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],
-                    body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, node_index: kopf.Index,
+                    body: kopf.Body, logger: logging.Logger, node_index: kopf.Index,
                     agent_index: kopf.Index, pod_index: kopf.Index, **_: Any) -> None:
+    uid = meta["uid"]
+    if own_write_pending(uid, status):
+        logger.debug("waiting for the watch to deliver our last status write")
+        return
     now = time.time()
     generation = meta.get("generation")
     parsed, problems = parse_spec(dict(spec))
@@ -323,8 +344,9 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         message = "; ".join(problems)
         if status.get("phase") != "Invalid" or status.get("invalid") != message:
             kopf.warn(body, reason="InvalidSpec", message=message)
-        patch.status.update(phase="Invalid", invalid=message, observedGeneration=generation,
-                            conditions=gating.merge_conditions(previous_conditions, gating.conditions("Invalid", {}, message, iso(now))))
+        await write_status(namespace, name, uid, status, dict(
+            phase="Invalid", invalid=message, observedGeneration=generation,
+            conditions=gating.merge_conditions(previous_conditions, gating.conditions("Invalid", {}, message, iso(now)))))
         return
 
     prev = {n: gating.NodeStatus.from_dict(d) for n, d in (status.get("nodes") or {}).items()}
@@ -373,7 +395,7 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
 
     phase = gating.phase(statuses, parsed.paused, bool(aborted), False)
     METRICS.observe_rollout(namespace, name, statuses)
-    write_status(patch, status, {
+    await write_status(namespace, name, uid, status, {
         "phase": phase,
         "counts": gating.counts(statuses),
         "nodes": {n: s.to_dict() for n, s in sorted(statuses.items())},
@@ -385,11 +407,44 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
     })
 
 
-def write_status(patch: kopf.Patch, status: Mapping[str, Any], fresh: dict[str, Any]) -> None:
-    """Only what changed: an idle rollout costs no writes."""
-    for key, value in fresh.items():
-        if status.get(key) != value:
-            patch.status[key] = value
+async def write_status(namespace: str, name: str, uid: str, status: Mapping[str, Any], fresh: dict[str, Any]) -> None:
+    """Only what changed (an idle rollout costs no writes), each changed key replaced whole (a JSON patch:
+    a merge patch would keep stale keys inside nested objects). Our own request, not kopf's patch: kopf 1.x
+    applies a timer's patch outside the handler and a 409 there ends the timer for good (found by
+    bench/faults.py); here a failure fails this reconcile, which kopf retries. Nulls are left out, as the
+    API server prunes them from a structural schema, so what we wrote compares equal to what we read."""
+    changed = {key: value for key, value in ((k, without_none(v)) for k, v in fresh.items()) if status.get(key) != value}
+    if not changed:
+        return
+    if status:
+        body: Any = [{"op": "remove", "path": f"/status/{key}"} if value is None else {"op": "add", "path": f"/status/{key}", "value": value}
+                     for key, value in changed.items() if value is not None or key in status]
+        content_type = JSON_PATCH
+    else:
+        body, content_type = {"status": {k: v for k, v in changed.items() if v is not None}}, MERGE_PATCH
+    await call(custom().patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name, body, _content_type=content_type)
+    Runtime.written[uid] = (time.monotonic(), changed)
+
+
+def without_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [without_none(v) for v in value]
+    return value
+
+
+def own_write_pending(uid: str, status: Mapping[str, Any]) -> bool:
+    """True while the watch has not yet delivered our last status write (bounded: after STALE_WRITE_SECONDS
+    the write is assumed lost or overwritten and the reconcile goes on from what the API shows)."""
+    memo = Runtime.written.get(uid)
+    if memo is None:
+        return False
+    at, changed = memo
+    if time.monotonic() - at > STALE_WRITE_SECONDS or all(status.get(k) == v for k, v in changed.items()):
+        del Runtime.written[uid]
+        return False
+    return True
 
 
 def iso(now: float) -> str:
@@ -417,9 +472,10 @@ async def apply_node(rollout: str, node: str, old: gating.NodeStatus | None, new
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def cleanup(status: Mapping[str, Any], logger: logging.Logger, **_: Any) -> None:
+async def cleanup(status: Mapping[str, Any], meta: Mapping[str, Any], logger: logging.Logger, **_: Any) -> None:
     """Deleting a rollout takes its labels off the nodes it managed: new pods start at flag 0. Running
     pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
+    Runtime.written.pop(meta.get("uid"), None)
     for node in (status.get("nodes") or {}):
         try:
             await label_node(node, {contract.LABEL_ENABLED: None, contract.LABEL_STATE: None})

@@ -47,6 +47,7 @@ class Analysis(Model):
     intervalSeconds: int = Field(60, ge=1)
     stepSeconds: int = Field(30, ge=1, description="Sample spacing and rate window ({{window}}); at least two scrape intervals.")
     windowSeconds: int = Field(300, ge=10, description="How much recent history each evaluation judges.")
+    baselineSeconds: int = Field(1200, ge=10, description="How much history before a node's flag flipped is its own baseline (its error is shared by every later evaluation, so longer is better).")
     warmupSeconds: int = Field(120, ge=0)
     minSamples: int = Field(5, ge=1)
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
@@ -76,6 +77,8 @@ def semantic_problems(spec: GluonRolloutSpec) -> list[str]:
     a = spec.analysis
     if a.windowSeconds < a.minSamples * a.stepSeconds:
         problems.append(f"spec.analysis.windowSeconds ({a.windowSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s")
+    if a.baselineSeconds < a.minSamples * a.stepSeconds:
+        problems.append(f"spec.analysis.baselineSeconds ({a.baselineSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s")
     if a.windowSeconds < a.intervalSeconds:
         problems.append(f"spec.analysis.windowSeconds ({a.windowSeconds}) must be >= spec.analysis.intervalSeconds ({a.intervalSeconds})")
     if (a.prometheusUrl is None) != (a.query is None) and a.query is not None:
