@@ -23,6 +23,7 @@ from gluon_agent import contract
 from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify, make_api_client
 
 from . import analysis, gating, webhook
+from .informer import Index, Informer
 from .metrics import OperatorMetrics
 from .promclient import PrometheusClient, PrometheusError
 from .spec import GROUP, PLURAL, VERSION, GluonRolloutSpec, parse_spec
@@ -111,24 +112,31 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     port = int(env_float("GLUON_METRICS_PORT", 8080))
     if port:
         METRICS.serve(os.environ.get("GLUON_METRICS_ADDR", "0.0.0.0"), port)
+    Caches.start()
 
 
-# ---------------------------------------------------------------- indexes (kopf keeps them from watches)
+@kopf.on.cleanup()
+def stop_caches(**_: Any) -> None:
+    Caches.close()
 
 
-@kopf.index("nodes")
-def node_index(name: str, labels: Mapping[str, str], annotations: Mapping[str, str], **_: Any) -> dict[str, Any]:
-    return {name: {"labels": dict(labels), "annotations": dict(annotations)}}
+# ---------------------------------------------------------------- caches: nodes and pods (informers), rollouts (kopf index)
+
+
+def node_entry(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {meta["name"]: {"labels": dict(meta.get("labels") or {}), "annotations": dict(meta.get("annotations") or {})}}
 
 
 def pod_ready(status: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
-@kopf.index("pods", labels={AGENT_LABEL_KEY: AGENT_LABEL_VALUE})
-def agent_index(spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any], **_: Any) -> dict[str, Any] | None:
+def agent_entry(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """node -> whether its agent pod is running and ready."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     node = spec.get("nodeName")
-    if not node:
+    if not node or (meta.get("labels") or {}).get(AGENT_LABEL_KEY) != AGENT_LABEL_VALUE:
         return None
     return {node: status.get("phase") == "Running" and pod_ready(status) and not meta.get("deletionTimestamp")}
 
@@ -145,18 +153,43 @@ def preflight_verdict(status: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-@kopf.index("pods")
-def pod_index(namespace: str, name: str, labels: Mapping[str, str], spec: Mapping[str, Any],
-              status: Mapping[str, Any], meta: Mapping[str, Any], **_: Any) -> dict[Any, Any] | None:
+def pod_entry(obj: Mapping[str, Any]) -> dict[Any, Any] | None:
+    """(namespace, node) -> what the gating needs of each pod there."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     node = spec.get("nodeName")
     if not node:
         return None
     verdict = preflight_verdict(status)
-    return {(namespace, node): {
-        "name": name, "labels": dict(labels), "created": meta.get("creationTimestamp"),
+    return {(meta.get("namespace"), node): {
+        "name": meta.get("name"), "labels": dict(meta.get("labels") or {}), "created": meta.get("creationTimestamp"),
         "ready": pod_ready(status), "deleting": bool(meta.get("deletionTimestamp")),
         "flag": (verdict or {}).get("flag"), "preflight_reason": (verdict or {}).get("reason"),
     }}
+
+
+class Caches:
+    """The node and pod informers (see informer.py for why not kopf indexes)."""
+
+    nodes: Informer | None = None
+    pods: Informer | None = None
+
+    @classmethod
+    def start(cls) -> None:
+        timeout = int(env_float("GLUON_WATCH_TIMEOUT", 300))
+        cls.close()
+        cls.nodes = Informer("nodes", core().list_node, {"nodes": node_entry}, watch_timeout=timeout).start()
+        cls.pods = Informer("pods", core().list_pod_for_all_namespaces, {"agents": agent_entry, "serving": pod_entry},
+                            watch_timeout=timeout).start()
+
+    @classmethod
+    def close(cls) -> None:
+        for informer in (cls.nodes, cls.pods):
+            if informer is not None:
+                informer.close()
+
+    @classmethod
+    def synced(cls) -> bool:
+        return all(i is not None and i.synced.is_set() for i in (cls.nodes, cls.pods))
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -167,7 +200,7 @@ def rollout_index(namespace: str, name: str, spec: Mapping[str, Any], **_: Any) 
 # ---------------------------------------------------------------- facts from the indexes
 
 
-def first(index: kopf.Index, key: Any) -> Any:
+def first(index: Index | kopf.Index, key: Any) -> Any:
     store = index.get(key)
     return next(iter(store), None) if store is not None else None
 
@@ -178,7 +211,7 @@ def unix(timestamp: str | None) -> float:
     return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
-def serving_pods(pod_index: kopf.Index, namespace: str, node: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
+def serving_pods(pod_index: Index, namespace: str, node: str, selector: Mapping[str, Any]) -> list[dict[str, Any]]:
     store = pod_index.get((namespace, node))
     return [p for p in (store or []) if webhook.selector_matches(selector, p["labels"])]
 
@@ -187,7 +220,7 @@ def pod_facts(pods: list[dict[str, Any]]) -> list[gating.PodFacts]:
     return [gating.PodFacts(p["name"], unix(p["created"]), p["flag"], p["preflight_reason"], p["ready"], p["deleting"]) for p in pods]
 
 
-def nodes_in_scope(node_index: kopf.Index, selector: Mapping[str, Any]) -> list[str]:
+def nodes_in_scope(node_index: Index, selector: Mapping[str, Any]) -> list[str]:
     names = []
     for name in node_index:
         node = first(node_index, name)
@@ -330,12 +363,16 @@ async def restart_old_pods(namespace: str, node: str, old: list[str], policy: st
 # backoff: a failed reconcile (API errors) is retried after one interval, not kopf's default minute.
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_SECONDS, backoff=RECONCILE_SECONDS, id="reconcile")
 async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],
-                    body: kopf.Body, logger: logging.Logger, node_index: kopf.Index,
-                    agent_index: kopf.Index, pod_index: kopf.Index, **_: Any) -> None:
+                    body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     uid = meta["uid"]
     if own_write_pending(uid, status):
         logger.debug("waiting for the watch to deliver our last status write")
         return
+    if not Caches.synced():
+        logger.info("waiting for the node and pod caches to fill")
+        return
+    assert Caches.nodes is not None and Caches.pods is not None
+    node_index, agent_index, pod_index = Caches.nodes.snapshot("nodes"), Caches.pods.snapshot("agents"), Caches.pods.snapshot("serving")
     now = time.time()
     generation = meta.get("generation")
     parsed, problems = parse_spec(dict(spec))

@@ -1,0 +1,201 @@
+"""Fault scenarios on the simulated cluster (tests/simcluster.py), shared by bench/faults.py and
+tests/test_faults.py. See bench/faults.py for what each scenario does and which invariants are checked."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gluon_agent import contract
+from gluon_operator import gating
+from tests.helpers import http_json, wait_for
+from tests.simcluster import DEMO_STRATEGY, SimCluster, SimNode
+
+ROLLOUT_SCENARIOS = ("uninterrupted", "operator_kills", "api_faults", "prometheus_outage")
+SCENARIOS = ROLLOUT_SCENARIOS + ("kernel_faults",)
+MAX_IN_FLIGHT = max(DEMO_STRATEGY["canaryNodes"], DEMO_STRATEGY["maxParallel"])
+OUTAGE_SECONDS = 20.0
+
+
+class Recorder(threading.Thread):
+    """Samples the rollout status: the most nodes in progress at once, and every node's state changes."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.stop = threading.Event()
+        self.max_in_flight = 0
+        self.transitions: list[tuple[float, str, str]] = []  # (time, node, new state)
+        self._last: dict[str, str] = {}
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            nodes = self.cluster.status().get("nodes") or {}
+            self.max_in_flight = max(self.max_in_flight, sum(1 for s in nodes.values() if s["state"] in gating.IN_PROGRESS))
+            for name, node in nodes.items():
+                if self._last.get(name) != node["state"]:
+                    self.transitions.append((time.time(), name, node["state"]))
+                    self._last[name] = node["state"]
+
+
+def final_state(cluster: SimCluster) -> dict[str, dict[str, Any]]:
+    nodes = cluster.status().get("nodes") or {}
+    return {name: {"state": nodes.get(name, {}).get("state"), "holdout": nodes.get(name, {}).get("holdout"),
+                   "enabled": cluster.node(name)["metadata"].get("labels", {}).get(contract.LABEL_ENABLED)}
+            for name in sorted(cluster.nodes)}
+
+
+def double_restarts(cluster: SimCluster) -> list[str]:
+    """Evictions of a pod that already ran with the flag its node wanted at that moment."""
+    found = []
+    for eviction in cluster.api.call(lambda: list(cluster.api.server.evictions)):
+        name = eviction["pod"]["metadata"]["name"]
+        wanted = "1" if eviction["node_labels"].get(contract.LABEL_ENABLED) == "true" else "0"
+        if cluster.pod_flags.get(name) == wanted:
+            found.append(f"{name} on {eviction['pod']['spec']['nodeName']} evicted at flag {wanted}")
+    return found
+
+
+def api_faults(seed: int, counts: dict[str, int]) -> Callable[[Any], int | None]:
+    rng = random.Random(seed)
+
+    def fault(request: Any) -> int | None:
+        counts["requests"] = counts.get("requests", 0) + 1
+        draw, code = rng.random(), None
+        if draw < 0.10:
+            code = 500
+        elif draw < 0.15 and request.method.value.upper() in ("PATCH", "PUT", "POST"):
+            code = 409
+        if code:
+            counts[str(code)] = counts.get(str(code), 0) + 1
+        return code
+    return fault
+
+
+def kill_repeatedly(cluster: SimCluster, kills: int, rng: random.Random, done: threading.Event, log: list[float]) -> None:
+    for _ in range(kills):
+        if done.wait(rng.uniform(0.5, 3.0)):
+            return
+        cluster.restart_operator()
+        log.append(round(time.time() - cluster.rollout_created, 2))
+
+
+def prometheus_outage(cluster: SimCluster, done: threading.Event, record: dict[str, Any]) -> None:
+    def analysing() -> bool:
+        return any(s["state"] == gating.ANALYZING for s in (cluster.status().get("nodes") or {}).values()) or done.is_set()
+    wait_for(analysing, timeout=120, interval=0.2, what="a node in Analyzing")
+    record["down_at"] = time.time()
+    cluster.prometheus.halt()
+    time.sleep(OUTAGE_SECONDS)
+    cluster.prometheus.start()
+    record["up_at"] = time.time()
+
+
+def run_rollout(scenario: str, workdir: Path, kills: int, seed: int, timeout: float,
+                api_fault_injection: bool | None = None) -> dict[str, Any]:
+    """One rollout on a fresh cluster. Operator kills happen when `kills` > 0 and the scenario asks for them
+    (or is "combined"); API faults when the scenario is api_faults (or api_fault_injection says so)."""
+    cluster = SimCluster(workdir=workdir / scenario)
+    recorder, done, extra = Recorder(cluster), threading.Event(), {}
+    started = time.monotonic()
+    try:
+        cluster.start()
+        cluster.wait_for_agents()
+        if api_fault_injection if api_fault_injection is not None else scenario == "api_faults":
+            extra["injected"] = {}
+            cluster.api.server.faults.append(api_faults(seed, extra["injected"]))
+            cluster.api.server.watch_drop_seconds = 3.0
+        cluster.create_rollout()
+        recorder.start()
+        action: threading.Thread | None = None
+        if scenario in ("operator_kills", "combined") and kills:
+            extra["kill_times"] = []
+            action = threading.Thread(target=kill_repeatedly, args=(cluster, kills, random.Random(seed), done, extra["kill_times"]), daemon=True)
+        elif scenario == "prometheus_outage":
+            action = threading.Thread(target=prometheus_outage, args=(cluster, done, extra), daemon=True)
+        if action:
+            action.start()
+        try:
+            wait_for(lambda: cluster.settled() and (action is None or not action.is_alive()), timeout=timeout, interval=0.5, what="the rollout to settle")
+            settled = True
+        except AssertionError:
+            settled = False
+        done.set()
+        if action:
+            action.join(60)
+        recorder.stop.set()
+        recorder.join(5)
+        outcome = {"settled": settled, "seconds": round(time.monotonic() - started, 1), "final": final_state(cluster),
+                   "max_in_flight": recorder.max_in_flight, "double_restarts": double_restarts(cluster),
+                   "evictions": len(cluster.api.server.evictions), "operator_starts": cluster.operator_starts}
+        if "kill_times" in extra:
+            outcome["kills"] = len(extra["kill_times"])
+            outcome["kill_seconds_after_rollout_created"] = extra["kill_times"]
+        if scenario == "prometheus_outage" and "down_at" in extra:
+            grace = cluster.reconcile_seconds + 1.0  # a verdict computed just before the outage lands in that reconcile
+            decided = [(round(t - extra["down_at"], 1), n, s) for t, n, s in recorder.transitions
+                       if extra["down_at"] + grace <= t <= extra["up_at"] and s in (gating.PROMOTED, gating.ROLLED_BACK)]
+            outcome["outage_seconds"] = round(extra["up_at"] - extra["down_at"], 1)
+            outcome["decisions_during_outage"] = decided
+        if "injected" in extra:
+            outcome["injected"] = dict(extra["injected"], watch_drop_seconds=3.0)
+        return outcome
+    finally:
+        done.set()
+        cluster.stop()
+
+
+KERNEL_FLEET = (SimNode("gpu-ok"), SimNode("gpu-abort", kernel_fault="abort"), SimNode("gpu-hang", kernel_fault="hang"))
+
+
+def run_kernel_faults(workdir: Path, timeout: float) -> dict[str, Any]:
+    cluster = SimCluster(fleet=KERNEL_FLEET, workdir=workdir / "kernel_faults")
+    started = time.monotonic()
+    try:
+        cluster.start()
+        cluster.wait_for_agents(timeout=timeout)
+        cluster.create_rollout(strategy={"holdoutNodes": 0})
+
+        def judged() -> bool:
+            nodes = cluster.status().get("nodes") or {}
+            return all(nodes.get(n, {}).get("state") == gating.INELIGIBLE for n in ("gpu-abort", "gpu-hang"))
+        wait_for(judged, timeout=60, interval=0.5, what="the faulty nodes judged")
+        nodes = cluster.status()["nodes"]
+        out: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1)}
+        for name, running in cluster.nodes.items():
+            labels = cluster.node(name)["metadata"].get("labels", {})
+            code, _ = http_json(f"http://127.0.0.1:{running.agent_port}/healthz", timeout=2)
+            out[name] = {"selftest": labels.get(contract.LABEL_SELFTEST), "state": nodes[name]["state"], "reason": nodes[name]["reason"],
+                         "agent_alive": running.agent.poll() is None, "agent_healthz": code}
+        return out
+    finally:
+        cluster.stop()
+
+
+def check(results: dict[str, Any]) -> dict[str, bool]:
+    """The invariants, one boolean each."""
+    ok: dict[str, bool] = {}
+    reference = results.get("uninterrupted", {}).get("final")
+    for name in ROLLOUT_SCENARIOS:
+        if name not in results:
+            continue
+        r = results[name]
+        ok[f"{name}.settled"] = r["settled"]
+        if reference is not None and name != "uninterrupted":
+            ok[f"{name}.final_state_equals_uninterrupted"] = r["final"] == reference
+        ok[f"{name}.no_double_restart"] = not r["double_restarts"]
+        ok[f"{name}.max_in_flight_within_limit"] = r["max_in_flight"] <= MAX_IN_FLIGHT
+    if "prometheus_outage" in results:
+        ok["prometheus_outage.no_decision_while_down"] = not results["prometheus_outage"].get("decisions_during_outage", [None])
+    if "kernel_faults" in results:
+        k = results["kernel_faults"]
+        for name in ("gpu-abort", "gpu-hang"):
+            ok[f"kernel_faults.{name}.error_ineligible_agent_up"] = (
+                k[name]["selftest"] == "error" and k[name]["state"] == gating.INELIGIBLE and k[name]["agent_alive"] and k[name]["agent_healthz"] == 200)
+        ok["kernel_faults.gpu-ok.passes"] = k["gpu-ok"]["selftest"] == "pass"
+    return ok
+
+

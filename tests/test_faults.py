@@ -1,0 +1,31 @@
+"""Faults on the simulated cluster (the harness of bench/faults.py, smaller): the operator SIGKILLed and
+restarted while the API injects 500s, 409s and dropped watches; self-tests whose kernel aborts or hangs."""
+
+from __future__ import annotations
+
+from tests import faultsim
+
+# What the demo fleet must end in (tests/test_e2e.py checks the same fleet without faults).
+EXPECTED = {
+    "gpu-01": ("Promoted", "true"), "gpu-02": ("RolledBack", "false"), "gpu-03": ("Eligible", "false"),
+    "gpu-04": ("Promoted", "true"), "gpu-05": ("Promoted", "true"), "gpu-06": ("Promoted", "true"),
+    "gpu-07": ("Ineligible", "false"), "gpu-08": ("Ineligible", "false"),
+}
+
+
+def test_operator_kills_under_api_faults_converge_to_the_same_result(tmp_path):
+    outcome = faultsim.run_rollout("combined", tmp_path, kills=5, seed=7, timeout=240, api_fault_injection=True)
+    assert outcome["settled"], outcome
+    assert {n: (s["state"], s["enabled"]) for n, s in outcome["final"].items()} == EXPECTED
+    assert outcome["kills"] == 5 and outcome["operator_starts"] == 6
+    assert outcome["injected"]["500"] > 0 and outcome["injected"]["409"] > 0
+    assert outcome["double_restarts"] == []
+    assert outcome["max_in_flight"] <= faultsim.MAX_IN_FLIGHT
+    assert outcome["evictions"] == 6  # 5 enables and 1 rollback, each pod restarted once
+
+
+def test_kernel_abort_and_hang_leave_the_agent_up_and_the_node_ineligible(tmp_path):
+    outcome = faultsim.run_kernel_faults(tmp_path, timeout=120)
+    invariants = faultsim.check({"kernel_faults": outcome})
+    assert all(invariants.values()), outcome
+    assert "SIGABRT" in outcome["gpu-abort"]["reason"] and "timed out" in outcome["gpu-hang"]["reason"]
