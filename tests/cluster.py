@@ -91,6 +91,7 @@ class ReplicaController:
         self.api, self.interval = api, interval
         self.refuse: dict[str, str] = {}
         self.wanted: dict[str, int] = {}
+        self.skip_injection: set[str] = set()  # nodes whose next pod is admitted as if the webhook were down
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="replicas")
 
@@ -105,6 +106,10 @@ class ReplicaController:
             node = server.get_object(NODES, None, node_name)
             pods = [p for p in server.objects(PODS) if p["spec"].get("nodeName") == node_name and p["metadata"]["namespace"] == SERVING_NS]
             for index in range(len(pods), count):
+                if node_name in self.skip_injection:  # no preflight ran: no verdict, the template's flag
+                    self.skip_injection.discard(node_name)
+                    server.put_object(PODS, serving_pod(node_name, index))
+                    continue
                 flag = self.flag_for(node)
                 server.put_object(PODS, serving_pod(node_name, index, flag, self.refuse.get(node_name, f"simulated agent says {flag}")))
 

@@ -222,3 +222,28 @@ def test_node_status_round_trip():
     assert NodeStatus.from_dict(s.to_dict()) == s
     assert NodeStatus.from_dict({"state": "Bogus"}).state == INELIGIBLE
     assert list(itertools.islice(contract.NODE_STATES, 2)) == [INELIGIBLE, ELIGIBLE]
+
+
+def test_a_rollback_recorded_on_the_node_wins_over_a_stale_status():
+    """The reconcile that rolled a node back wrote its labels and record, then lost the status write."""
+    record = {"rollout": "r", "fingerprint": "fp", "at": NOW - 5, "reason": "2 consecutive failing evaluations",
+              "numbers": {"effect": 0.85}}
+    barred = gating.Eligibility(False, "rolled back for fingerprint fp: ...", "fp")
+    for state in (ENABLING, ANALYZING, PROMOTED):
+        step = gating.advance(NodeStatus(state, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, False, record)
+        assert step.status.state == ROLLED_BACK and step.status.reason == record["reason"]
+        assert step.status.changed_at == NOW - 5 and step.status.numbers == {"effect": 0.85} and step.action is None
+    # cleared (new fingerprint, retryAfter, a person): the record no longer decides
+    step = gating.advance(NodeStatus(ANALYZING, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, True, None)
+    assert step.status.state == DISABLED
+
+
+def test_pods_the_webhook_missed_are_restarted_not_waited_for():
+    pods = [gating.PodFacts("p1", NOW + 2, None, None, True, False, injected=False)]
+    summary = gating.summarize_pods(pods, NOW)
+    assert summary.uninjected == ["p1"] and summary.new_flags == {} and summary.refused == []
+    el = gating.Eligibility(True, "ok", "fp")
+    step = gating.advance(NodeStatus(ENABLING, since=1.0, changed_at=NOW), el, summary, None, NOW + 3, True)
+    assert step.status.state == ENABLING and "did not inject" in step.status.reason
+    injected = gating.summarize_pods([gating.PodFacts("p2", NOW + 9, "1", None, True, False)], NOW)
+    assert gating.advance(step.status, el, injected, None, NOW + 10, True).status.state == ANALYZING

@@ -144,6 +144,16 @@ def test_eviction_blocked_by_disruption_budget_waits(cluster, operator):
     wait_for(lambda: status(api).get("nodes", {}).get("n1", {}).get("state") == "Analyzing", timeout=30)
 
 
+def test_pod_admitted_without_the_webhook_is_restarted(cluster, operator):
+    """Created while the webhook was unreachable (failurePolicy Ignore): no preflight, the template's flag.
+    The node must not wait for it forever: it is restarted and its replacement is injected."""
+    api, replicas = cluster
+    replicas.skip_injection.add("n1")
+    create(api, rollout(nodeSelector={"matchLabels": {"kubernetes.io/hostname": "n1"}}))
+    wait_for(lambda: status(api).get("nodes", {}).get("n1", {}).get("state") == "Analyzing", timeout=30, what="n1 analyzing")
+    assert "n1" not in replicas.skip_injection and len(evictions(api)) == 3  # its 2 old pods, then the uninjected one
+
+
 def test_preflight_refusal_rolls_back_sticky(cluster, operator):
     api, replicas = cluster
     replicas.refuse["n1"] = "this image's stack is not capable: Triton Gluon cga_layout (have 3.6.0, need >= 3.7)"

@@ -115,6 +115,7 @@ class PodFacts:
     preflight_reason: str | None
     ready: bool
     deleting: bool
+    injected: bool = True  # the webhook added the preflight (False: admitted while it was unreachable)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class PodSummary:
     new_flags: dict[str, str | None]  # pods started after the change: the flag each really uses
     new_ready: bool
     refused: list[str]  # new pods whose preflight chose '0', with its reason
+    uninjected: list[str] = field(default_factory=list)  # new, running pods the webhook never saw
 
 
 def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSummary:
@@ -136,8 +138,10 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     cutoff = math.ceil(changed_at)
     old = sorted(p.name for p in pods if p.created < cutoff)
     new = [p for p in pods if p.created >= cutoff]
-    refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in new if p.flag == "0"]
-    return PodSummary(old, {p.name: p.flag for p in new}, all(p.ready for p in new), refused)
+    refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in new if p.flag == "0" and p.injected]
+    uninjected = sorted(p.name for p in new if p.ready and not p.injected)
+    injected = [p for p in new if p.injected]
+    return PodSummary(old, {p.name: p.flag for p in injected}, all(p.ready for p in injected), refused, uninjected)
 
 
 # ---------------------------------------------------------------- the state machine
@@ -189,9 +193,15 @@ def move(prev: NodeStatus, state: str, reason: str, now: float, **changes: Any) 
 
 
 def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdict | None, now: float,
-            rollback_cleared: bool) -> Step:
-    """Automatic transitions. Eligible -> Enabling is the planner's choice (see plan_enables)."""
+            rollback_cleared: bool, recorded_rollback: Mapping[str, Any] | None = None) -> Step:
+    """Automatic transitions. Eligible -> Enabling is the planner's choice (see plan_enables).
+    `recorded_rollback`: the node's rollback annotation when it still bars the node. A flag-on node that
+    carries one was rolled back by a reconcile whose status write was lost (labels and record are written
+    first, in one patch): the record, not the stale status, is the truth."""
     s = prev.state
+    if s in FLAG_ON_STATES and recorded_rollback is not None and not rollback_cleared:
+        return Step(move(prev, ROLLED_BACK, str(recorded_rollback.get("reason") or "rolled back (recorded on the node)"), now,
+                         changed_at=float(recorded_rollback.get("at") or now), numbers=recorded_rollback.get("numbers") or {}))
     if s == ROLLED_BACK:
         if not rollback_cleared:
             return Step(move(prev, ROLLED_BACK, prev.reason, now, fingerprint=el.fingerprint))
@@ -213,6 +223,8 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
                              now, changed_at=now, numbers={"refused": pods.refused}), "rollback")
         if pods.old:
             return Step(move(prev, ENABLING, f"restarting {len(pods.old)} serving pods", now))
+        if pods.uninjected:
+            return Step(move(prev, ENABLING, f"restarting {len(pods.uninjected)} serving pods the webhook did not inject", now))
         if not pods.new_ready or any(flag != "1" for flag in pods.new_flags.values()):
             return Step(move(prev, ENABLING, "waiting for restarted pods to be ready with flag 1", now))
         return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now))

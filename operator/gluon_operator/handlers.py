@@ -39,6 +39,7 @@ def env_float(name: str, default: float) -> float:
 RECONCILE_SECONDS = env_float("GLUON_RECONCILE_SECONDS", 10.0)
 STALE_WRITE_SECONDS = 30.0  # see own_write_pending
 JSON_PATCH = "application/json-patch+json"
+UNINJECTED_RESTART_SECONDS = 60.0  # see restart_uninjected
 AGENT_LABEL = os.environ.get("GLUON_AGENT_LABEL", "app.kubernetes.io/name=gluon-rollout-agent")
 AGENT_LABEL_KEY, AGENT_LABEL_VALUE = AGENT_LABEL.split("=", 1)
 METRICS = OperatorMetrics()
@@ -53,6 +54,7 @@ class Runtime:
     # rollout uid -> (when, the status keys we last wrote): a reconcile waits until its watch has delivered
     # them, so it never re-plans from a status older than its own last write.
     written: dict[str, tuple[float, dict[str, Any]]] = {}
+    uninjected_restarts: dict[str, float] = {}  # node -> when pods the webhook missed were last restarted
 
     @classmethod
     def load(cls) -> None:
@@ -62,6 +64,7 @@ class Runtime:
             mode="shell" if os.environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
         )
         cls.api = make_api_client(cls.api_url)
+        cls.written, cls.uninjected_restarts = {}, {}  # per operator run (tests start several in one process)
 
 
 def api_client() -> client.ApiClient:
@@ -160,10 +163,12 @@ def pod_entry(obj: Mapping[str, Any]) -> dict[Any, Any] | None:
     if not node:
         return None
     verdict = preflight_verdict(status)
+    injected = (contract.ANNOTATION_POD_INJECTED in (meta.get("annotations") or {}) or verdict is not None
+                or any(c.get("name") == webhook.PREFLIGHT_CONTAINER for c in spec.get("initContainers") or []))
     return {(meta.get("namespace"), node): {
         "name": meta.get("name"), "labels": dict(meta.get("labels") or {}), "created": meta.get("creationTimestamp"),
         "ready": pod_ready(status), "deleting": bool(meta.get("deletionTimestamp")),
-        "flag": (verdict or {}).get("flag"), "preflight_reason": (verdict or {}).get("reason"),
+        "flag": (verdict or {}).get("flag"), "preflight_reason": (verdict or {}).get("reason"), "injected": injected,
     }}
 
 
@@ -217,7 +222,8 @@ def serving_pods(pod_index: Index, namespace: str, node: str, selector: Mapping[
 
 
 def pod_facts(pods: list[dict[str, Any]]) -> list[gating.PodFacts]:
-    return [gating.PodFacts(p["name"], unix(p["created"]), p["flag"], p["preflight_reason"], p["ready"], p["deleting"]) for p in pods]
+    return [gating.PodFacts(p["name"], unix(p["created"]), p["flag"], p["preflight_reason"], p["ready"], p["deleting"], p["injected"])
+            for p in pods]
 
 
 def nodes_in_scope(node_index: Index, selector: Mapping[str, Any]) -> list[str]:
@@ -360,6 +366,20 @@ async def restart_old_pods(namespace: str, node: str, old: list[str], policy: st
             return  # the budget also protects this node's other pods: one at a time
 
 
+async def restart_uninjected(namespace: str, node: str, pods: list[dict[str, Any]], status: gating.NodeStatus, policy: str,
+                             logger: logging.Logger) -> None:
+    """Pods created while the webhook was unreachable (failurePolicy Ignore admits them as they are) run
+    with the template's flag on a node that wants 1: restart them, at most once a minute per node, so an
+    API server that can never reach the webhook costs a slow retry, not a restart storm."""
+    stray = gating.summarize_pods(pod_facts(pods), status.changed_at).uninjected
+    last = Runtime.uninjected_restarts.get(node)
+    if not stray or (last is not None and time.monotonic() - last < UNINJECTED_RESTART_SECONDS):
+        return
+    Runtime.uninjected_restarts[node] = time.monotonic()
+    logger.warning("node %s: restarting %s, admitted without the gluon-rollout webhook", node, ", ".join(stray))
+    await restart_old_pods(namespace, node, stray, policy, logger)
+
+
 # backoff: a failed reconcile (API errors) is retried after one interval, not kopf's default minute.
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_SECONDS, backoff=RECONCILE_SECONDS, id="reconcile")
 async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],
@@ -403,7 +423,7 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         previous = prev.get(node, gating.NodeStatus(since=now))
         pods_by_node[node] = serving_pods(pod_index, namespace, node, selector)
         summary = gating.summarize_pods(pod_facts(pods_by_node[node]), previous.changed_at)
-        steps[node] = gating.advance(previous, el, summary, verdicts.get(node), now, cleared)
+        steps[node] = gating.advance(previous, el, summary, verdicts.get(node), now, cleared, None if cleared else record)
 
     statuses = {n: s.status for n, s in steps.items()}
     aborted = abort_now(parsed, status, statuses, generation)
@@ -426,6 +446,8 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
                 gating.restart_due(new, now, parsed.strategy.restartDelaySeconds) and parsed.strategy.restart != "None":
             old_pods = gating.summarize_pods(pod_facts(pods_by_node[node]), new.changed_at).old
             await restart_old_pods(namespace, node, old_pods, parsed.strategy.restart, logger)
+        if persisted and new.state in gating.FLAG_ON_STATES and parsed.strategy.restart != "None":
+            await restart_uninjected(namespace, node, pods_by_node[node], new, parsed.strategy.restart, logger)
         for pod in pods_by_node[node]:
             if pod["flag"] in ("0", "1") and pod["labels"].get(contract.LABEL_POD_FLAG) != pod["flag"]:
                 await label_pod(namespace, pod["name"], pod["flag"], logger)
