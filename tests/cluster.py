@@ -60,10 +60,12 @@ def agent_pod(node: str, ready: bool = True) -> dict[str, Any]:
             "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "agent"}]}, "status": status}
 
 
-def serving_pod(node: str, index: int = 0, flag: str | None = None, reason: str = "simulated") -> dict[str, Any]:
+def serving_pod(node: str, index: int = 0, flag: str | None = None, reason: str = "simulated",
+                agent: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`agent`: what the node's agent answered the preflight (as the real preflight records it)."""
     status = ready_status()
     if flag is not None:
-        message = json.dumps({"flag": flag, "reason": reason})
+        message = json.dumps({"flag": flag, "reason": reason, "agent": agent})
         status["initContainerStatuses"] = [{"name": PREFLIGHT_CONTAINER, "image": "lmsysorg/sglang:rocm", "imageID": "sha256:0",
                                             "ready": False, "restartCount": 0,
                                             "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": message}}}]
@@ -95,10 +97,15 @@ class ReplicaController:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="replicas")
 
-    def flag_for(self, node: dict[str, Any]) -> str:
+    def agent_answer(self, node: dict[str, Any]) -> dict[str, Any]:
         labels = node["metadata"].get("labels", {})
-        ok = labels.get(contract.LABEL_ENABLED) == "true" and labels.get(contract.LABEL_SELFTEST) == "pass"
-        return "1" if ok and node["metadata"]["name"] not in self.refuse else "0"
+        enabled = labels.get(contract.LABEL_ENABLED) == "true"
+        ok = enabled and labels.get(contract.LABEL_SELFTEST) == "pass"
+        return {"flag": "1" if ok else "0", "current": True, "enabled": enabled}
+
+    def flag_for(self, node: dict[str, Any]) -> str:
+        """The agent's answer, unless the serving image refuses (`refuse`)."""
+        return self.agent_answer(node)["flag"] if node["metadata"]["name"] not in self.refuse else "0"
 
     def _tick(self) -> None:
         server = self.api.server
@@ -111,7 +118,8 @@ class ReplicaController:
                     server.put_object(PODS, serving_pod(node_name, index))
                     continue
                 flag = self.flag_for(node)
-                server.put_object(PODS, serving_pod(node_name, index, flag, self.refuse.get(node_name, f"simulated agent says {flag}")))
+                server.put_object(PODS, serving_pod(node_name, index, flag, self.refuse.get(node_name, f"simulated agent says {flag}"),
+                                                    self.agent_answer(node)))
 
     def _run(self) -> None:
         while not self.stop.is_set():

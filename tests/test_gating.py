@@ -238,12 +238,18 @@ def test_a_rollback_recorded_on_the_node_wins_over_a_stale_status():
     assert step.status.state == DISABLED
 
 
-def test_pods_the_webhook_missed_are_restarted_not_waited_for():
-    pods = [gating.PodFacts("p1", NOW + 2, None, None, True, False, injected=False)]
-    summary = gating.summarize_pods(pods, NOW)
-    assert summary.uninjected == ["p1"] and summary.new_flags == {} and summary.refused == []
+@pytest.mark.parametrize("pod", [
+    gating.PodFacts("p1", NOW + 2, None, None, True, False, injected=False),  # admitted without the webhook
+    gating.PodFacts("p1", NOW + 2, "0", "agent says 0: not enabled", True, False, transient=True),  # stale agent view
+])
+def test_stray_pods_are_restarted_not_waited_for_nor_a_refusal(pod):
+    summary = gating.summarize_pods([pod], NOW)
+    assert summary.retry == ["p1"] and summary.new_flags == {} and summary.refused == []
     el = gating.Eligibility(True, "ok", "fp")
     step = gating.advance(NodeStatus(ENABLING, since=1.0, changed_at=NOW), el, summary, None, NOW + 3, True)
-    assert step.status.state == ENABLING and "did not inject" in step.status.reason
+    assert step.status.state == ENABLING and "stale agent view" in step.status.reason
     injected = gating.summarize_pods([gating.PodFacts("p2", NOW + 9, "1", None, True, False)], NOW)
     assert gating.advance(step.status, el, injected, None, NOW + 10, True).status.state == ANALYZING
+    # a '0' from the serving image's own stack is a refusal: rolled back, sticky
+    refused = gating.summarize_pods([gating.PodFacts("p3", NOW + 9, "0", "not capable", True, False)], NOW)
+    assert refused.refused and gating.advance(step.status, el, refused, None, NOW + 10, True).status.state == ROLLED_BACK

@@ -66,7 +66,8 @@ def decide(agent_url: str | None, agent_timeout: float, probe_timeout: float) ->
         answer = ask_agent(agent_url, agent_timeout)
     except Exception as exc:  # noqa: BLE001 - unreachable, slow, 503 or garbage: all mean '0'
         return verdict | {"reason": f"agent at {agent_url} did not answer: {type(exc).__name__}: {exc}"}
-    verdict["agent"] = {k: answer.get(k) for k in ("flag", "reason", "state", "node", "fingerprint")}
+    # current/enabled let the operator tell "the agent had not seen the enable yet" (retry) from a refusal
+    verdict["agent"] = {k: answer.get(k) for k in ("flag", "reason", "state", "node", "fingerprint", "current", "enabled")}
     report = probe(timeout=probe_timeout)
     verdict["probe"] = {k: report.get(k) for k in ("capable", "summary", "missing_for_capable", "triton_version", "aiter_version")}
     verdict["seconds"] = round(time.monotonic() - started, 3)

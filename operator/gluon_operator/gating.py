@@ -116,6 +116,7 @@ class PodFacts:
     ready: bool
     deleting: bool
     injected: bool = True  # the webhook added the preflight (False: admitted while it was unreachable)
+    transient: bool = False  # a '0' from the agent's view, not the stack: unreachable, stale, not enabled yet
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class PodSummary:
     new_flags: dict[str, str | None]  # pods started after the change: the flag each really uses
     new_ready: bool
     refused: list[str]  # new pods whose preflight chose '0', with its reason
-    uninjected: list[str] = field(default_factory=list)  # new, running pods the webhook never saw
+    retry: list[str] = field(default_factory=list)  # new, running pods to restart: not injected, or a transient '0'
 
 
 def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSummary:
@@ -138,10 +139,11 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     cutoff = math.ceil(changed_at)
     old = sorted(p.name for p in pods if p.created < cutoff)
     new = [p for p in pods if p.created >= cutoff]
-    refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in new if p.flag == "0" and p.injected]
-    uninjected = sorted(p.name for p in new if p.ready and not p.injected)
-    injected = [p for p in new if p.injected]
-    return PodSummary(old, {p.name: p.flag for p in injected}, all(p.ready for p in injected), refused, uninjected)
+    stray = [p for p in new if not p.injected or (p.flag == "0" and p.transient)]
+    refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in new if p.flag == "0" and p not in stray]
+    settled = [p for p in new if p not in stray]
+    retry = sorted(p.name for p in stray if p.ready)
+    return PodSummary(old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry)
 
 
 # ---------------------------------------------------------------- the state machine
@@ -223,8 +225,8 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
                              now, changed_at=now, numbers={"refused": pods.refused}), "rollback")
         if pods.old:
             return Step(move(prev, ENABLING, f"restarting {len(pods.old)} serving pods", now))
-        if pods.uninjected:
-            return Step(move(prev, ENABLING, f"restarting {len(pods.uninjected)} serving pods the webhook did not inject", now))
+        if pods.retry:
+            return Step(move(prev, ENABLING, f"restarting {len(pods.retry)} serving pods not injected or refused by a stale agent view", now))
         if not pods.new_ready or any(flag != "1" for flag in pods.new_flags.values()):
             return Step(move(prev, ENABLING, "waiting for restarted pods to be ready with flag 1", now))
         return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now))

@@ -39,7 +39,7 @@ def env_float(name: str, default: float) -> float:
 RECONCILE_SECONDS = env_float("GLUON_RECONCILE_SECONDS", 10.0)
 STALE_WRITE_SECONDS = 30.0  # see own_write_pending
 JSON_PATCH = "application/json-patch+json"
-UNINJECTED_RESTART_SECONDS = 60.0  # see restart_uninjected
+STRAY_RESTART_SECONDS = 15.0  # see restart_strays
 AGENT_LABEL = os.environ.get("GLUON_AGENT_LABEL", "app.kubernetes.io/name=gluon-rollout-agent")
 AGENT_LABEL_KEY, AGENT_LABEL_VALUE = AGENT_LABEL.split("=", 1)
 METRICS = OperatorMetrics()
@@ -54,7 +54,7 @@ class Runtime:
     # rollout uid -> (when, the status keys we last wrote): a reconcile waits until its watch has delivered
     # them, so it never re-plans from a status older than its own last write.
     written: dict[str, tuple[float, dict[str, Any]]] = {}
-    uninjected_restarts: dict[str, float] = {}  # node -> when pods the webhook missed were last restarted
+    stray_restarts: dict[str, float] = {}  # node -> when its stray pods were last restarted (restart_strays)
 
     @classmethod
     def load(cls) -> None:
@@ -64,7 +64,7 @@ class Runtime:
             mode="shell" if os.environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
         )
         cls.api = make_api_client(cls.api_url)
-        cls.written, cls.uninjected_restarts = {}, {}  # per operator run (tests start several in one process)
+        cls.written, cls.stray_restarts = {}, {}  # per operator run (tests start several in one process)
 
 
 def api_client() -> client.ApiClient:
@@ -163,12 +163,15 @@ def pod_entry(obj: Mapping[str, Any]) -> dict[Any, Any] | None:
     if not node:
         return None
     verdict = preflight_verdict(status)
+    agent = (verdict or {}).get("agent")
+    transient = agent is None or agent.get("current") is False or agent.get("enabled") is False
     injected = (contract.ANNOTATION_POD_INJECTED in (meta.get("annotations") or {}) or verdict is not None
                 or any(c.get("name") == webhook.PREFLIGHT_CONTAINER for c in spec.get("initContainers") or []))
     return {(meta.get("namespace"), node): {
         "name": meta.get("name"), "labels": dict(meta.get("labels") or {}), "created": meta.get("creationTimestamp"),
         "ready": pod_ready(status), "deleting": bool(meta.get("deletionTimestamp")),
         "flag": (verdict or {}).get("flag"), "preflight_reason": (verdict or {}).get("reason"), "injected": injected,
+        "transient": verdict is not None and verdict.get("flag") == "0" and transient,
     }}
 
 
@@ -182,9 +185,11 @@ class Caches:
     def start(cls) -> None:
         timeout = int(env_float("GLUON_WATCH_TIMEOUT", 300))
         cls.close()
-        cls.nodes = Informer("nodes", core().list_node, {"nodes": node_entry}, watch_timeout=timeout).start()
+        def count(failure: ApiFailure) -> None:
+            METRICS.api_errors.labels(failure.kind).inc()
+        cls.nodes = Informer("nodes", core().list_node, {"nodes": node_entry}, watch_timeout=timeout, on_error=count).start()
         cls.pods = Informer("pods", core().list_pod_for_all_namespaces, {"agents": agent_entry, "serving": pod_entry},
-                            watch_timeout=timeout).start()
+                            watch_timeout=timeout, on_error=count).start()
 
     @classmethod
     def close(cls) -> None:
@@ -222,8 +227,8 @@ def serving_pods(pod_index: Index, namespace: str, node: str, selector: Mapping[
 
 
 def pod_facts(pods: list[dict[str, Any]]) -> list[gating.PodFacts]:
-    return [gating.PodFacts(p["name"], unix(p["created"]), p["flag"], p["preflight_reason"], p["ready"], p["deleting"], p["injected"])
-            for p in pods]
+    return [gating.PodFacts(p["name"], unix(p["created"]), p["flag"], p["preflight_reason"], p["ready"], p["deleting"], p["injected"],
+                            p["transient"]) for p in pods]
 
 
 def nodes_in_scope(node_index: Index, selector: Mapping[str, Any]) -> list[str]:
@@ -366,17 +371,19 @@ async def restart_old_pods(namespace: str, node: str, old: list[str], policy: st
             return  # the budget also protects this node's other pods: one at a time
 
 
-async def restart_uninjected(namespace: str, node: str, pods: list[dict[str, Any]], status: gating.NodeStatus, policy: str,
-                             logger: logging.Logger) -> None:
-    """Pods created while the webhook was unreachable (failurePolicy Ignore admits them as they are) run
-    with the template's flag on a node that wants 1: restart them, at most once a minute per node, so an
-    API server that can never reach the webhook costs a slow retry, not a restart storm."""
-    stray = gating.summarize_pods(pod_facts(pods), status.changed_at).uninjected
-    last = Runtime.uninjected_restarts.get(node)
-    if not stray or (last is not None and time.monotonic() - last < UNINJECTED_RESTART_SECONDS):
+async def restart_strays(namespace: str, node: str, pods: list[dict[str, Any]], status: gating.NodeStatus, policy: str,
+                         logger: logging.Logger) -> None:
+    """New pods on a flag-on node that do not run flag 1 for a passing reason restart again: pods admitted
+    while the webhook was unreachable (failurePolicy Ignore: no preflight, the template's flag), and pods
+    whose preflight got '0' from an agent that was unreachable or had not yet seen the enable (its watch
+    lags under API trouble). At most once per STRAY_RESTART_SECONDS per node: a webhook the API server can
+    never reach costs a slow retry, not a restart storm. A '0' from the stack itself is a refusal (RolledBack)."""
+    stray = gating.summarize_pods(pod_facts(pods), status.changed_at).retry
+    last = Runtime.stray_restarts.get(node)
+    if not stray or (last is not None and time.monotonic() - last < STRAY_RESTART_SECONDS):
         return
-    Runtime.uninjected_restarts[node] = time.monotonic()
-    logger.warning("node %s: restarting %s, admitted without the gluon-rollout webhook", node, ", ".join(stray))
+    Runtime.stray_restarts[node] = time.monotonic()
+    logger.warning("node %s: restarting %s (not injected, or refused by a stale agent view)", node, ", ".join(stray))
     await restart_old_pods(namespace, node, stray, policy, logger)
 
 
@@ -447,7 +454,7 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
             old_pods = gating.summarize_pods(pod_facts(pods_by_node[node]), new.changed_at).old
             await restart_old_pods(namespace, node, old_pods, parsed.strategy.restart, logger)
         if persisted and new.state in gating.FLAG_ON_STATES and parsed.strategy.restart != "None":
-            await restart_uninjected(namespace, node, pods_by_node[node], new, parsed.strategy.restart, logger)
+            await restart_strays(namespace, node, pods_by_node[node], new, parsed.strategy.restart, logger)
         for pod in pods_by_node[node]:
             if pod["flag"] in ("0", "1") and pod["labels"].get(contract.LABEL_POD_FLAG) != pod["flag"]:
                 await label_pod(namespace, pod["name"], pod["flag"], logger)

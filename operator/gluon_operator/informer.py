@@ -60,8 +60,9 @@ class Informer:
     """One kind, several indexes. `synced` is set after the first complete list."""
 
     def __init__(self, name: str, list_call: ListCall, indexers: Mapping[str, Indexer], label_selector: str | None = None,
-                 watch_timeout: int = 300, backoff_cap: float = 30.0) -> None:
+                 watch_timeout: int = 300, backoff_cap: float = 30.0, on_error: Callable[[ApiFailure], None] | None = None) -> None:
         self.name, self.list_call, self.label_selector = name, list_call, label_selector
+        self.on_error = on_error
         self.indexers = dict(indexers)
         self.indexes = {index: Index() for index in indexers}
         self.watch_timeout, self.backoff_cap = watch_timeout, backoff_cap
@@ -70,7 +71,6 @@ class Informer:
         self.lock = threading.Lock()
         self._keys: dict[str, dict[str, list[Any]]] = {}  # object uid -> {index: the keys it fed}
         self._thread: threading.Thread | None = None
-        self.errors = 0
 
     # ------------------------------------------------------------ the cache
 
@@ -162,7 +162,8 @@ class Informer:
             except Exception as exc:  # API errors, dropped connections: relist after a back-off
                 failure = exc if isinstance(exc, ApiFailure) else classify(exc)
                 failures += 1
-                self.errors += 1
+                if self.on_error is not None:
+                    self.on_error(failure)
                 version = None
                 delay = min(self.backoff_cap, 0.5 * 2 ** min(failures, 8)) * rng.uniform(0.5, 1.0)
                 log.warning("%s informer: %s; relisting in %.1f s", self.name, failure, delay)
