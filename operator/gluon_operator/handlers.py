@@ -382,9 +382,9 @@ async def restart_strays(namespace: str, node: str, pods: list[dict[str, Any]], 
     last = Runtime.stray_restarts.get(node)
     if not stray or (last is not None and time.monotonic() - last < STRAY_RESTART_SECONDS):
         return
-    Runtime.stray_restarts[node] = time.monotonic()
     logger.warning("node %s: restarting %s (not injected, or refused by a stale agent view)", node, ", ".join(stray))
     await restart_old_pods(namespace, node, stray, policy, logger)
+    Runtime.stray_restarts[node] = time.monotonic()  # only after it worked: a failed eviction retries next reconcile
 
 
 # backoff: a failed reconcile (API errors) is retried after one interval, not kopf's default minute.

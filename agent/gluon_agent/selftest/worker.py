@@ -14,7 +14,9 @@ import sys
 import time
 from typing import Any
 
-import torch
+IMPORT_STARTED = time.monotonic()  # before torch: the report says how long the imports took
+
+import torch  # noqa: E402
 
 from . import plan, timing
 from .backends import BACKEND_SETS, Backend, Call
@@ -140,7 +142,25 @@ def prepare_device(device: torch.device, limit: int) -> str | None:
     return None
 
 
+class StepClock:
+    """Seconds per step, so a slow self-test says where its time went."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._name: str | None = None
+        self._at = time.monotonic()
+
+    def start(self, name: str | None) -> None:
+        now = time.monotonic()
+        if self._name is not None:
+            self.seconds[self._name] = round(self.seconds.get(self._name, 0.0) + now - self._at, 3)
+        self._name, self._at = name, now
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
+    clock = StepClock()
+    imports = round(time.monotonic() - IMPORT_STARTED, 3)
+    clock.start("device setup")
     device = torch.device(spec["device"])
     limit = int(spec.get("memory_limit_bytes", plan.MEMORY_LIMIT_BYTES))
     deferred = prepare_device(device, limit)
@@ -154,24 +174,31 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     results, timings, graphs = [], [], []
     for index, case in enumerate(cases):
         emit(plan.PROGRESS_MARKER, {"step": f"case {case.name}", "backend": backend.name})
+        clock.start(f"case {case.name}")
         result, problem = check_case(backend, case, device, seed + index, heads)
         results.append(result)
         if on_gpu and case.timed and spec.get("timing", True) and result.ok:
             emit(plan.PROGRESS_MARKER, {"step": f"timing {case.name}", "backend": backend.name})
+            clock.start(f"timing {case.name}")
             timings.append(time_case(backend, case, problem, device, seed + index))
         del problem
     if on_gpu and spec.get("graph", True):
         emit(plan.PROGRESS_MARKER, {"step": "graph", "backend": backend.name})
+        clock.start("graph")
         graphs.append(check_graph(backend, device, seed + 99, heads))
     ceiling = None
     if on_gpu and spec.get("timing", True):
         emit(plan.PROGRESS_MARKER, {"step": "copy ceiling", "backend": backend.name})
+        clock.start("copy ceiling")
         ceiling = timing.copy_ceiling_tbps(device)
         for t in timings:
             t["ceiling_tbps"] = ceiling
             t["ratio_to_ceiling"] = t["kv_tbps"] / ceiling
+    clock.start(None)
     return {
         "device": str(device),
+        "import_seconds": imports,
+        "step_seconds": clock.seconds,
         "name": torch.cuda.get_device_name(device) if on_gpu else "cpu (TRITON_INTERPRET=1)",
         "backend": backend.name,
         "path": spec["path"],
