@@ -8,11 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 import torch
 
+from gluon_agent import isolation
 from gluon_agent.selftest import plan, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
@@ -286,3 +288,53 @@ def test_daemon_side_never_imports_torch():
     code = "import sys, gluon_agent.selftest.runner, gluon_agent.probe, gluon_agent.cli; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert done.stdout.strip() == "False", done.stderr
+
+
+# ---------------------------------------------------------------- children started before the probe ends
+
+
+def slow_probe(seconds: float, report: dict):
+    def probe():
+        time.sleep(seconds)
+        return report
+    return probe
+
+
+def test_children_import_while_the_probe_runs(clean_env):
+    """The probe as a callable: the children exist (importing) while it runs; results are unchanged."""
+    report = runner.run_selftest(slow_probe(4.0, {"capable": False, "gpus": []}), cpu_interpret=True, env=clean_env, seed=3)
+    (gpu,) = report["gpus"]
+    assert report["result"] == "pass" and gpu["result"] == {"accelerated": "pass", "fallback": "pass"}
+    assert gpu["paths"]["accelerated"]["child_seconds"] > 4.0  # started before the probe's 4 s were over
+    assert gpu["paths"]["accelerated"]["child"]["import_seconds"] < gpu["paths"]["accelerated"]["child_seconds"]
+
+
+def test_a_wrong_device_guess_cancels_the_early_children(clean_env, monkeypatch):
+    monkeypatch.setattr(runner, "guess_devices", lambda cpu_interpret, cpu_devices: ["cpu", "cpu", "cpu"])
+    report = runner.run_selftest(slow_probe(0.5, {"capable": False, "gpus": []}), cpu_interpret=True, env=clean_env, seed=4)
+    assert len(report["gpus"]) == 1 and report["result"] == "pass"
+    assert not isolation._live_groups  # no child left behind
+
+
+def test_a_probe_that_raises_leaves_no_child(clean_env):
+    def broken():
+        time.sleep(0.5)
+        raise RuntimeError("probe broke")
+    with pytest.raises(RuntimeError, match="probe broke"):
+        runner.run_selftest(broken, cpu_interpret=True, env=clean_env)
+    assert not isolation._live_groups
+
+
+def test_cancelled_child_is_killed_before_its_input():
+    started = time.monotonic()
+    outcome = isolation.run_isolated([sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(60)"], timeout=5,
+                                     stdin_text=lambda: None)
+    assert outcome.status == "cancelled" and time.monotonic() - started < 5 and not isolation._live_groups
+
+
+def test_guessed_devices_follow_the_visible_devices_variable(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert runner.guess_devices(False, 1) == ["cuda:0", "cuda:1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert runner.guess_devices(False, 1) == []
+    assert runner.guess_devices(True, 2) == ["cpu", "cpu"]

@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 STDIO_LIMIT = 64 * 1024  # keep the tail of a chatty child's output, not all of it
 _live_groups: set[int] = set()  # process groups of running children, for kill_all() at shutdown
@@ -21,7 +21,7 @@ _live_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class ChildOutcome:
-    status: str  # "ok" | "exit" | "signal" | "timeout" | "spawn-failed"
+    status: str  # "ok" | "exit" | "signal" | "timeout" | "spawn-failed" | "cancelled"
     returncode: int | None
     stdout: str
     stderr: str
@@ -76,8 +76,10 @@ def run_isolated(
     timeout: float,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
-    stdin_text: str | None = None,
+    stdin_text: str | Callable[[], str | None] | None = None,
 ) -> ChildOutcome:
+    """`stdin_text` may be a callable: the child starts at once (its imports run meanwhile), the callable
+    blocks until its input is known, and the time limit counts from then; None from it cancels the child."""
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -96,6 +98,22 @@ def run_isolated(
     with _live_lock:
         _live_groups.add(proc.pid)
     timed_out = False
+    if callable(stdin_text):
+        text = None
+        try:
+            text = stdin_text()
+        finally:
+            if text is None:  # cancelled, or the callable raised: the child must not outlive us
+                _kill_group(proc)
+                try:
+                    proc.communicate(timeout=5)  # drains and closes the pipes
+                except subprocess.TimeoutExpired:
+                    pass
+                with _live_lock:
+                    _live_groups.discard(proc.pid)
+        if text is None:
+            return ChildOutcome("cancelled", proc.returncode, "", "", time.monotonic() - started, "cancelled before its input was sent")
+        stdin_text = text
     try:
         out, err = proc.communicate(stdin_text, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -1,7 +1,8 @@
 """Self-test orchestration, in the agent's process: stdlib only (torch lives in the children).
 
 Per device, the accelerated then the fallback path each run in their own child process with a time
-limit, on the same seed (so both see the same problems); devices run in parallel. A crash or hang is
+limit, on the same seed (so both see the same problems); devices run in parallel. Children start early
+and import torch while they wait for their spec (see run_device, run_selftest). A crash or hang is
 an `error` for that path with the step it died in; the other path and the other devices still report.
 """
 
@@ -11,9 +12,11 @@ import json
 import os
 import secrets
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from ..fingerprint import fingerprint, fingerprint_parts
 from ..isolation import ChildOutcome, run_isolated
@@ -54,21 +57,53 @@ def interpret(outcome: ChildOutcome) -> tuple[dict[str, Any] | None, str | None]
     return None, f"child {outcome.detail}{where}{last}"
 
 
-def run_path(device: str, index: int, path: str, spec: dict[str, Any], python: str, env: Mapping[str, str], timeout: float) -> dict[str, Any]:
+SpecSource = Callable[[], "dict[str, Any] | None"]  # blocks until the spec is known; None: cancelled
+
+
+def run_path(device: str, index: int, path: str, spec_text: Callable[[], str | None], python: str, env: Mapping[str, str],
+             timeout: float) -> dict[str, Any] | None:
+    """One path's child, started at once (it imports torch meanwhile), its spec sent when known.
+    None when it was cancelled before its spec was sent."""
     child_env = dict(env)
     child_env[DEVICE_INDEX_ENV] = str(index)
-    argv = [python, "-m", "gluon_agent.selftest.worker", json.dumps(spec | {"device": device, "path": path})]
-    outcome = run_isolated(argv, timeout=timeout, env=child_env)
+    outcome = run_isolated([python, "-m", "gluon_agent.selftest.worker", "-"], timeout=timeout, env=child_env, stdin_text=spec_text)
+    if outcome.status == "cancelled":
+        return None
     child, failure = interpret(outcome)
     result, reasons = plan.path_verdict(child, failure)
     return {"result": result, "reasons": reasons, "child": child, "child_seconds": round(outcome.seconds, 2)}
 
 
-def run_device(device: str, index: int, spec: dict[str, Any], python: str, env: Mapping[str, str], timeout: float) -> dict[str, Any]:
-    paths = {path: run_path(device, index, path, spec, python, env, timeout) for path in PATHS}
+def run_device(device: str, index: int, spec_source: SpecSource, python: str, env: Mapping[str, str],
+               timeout: float) -> dict[str, Any] | None:
+    """Both path children start together, so their imports overlap (and overlap the probe when the spec
+    comes from it); the fallback gets its spec only once the accelerated child has ended, so GPU work,
+    memory and timings are never shared. None when cancelled."""
+    accelerated_done = threading.Event()
+
+    def spec_text(path: str) -> Callable[[], str | None]:
+        def deliver() -> str | None:
+            spec = spec_source()
+            if spec is None:
+                return None
+            if path == "fallback":
+                accelerated_done.wait()
+            return json.dumps(spec | {"device": device, "path": path})
+        return deliver
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fallback = pool.submit(run_path, device, index, "fallback", spec_text("fallback"), python, env, timeout)
+        try:
+            accelerated = run_path(device, index, "accelerated", spec_text("accelerated"), python, env, timeout)
+        finally:
+            accelerated_done.set()
+        paths = {"accelerated": accelerated, "fallback": fallback.result()}
+    if accelerated is None or paths["fallback"] is None:
+        return None
+    backend_set = (spec_source() or {}).get("backend_set")
     timings = {p: (paths[p]["child"] or {}).get("timing", []) for p in PATHS}
     speedup = plan.speedups(timings["accelerated"], timings["fallback"])
-    slow = plan.speed_gate(spec["backend_set"], speedup) if paths["accelerated"]["result"] == "pass" else None
+    slow = plan.speed_gate(backend_set, speedup) if paths["accelerated"]["result"] == "pass" else None
     if slow:
         paths["accelerated"]["result"] = "fail"
         paths["accelerated"]["reasons"].append(slow)
@@ -87,8 +122,28 @@ def devices_for(probe_report: Mapping[str, Any], cpu_interpret: bool, cpu_device
     return [f"cuda:{g['index']}" for g in probe_report.get("gpus", [])]
 
 
+def guess_devices(cpu_interpret: bool, cpu_devices: int) -> list[str]:
+    """The devices the probe will most likely report, from what needs no torch: the visible-devices
+    variables, else the device files. Only used to start children early; a wrong guess costs nothing
+    but their imports (they are cancelled and the real list is run)."""
+    if cpu_interpret:
+        return ["cpu"] * cpu_devices
+    for variable in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        value = os.environ.get(variable)
+        if value is not None:
+            return [f"cuda:{i}" for i, d in enumerate(x for x in value.split(",") if x.strip() not in ("", "-1"))]
+    nvidia = [p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia"):].isdigit()]
+    amd = sorted(Path("/dev/dri").glob("renderD*")) if Path("/dev/kfd").exists() else []
+    return [f"cuda:{i}" for i in range(len(nvidia) or len(amd))]
+
+
+def run_devices(devices: list[str], spec_source: SpecSource, python: str, env: Mapping[str, str], timeout: float,
+                pool: ThreadPoolExecutor) -> list[Future]:
+    return [pool.submit(run_device, d, i, spec_source, python, env, timeout) for i, d in enumerate(devices)]
+
+
 def run_selftest(
-    probe_report: Mapping[str, Any],
+    probe_report: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
     backend_set: str | None = None,
     cpu_interpret: bool = False,
     cpu_devices: int = 1,
@@ -98,23 +153,36 @@ def run_selftest(
     env: Mapping[str, str] | None = None,
     seed: int | None = None,
 ) -> dict[str, Any]:
+    """`probe_report` may be the probe itself (a callable): then the children for the devices it will
+    most likely find start first and import torch while it runs (the warm self-test's wall time is
+    mostly imports)."""
     started = time.monotonic()
-    chosen = choose_backend_set(probe_report, backend_set)
+    python = python or sys.executable
     env = dict(os.environ if env is None else env)
     if cpu_interpret:
         env["TRITON_INTERPRET"] = "1"
-    spec = {
-        "backend_set": chosen,
-        "seed": secrets.randbits(40) if seed is None else seed,  # fresh inputs every run
-        "timing": timing,
-        "memory_limit_bytes": plan.MEMORY_LIMIT_BYTES,
-    }
-    devices = devices_for(probe_report, cpu_interpret, cpu_devices)
-    with ThreadPoolExecutor(max_workers=max(1, len(devices))) as pool:
-        futures = [
-            pool.submit(run_device, d, i, spec, python or sys.executable, env, timeout) for i, d in enumerate(devices)
-        ]
+    seed = secrets.randbits(40) if seed is None else seed  # fresh inputs every run
+    spec_known: Future = Future()
+    early = guess_devices(cpu_interpret, cpu_devices) if callable(probe_report) else []
+    with ThreadPoolExecutor(max_workers=64) as pool:  # one thread per device, twice if the guess was wrong
+        started_early = run_devices(early, spec_known.result, python, env, timeout, pool)
+        try:
+            report = dict(probe_report() if callable(probe_report) else probe_report)
+        except BaseException:
+            spec_known.set_result(None)  # cancel the early children, then let the probe's error out
+            raise
+        chosen = choose_backend_set(report, backend_set)
+        spec = {"backend_set": chosen, "seed": seed, "timing": timing, "memory_limit_bytes": plan.MEMORY_LIMIT_BYTES}
+        devices = devices_for(report, cpu_interpret, cpu_devices)
+        if early and devices == early:
+            futures = started_early
+            spec_known.set_result(spec)
+        else:
+            spec_known.set_result(None)
+            futures = run_devices(devices, lambda: spec, python, env, timeout, pool)
         gpus = [f.result() for f in futures]
+        for f in started_early:
+            f.result()  # cancelled ones end at once
     per_path = [r for g in gpus for r in g["result"].values()]
     problems = [] if gpus else ["no GPU visible: nothing to test"]
     return {
@@ -123,9 +191,9 @@ def run_selftest(
         "backend_set": chosen,
         "backends": {p: gpus[0]["paths"][p]["child"]["backend"] for p in PATHS if gpus and gpus[0]["paths"][p]["child"]},
         "thresholds": plan.thresholds(chosen),
-        "fingerprint": fingerprint(dict(probe_report)),
-        "fingerprint_parts": fingerprint_parts(dict(probe_report)),
-        "seed": spec["seed"],
+        "fingerprint": fingerprint(report),
+        "fingerprint_parts": fingerprint_parts(report),
+        "seed": seed,
         "gpus": gpus,
         "result": plan.worst(per_path) if gpus else "error",
         "problems": problems,

@@ -1,6 +1,7 @@
 """One self-test child: one device, one path (accelerated or fallback). Imports torch; the parent never does.
 
     python -m gluon_agent.selftest.worker '<json spec>'
+    python -m gluon_agent.selftest.worker -      # the spec as one line on stdin, once it is known
 
 Prints progress lines (so a crash can be attributed to the step that died) and one result line.
 """
@@ -22,6 +23,8 @@ from . import plan, timing
 from .backends import BACKEND_SETS, Backend, Call
 from .problem import Problem, make_problem
 from .reference import mla_decode_reference
+
+IMPORTS_DONE = time.monotonic()
 
 ROTATION_L2_MULTIPLE = 3  # rotate through enough inputs to be several times the L2
 MAX_ROTATIONS = 4
@@ -159,7 +162,8 @@ class StepClock:
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     clock = StepClock()
-    imports = round(time.monotonic() - IMPORT_STARTED, 3)
+    imports = round(IMPORTS_DONE - IMPORT_STARTED, 3)
+    waited = round(time.monotonic() - IMPORTS_DONE, 3)  # for the spec: the probe, or the other path's GPU turn
     clock.start("device setup")
     device = torch.device(spec["device"])
     limit = int(spec.get("memory_limit_bytes", plan.MEMORY_LIMIT_BYTES))
@@ -198,6 +202,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "device": str(device),
         "import_seconds": imports,
+        "waited_seconds": waited,
         "step_seconds": clock.seconds,
         "name": torch.cuda.get_device_name(device) if on_gpu else "cpu (TRITON_INTERPRET=1)",
         "backend": backend.name,
@@ -212,8 +217,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[0])
-    emit(plan.RESULT_MARKER, run(spec))
+    """The spec as the argument, or '-': one line on stdin, sent once known (the imports above run
+    meanwhile); an empty line means cancelled."""
+    text = sys.stdin.readline() if argv[0] == "-" else argv[0]
+    if not text.strip():
+        return 0
+    emit(plan.RESULT_MARKER, run(json.loads(text)))
     return 0
 
 
