@@ -140,8 +140,8 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     old = sorted(p.name for p in pods if p.created < cutoff)
     new = [p for p in pods if p.created >= cutoff]
     stray = [p for p in new if not p.injected or (p.flag == "0" and p.transient)]
-    refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in new if p.flag == "0" and p not in stray]
     settled = [p for p in new if p not in stray]
+    refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in settled if p.flag == "0"]
     retry = sorted(p.name for p in stray if p.ready)
     return PodSummary(old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry)
 

@@ -371,14 +371,12 @@ async def restart_old_pods(namespace: str, node: str, old: list[str], policy: st
             return  # the budget also protects this node's other pods: one at a time
 
 
-async def restart_strays(namespace: str, node: str, pods: list[dict[str, Any]], status: gating.NodeStatus, policy: str,
-                         logger: logging.Logger) -> None:
+async def restart_strays(namespace: str, node: str, stray: list[str], policy: str, logger: logging.Logger) -> None:
     """New pods on a flag-on node that do not run flag 1 for a passing reason restart again: pods admitted
     while the webhook was unreachable (failurePolicy Ignore: no preflight, the template's flag), and pods
     whose preflight got '0' from an agent that was unreachable or had not yet seen the enable (its watch
     lags under API trouble). At most once per STRAY_RESTART_SECONDS per node: a webhook the API server can
     never reach costs a slow retry, not a restart storm. A '0' from the stack itself is a refusal (RolledBack)."""
-    stray = gating.summarize_pods(pod_facts(pods), status.changed_at).retry
     last = Runtime.stray_restarts.get(node)
     if not stray or (last is not None and time.monotonic() - last < STRAY_RESTART_SECONDS):
         return
@@ -420,6 +418,7 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
     selector = parsed.podSelector.model_dump()
     steps: dict[str, gating.Step] = {}
     pods_by_node: dict[str, list[dict[str, Any]]] = {}
+    pod_summaries: dict[str, gating.PodSummary] = {}  # against the persisted changed_at: what restarts use
     for node in nodes_in_scope(node_index, parsed.nodeSelector.model_dump()):
         info = first(node_index, node)
         facts = gating.NodeFacts(node, info["labels"], info["annotations"], bool(first(agent_index, node)))
@@ -429,7 +428,7 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         cleared = gating.rolled_back_for(record, el.fingerprint, now, retry) is None
         previous = prev.get(node, gating.NodeStatus(since=now))
         pods_by_node[node] = serving_pods(pod_index, namespace, node, selector)
-        summary = gating.summarize_pods(pod_facts(pods_by_node[node]), previous.changed_at)
+        summary = pod_summaries[node] = gating.summarize_pods(pod_facts(pods_by_node[node]), previous.changed_at)
         steps[node] = gating.advance(previous, el, summary, verdicts.get(node), now, cleared, None if cleared else record)
 
     statuses = {n: s.status for n, s in steps.items()}
@@ -448,13 +447,13 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
     for node, new in statuses.items():
         old = prev.get(node)
         await apply_node(name, node, old, new, steps[node].action, first(node_index, node), body, logger)
+        # persisted: same state and changed_at as the status read, so pod_summaries[node] is against new.changed_at
         persisted = old is not None and old.state == new.state and old.changed_at == new.changed_at
         if persisted and new.state in (gating.ENABLING, gating.DISABLED, gating.ROLLED_BACK) and \
                 gating.restart_due(new, now, parsed.strategy.restartDelaySeconds) and parsed.strategy.restart != "None":
-            old_pods = gating.summarize_pods(pod_facts(pods_by_node[node]), new.changed_at).old
-            await restart_old_pods(namespace, node, old_pods, parsed.strategy.restart, logger)
+            await restart_old_pods(namespace, node, pod_summaries[node].old, parsed.strategy.restart, logger)
         if persisted and new.state in gating.FLAG_ON_STATES and parsed.strategy.restart != "None":
-            await restart_strays(namespace, node, pods_by_node[node], new, parsed.strategy.restart, logger)
+            await restart_strays(namespace, node, pod_summaries[node].retry, parsed.strategy.restart, logger)
         for pod in pods_by_node[node]:
             if pod["flag"] in ("0", "1") and pod["labels"].get(contract.LABEL_POD_FLAG) != pod["flag"]:
                 await label_pod(namespace, pod["name"], pod["flag"], logger)
