@@ -35,7 +35,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.faultsim import ROLLOUT_SCENARIOS, SCENARIOS, check, run_kernel_faults, run_rollout  # noqa: E402
+from tests.faultsim import ROLLOUT_SCENARIOS, SCENARIO_FAULTS, SCENARIOS, check, run_kernel_faults, run_rollout  # noqa: E402
+
+
+def faults_for(scenario: str, kills: int) -> dict[str, Any]:
+    faults = dict(SCENARIO_FAULTS[scenario])
+    if "kills" in faults:
+        faults["kills"] = kills
+    return faults
 
 
 def main() -> None:
@@ -56,7 +63,7 @@ def main() -> None:
     for name in SCENARIOS:
         if name in chosen:
             results[name] = (run_kernel_faults(workdir, args.timeout) if name == "kernel_faults"
-                             else run_rollout(name, workdir, args.kills, args.seed, args.timeout))
+                             else run_rollout(name, workdir, args.seed, args.timeout, **faults_for(name, args.kills)))
     invariants = check(results)
     print(json.dumps({
         "bench": "faults",

@@ -14,7 +14,12 @@ from gluon_operator import gating
 from tests.helpers import http_json, wait_for
 from tests.simcluster import DEMO_STRATEGY, SimCluster, SimNode
 
-ROLLOUT_SCENARIOS = ("uninterrupted", "operator_kills", "api_faults", "prometheus_outage")
+# The faults each rollout scenario injects (kills: how many; the benchmark's --kills replaces the count).
+SCENARIO_FAULTS: dict[str, dict[str, Any]] = {
+    "uninterrupted": {}, "operator_kills": {"kills": 20}, "api_faults": {"inject_api_faults": True},
+    "prometheus_outage": {"outage": True},
+}
+ROLLOUT_SCENARIOS = tuple(SCENARIO_FAULTS)
 SCENARIOS = ROLLOUT_SCENARIOS + ("kernel_faults",)
 MAX_IN_FLIGHT = max(DEMO_STRATEGY["canaryNodes"], DEMO_STRATEGY["maxParallel"])
 OUTAGE_SECONDS = 20.0
@@ -94,27 +99,27 @@ def prometheus_outage(cluster: SimCluster, done: threading.Event, record: dict[s
     record["up_at"] = time.time()
 
 
-def run_rollout(scenario: str, workdir: Path, kills: int, seed: int, timeout: float,
-                api_fault_injection: bool | None = None) -> dict[str, Any]:
-    """One rollout on a fresh cluster. Operator kills happen when `kills` > 0 and the scenario asks for them
-    (or is "combined"); API faults when the scenario is api_faults (or api_fault_injection says so)."""
+def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: int = 0, inject_api_faults: bool = False,
+                outage: bool = False) -> dict[str, Any]:
+    """One rollout on a fresh cluster (in workdir/scenario) with the faults asked for: `kills` operator
+    SIGKILLs, API faults, a Prometheus outage."""
     cluster = SimCluster(workdir=workdir / scenario)
     recorder, done, extra = Recorder(cluster), threading.Event(), {}
     started = time.monotonic()
     try:
         cluster.start()
         cluster.wait_for_agents()
-        if api_fault_injection if api_fault_injection is not None else scenario == "api_faults":
+        if inject_api_faults:
             extra["injected"] = {}
             cluster.api.server.faults.append(api_faults(seed, extra["injected"]))
             cluster.api.server.watch_drop_seconds = 3.0
         cluster.create_rollout()
         recorder.start()
         action: threading.Thread | None = None
-        if scenario in ("operator_kills", "combined") and kills:
+        if kills:
             extra["kill_times"] = []
             action = threading.Thread(target=kill_repeatedly, args=(cluster, kills, random.Random(seed), done, extra["kill_times"]), daemon=True)
-        elif scenario == "prometheus_outage":
+        elif outage:
             action = threading.Thread(target=prometheus_outage, args=(cluster, done, extra), daemon=True)
         if action:
             action.start()
@@ -134,7 +139,7 @@ def run_rollout(scenario: str, workdir: Path, kills: int, seed: int, timeout: fl
         if "kill_times" in extra:
             outcome["kills"] = len(extra["kill_times"])
             outcome["kill_seconds_after_rollout_created"] = extra["kill_times"]
-        if scenario == "prometheus_outage" and "down_at" in extra:
+        if "down_at" in extra:
             grace = cluster.reconcile_seconds + 1.0  # a verdict computed just before the outage lands in that reconcile
             decided = [(round(t - extra["down_at"], 1), n, s) for t, n, s in recorder.transitions
                        if extra["down_at"] + grace <= t <= extra["up_at"] and s in (gating.PROMOTED, gating.ROLLED_BACK)]

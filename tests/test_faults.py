@@ -14,7 +14,7 @@ EXPECTED = {
 
 
 def test_operator_kills_under_api_faults_converge_to_the_same_result(tmp_path):
-    outcome = faultsim.run_rollout("combined", tmp_path, kills=5, seed=7, timeout=240, api_fault_injection=True)
+    outcome = faultsim.run_rollout("combined", tmp_path, seed=7, timeout=240, kills=5, inject_api_faults=True)
     assert outcome["settled"], outcome
     assert {n: (s["state"], s["enabled"]) for n, s in outcome["final"].items()} == EXPECTED
     assert outcome["kills"] == 5 and outcome["operator_starts"] == 6
