@@ -121,6 +121,11 @@ def test_backoff_bounds(attempt, seed):
     assert step / 2 <= delay <= step
 
 
+def test_backoff_after_hours_of_failures_stays_at_the_cap():
+    """An informer or node watch failing every 30 s for 9 hours is past attempt 1024: 2**1024 overflows a float."""
+    assert 30.0 <= decisions.backoff(5000, 0.5, 60.0, random.Random(1)) <= 60.0
+
+
 def test_after_run_schedules_period_with_jitter_and_deferral_backoff():
     rng = random.Random(1)
     periods = [decisions.after_run(decisions.Schedule(), 0, "fp", None, "pass", 1000, 0.1, 60, 3600, rng).next_periodic_at for _ in range(200)]

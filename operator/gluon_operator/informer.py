@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from gluon_agent import decisions
 from gluon_agent.kube import REQUEST_TIMEOUT, ApiFailure, classify
 
 log = logging.getLogger("gluon_operator.informer")
@@ -165,6 +166,6 @@ class Informer:
                 if self.on_error is not None:
                     self.on_error(failure)
                 version = None
-                delay = min(self.backoff_cap, 0.5 * 2 ** min(failures, 8)) * rng.uniform(0.5, 1.0)
+                delay = decisions.backoff(failures, 0.5, self.backoff_cap, rng)
                 log.warning("%s informer: %s; relisting in %.1f s", self.name, failure, delay)
                 self.stop.wait(delay)
