@@ -89,6 +89,19 @@ def test_split_count_from_capacity_keeps_answers_right(capacity):
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
+def test_reduce_over_more_splits_than_one_tile_with_empty_splits():
+    """38 splits: the reduce walks three 16-split tiles; the 1-token sequence leaves 37 of its splits empty."""
+    from gluon_agent.selftest.triton_mla import KernelConfig, mla_decode, split_count
+
+    config = KernelConfig(block_n=16, num_warps=1, num_stages=1, waves=40.0, min_tokens_per_split=16)
+    p = make_problem([1, 600])
+    assert split_count(p.batch, 600, p.q.device, config) == 38
+    out = p.new_output(plan.POISON)
+    mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, 600, config)
+    assert not (out.float() == plan.POISON).any()
+    assert rel_l2(out, reference_of(p)) < 1e-2
+
+
 def test_portable_kernel_rejects_non_mla_shapes():
     from gluon_agent.selftest.triton_mla import mla_decode
 

@@ -118,25 +118,31 @@ def _reduce_kernel(
     stride_pb, stride_ps, stride_ph,
     stride_lb, stride_ls,
     stride_ob, stride_oh,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
+    # Splits in [BLOCK_S, BLOCK_D] tiles: independent loads, not one dependent load chain per split
+    # (a single 128K sequence has ~130 splits; the chain cost 7% of its decode time on an H200).
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    m = float("-inf")
-    l = 0.0
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_row = PART_LSE + b * stride_lb + h
+    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        m = tl.maximum(m, tl.load(lse_row + s * stride_ls, mask=s < num_splits, other=float("-inf")))
+    m_all = tl.max(m, 0)  # finite: every sequence has a token, so some split has one
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s in range(0, num_splits):
-        lse = tl.load(PART_LSE + b * stride_lb + s * stride_ls + h)
-        if lse > float("-inf"):
-            part = tl.load(PART_O + b * stride_pb + s * stride_ps + h * stride_ph + offs_d)
-            m_new = tl.maximum(m, lse)
-            alpha = tl.exp2(m - m_new)
-            w = tl.exp2(lse - m_new)
-            acc = acc * alpha + part * w
-            l = l * alpha + w
-            m = m_new
-    tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / l).to(O.dtype.element_ty))
+    l = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s = s0 + offs_s
+        lse = tl.load(lse_row + s * stride_ls, mask=s < num_splits, other=float("-inf"))
+        w = tl.exp2(lse - m_all)  # 0 for empty splits (lse = -inf)
+        part_ptr = PART_O + b * stride_pb + s[:, None] * stride_ps + h * stride_ph + offs_d[None, :]
+        part = tl.load(part_ptr, mask=(lse > float("-inf"))[:, None], other=0.0)
+        acc += tl.sum(part * w[:, None], 0)
+        l += w
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / tl.sum(l, 0)).to(O.dtype.element_ty))
 
 
 def multiprocessors(device: torch.device) -> int:
@@ -196,7 +202,7 @@ def mla_decode(
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_D=block_d, num_warps=4,
+        BLOCK_D=block_d, BLOCK_S=16, num_warps=4,
     )
     return out
 
