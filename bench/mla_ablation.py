@@ -1,0 +1,127 @@
+"""Where the portable MLA decode kernel's time goes (NVIDIA or AMD GPU). Prints JSON.
+
+    PYTHONPATH=agent python3 bench/mla_ablation.py --json
+    PYTHONPATH=agent python3 bench/mla_ablation.py --once 32 65536   # three plain calls, for a profiler:
+    PYTHONPATH=agent ncu --clock-control none -k regex:_split_kernel -s 2 -c 1 --section WarpStateStats \
+        --section SourceCounters -o split python3 bench/mla_ablation.py --once 32 65536   # then bench/ncu_stalls.py
+
+Each variant is generated from triton_mla._split_kernel's own source by text substitution (one stage
+left out, or done another way), so no second copy of the kernel is kept; a substitution that no longer
+matches the kernel is an error naming it. Timed like bench/mla_decode.py (graph replay over rotating
+inputs, median). Variants that leave a stage out compute wrong answers on purpose: their rel_l2 shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import inspect
+import json
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+
+from gluon_agent.selftest import timing, triton_mla
+from gluon_agent.selftest.problem import make_problem
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mla_decode import HEADS, kernel_mode, rel_l2, time_mode  # noqa: E402
+
+from gluon_agent.selftest.worker import rotations_for  # noqa: E402
+
+V_LOAD = "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
+OUT_SCALE = "out = acc * (kv_scale / safe_l)[:, None]"
+LATENT_QK = "        for c in tl.static_range(D_NOPE // D_CHUNK):\n"
+VARIANTS: dict[str, list[tuple[str, str]]] = {
+    "kernel": [],
+    # the value product left out (p still summed): loads + QK + softmax
+    "no_value_product": [
+        (V_LOAD, ""),
+        ("        acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])\n",
+         "        acc = acc * alpha[:, None] + tl.sum(p, 1)[:, None]\n"),
+    ],
+    # the 512-wide latent QK left out (rope part only): loads + PV + softmax
+    "no_latent_qk": [(LATENT_QK, "        for c in tl.static_range(0):\n")],
+    # V dequantized and scaled in registers, then through shared memory as fp16 (ldmatrix.trans) instead
+    # of fp8 byte loads; the multiply keeps Triton from hoisting the fp8 tile into the dot operand
+    "fp16_value_tile": [
+        (V_LOAD, V_LOAD.replace(".to(DOT_DTYPE)", ".to(DOT_DTYPE) * tl.cast(kv_scale, DOT_DTYPE)")),
+        (OUT_SCALE, "out = acc * (1.0 / safe_l)[:, None]"),
+    ],
+}
+# a 128-token fp16 value tile does not fit in shared memory beside the fp8 stages
+CONFIGS = {"fp16_value_tile": {"block_n": 64}}
+SHAPES = [(32, 65536), (1, 131072)]
+
+
+def variant_kernel(name: str, workdir: Path):
+    source = inspect.getsource(triton_mla)
+    for old, new in VARIANTS[name]:
+        if old not in source:
+            raise SystemExit(f"mla_ablation: variant {name!r} no longer matches triton_mla.py: {old.strip()!r}")
+        source = source.replace(old, new)
+    path = workdir / f"ablation_{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"gluon_agent.selftest.ablation_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module._split_kernel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    parser.add_argument("--once", nargs=2, type=int, metavar=("BATCH", "KV_LEN"),
+                        help="only run the kernel three times on one shape (for a profiler)")
+    args = parser.parse_args()
+    device = torch.device("cuda:0")
+    if args.once:
+        p = make_problem([args.once[1]] * args.once[0], heads=HEADS, device=device)
+        out, run = p.new_output(), kernel_mode("native-12", None)
+        for _ in range(3):
+            run(p, out)
+        torch.cuda.synchronize()
+        print(json.dumps({"ran": args.once, "rel_l2": rel_l2(p, run)}))
+        return
+    ceiling = timing.copy_ceiling_tbps(device)
+    rows = []
+    original = triton_mla._split_kernel
+    with tempfile.TemporaryDirectory() as tmp:
+        kernels = {name: variant_kernel(name, Path(tmp)) for name in VARIANTS}
+        for batch, kv_len in SHAPES:
+            first = make_problem([kv_len] * batch, heads=HEADS, device=device)
+            problems = [first] + [make_problem([kv_len] * batch, heads=HEADS, device=device)
+                                  for _ in range(rotations_for(first, device) - 1)]
+            for name, kernel in kernels.items():
+                config = dataclasses.replace(triton_mla.config_for(batch), **CONFIGS.get(name, {}))
+                triton_mla._split_kernel = kernel
+                try:
+                    run = kernel_mode("native-12", config)
+                    ms = time_mode(problems, run)
+                    err = rel_l2(first, run)
+                finally:
+                    triton_mla._split_kernel = original
+                tbps = first.kv_bytes / (ms * 1e-3) / 1e12
+                rows.append({"batch": batch, "kv_len": kv_len, "variant": name, "config": dataclasses.asdict(config),
+                             "ms": ms, "ratio_to_ceiling": tbps / ceiling, "rel_l2": err,
+                             "registers": getattr(triton_mla.last_split_launch, "n_regs", None)})
+            del problems, first
+            torch.cuda.empty_cache()
+    print(json.dumps({
+        "bench": "mla_ablation",
+        "machine": {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                    "triton": triton.__version__, "python": platform.python_version()},
+        "command": " ".join(["python", "bench/mla_ablation.py"] + sys.argv[1:]),
+        "ceiling_tbps": ceiling,
+        "cases": rows,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The kernel-analysis tools under bench/: ablation variants still match the kernel and compute what they
+claim (under the interpreter), and the ncu stall summary adds up."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gluon_agent.selftest import triton_mla
+from gluon_agent.selftest.problem import make_problem
+from gluon_agent.selftest.reference import mla_decode_reference
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import mla_ablation  # noqa: E402
+import ncu_stalls  # noqa: E402
+
+
+def rel_l2_of_variant(name: str, tmp_path) -> float:
+    kernel = mla_ablation.variant_kernel(name, tmp_path)
+    p = make_problem([37, 130], seed=1)
+    out = p.new_output()
+    original, triton_mla._split_kernel = triton_mla._split_kernel, kernel
+    try:
+        triton_mla.mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, 130)
+    finally:
+        triton_mla._split_kernel = original
+    ref = mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale)
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+@pytest.mark.parametrize("name, correct", [("kernel", True), ("fp16_value_tile", True),
+                                          ("no_value_product", False), ("no_latent_qk", False)])
+def test_ablation_variants_match_the_kernel_and_do_what_they_say(name, correct, tmp_path):
+    assert (rel_l2_of_variant(name, tmp_path) < 1e-2) is correct
+
+
+def test_an_ablation_that_no_longer_matches_names_its_text(tmp_path, monkeypatch):
+    monkeypatch.setitem(mla_ablation.VARIANTS, "stale", [("no such line in the kernel\n", "")])
+    with pytest.raises(SystemExit, match="'stale' no longer matches triton_mla.py: 'no such line"):
+        mla_ablation.variant_kernel("stale", tmp_path)
+
+
+def test_ncu_stall_summary():
+    rows = [
+        {"Source": "  LDS.U8 R1, [R2]", "stall_mio": "6", "stall_wait": "0", "stall_mio (Not Issued)": "9"},
+        {"Source": "@P0 LDS.64 R4, [R2]", "stall_mio": "0", "stall_wait": "4", "stall_mio (Not Issued)": "9"},
+        {"Source": "HMMA.16816.F32 R8, R4, R6, R8", "stall_mio": "0", "stall_wait": "10", "stall_mio (Not Issued)": "0"},
+    ]
+    summary = ncu_stalls.summarize(rows)
+    assert summary["samples"] == 20  # the "(Not Issued)" duplicates are not counted twice
+    assert summary["reasons"] == {"wait": 0.7, "mio": 0.3}
+    assert summary["by_opcode"]["LDS"] == {"share": 0.5, "reasons": {"mio": 0.3, "wait": 0.2}}
+    assert summary["top_instructions"][0]["sass"].startswith("HMMA")
