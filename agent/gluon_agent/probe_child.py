@@ -7,6 +7,7 @@ that starts with RESULT_MARKER: imported packages may print anything before it.
 
 import inspect
 import json
+import os
 import sys
 
 RESULT_MARKER = "GLUON_PROBE_RESULT "
@@ -146,4 +147,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: with torch and a CUDA context loaded it takes most of a second,
+    # and the self-test children wait for the probe (the driver frees the GPU at exit either way).
+    os._exit(code)
