@@ -34,28 +34,41 @@ from mla_decode import HEADS, kernel_mode, rel_l2, time_mode  # noqa: E402
 
 from gluon_agent.selftest.worker import rotations_for  # noqa: E402
 
-V_LOAD = "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
-OUT_SCALE = "out = acc * (kv_scale / safe_l)[:, None]"
+PAIRS_LOAD = (
+    "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_w[None, :], mask=mask_n[:, None], other=0)\n"
+    "        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
+    "        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
+)
+PAIRS_DOTS = (
+    "        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])\n"
+    "        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])\n"
+)
+PAIRS_JOIN = "    acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_H, D_NOPE])  # features back in order\n"
+PAIRS_INIT = (
+    "    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
+    "    acc_odd = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
+)
+BYTE_LOAD = "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
 LATENT_QK = "        for c in tl.static_range(D_NOPE // D_CHUNK):\n"
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "kernel": [],
     # the value product left out (p still summed): loads + QK + softmax
     "no_value_product": [
-        (V_LOAD, ""),
-        ("        acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])\n",
-         "        acc = acc * alpha[:, None] + tl.sum(p, 1)[:, None]\n"),
+        (PAIRS_LOAD, ""),
+        (PAIRS_DOTS, "        acc_even = acc_even * alpha[:, None] + tl.sum(p.to(tl.float32), 1)[:, None]\n"),
+        (PAIRS_JOIN, "    acc = tl.reshape(tl.join(acc_even, acc_even), [BLOCK_H, D_NOPE])\n"),
     ],
     # the 512-wide latent QK left out (rope part only): loads + PV + softmax
     "no_latent_qk": [(LATENT_QK, "        for c in tl.static_range(0):\n")],
-    # V dequantized and scaled in registers, then through shared memory as fp16 (ldmatrix.trans) instead
-    # of fp8 byte loads; the multiply keeps Triton from hoisting the fp8 tile into the dot operand
-    "fp16_value_tile": [
-        (V_LOAD, V_LOAD.replace(".to(DOT_DTYPE)", ".to(DOT_DTYPE) * tl.cast(kv_scale, DOT_DTYPE)")),
-        (OUT_SCALE, "out = acc * (1.0 / safe_l)[:, None]"),
+    # session 2's value tile: one fp8 [tokens, 512] load, fed to the product by byte-wise shared loads
+    "byte_value_tile": [
+        (PAIRS_INIT, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)\n"),
+        (PAIRS_LOAD, BYTE_LOAD),
+        (PAIRS_DOTS, "        acc = tl.dot(p, v, acc * alpha[:, None])\n"),
+        (PAIRS_JOIN, ""),
     ],
 }
-# a 128-token fp16 value tile does not fit in shared memory beside the fp8 stages
-CONFIGS = {"fp16_value_tile": {"block_n": 64}}
+CONFIGS: dict[str, dict[str, int]] = {}
 SHAPES = [(32, 65536), (1, 131072)]
 
 

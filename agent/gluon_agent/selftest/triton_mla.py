@@ -80,7 +80,14 @@ def _split_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)
+    # The value product needs pairs of *tokens* per register; the cache holds each token's values
+    # contiguously. Read as 16-bit feature pairs, the tile goes through a transposing 16-bit shared-memory
+    # load, and each 16-bit word splits into an even- and an odd-feature value: two products of half
+    # width instead of one fed by byte-wise shared-memory loads (sm_90 has no 8-bit transposing load).
+    kv_pairs = KV.to(tl.pointer_type(tl.uint16), bitcast=True)
+    offs_w = tl.arange(0, D_NOPE // 2)
+    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)
+    acc_odd = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
@@ -89,22 +96,27 @@ def _split_kernel(
         k_pe = tl.load(row + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
         qk = tl.dot(q_pe, tl.trans(k_pe))
         # q slices come from L1 each step; the KV slices are the tile's first (HBM) read,
-        # the value tile below re-reads the same lines from L1.
+        # the value tile below re-reads the same lines from L2.
         for c in tl.static_range(D_NOPE // D_CHUNK):
             q_c = tl.load(q_row + c * D_CHUNK + offs_c[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
             k_c = tl.load(row + c * D_CHUNK + offs_c[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
             qk = tl.dot(q_c, tl.trans(k_c), qk)
-        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
+        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_w[None, :], mask=mask_n[:, None], other=0)
+        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
         qk = tl.where(mask_n[None, :], qk * qk_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DOT_DTYPE), v, acc * alpha[:, None])
+        p = p.to(DOT_DTYPE)
+        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])
+        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])
         m_i = m_new
 
     empty = l_i == 0.0  # this split got no tokens (short sequence, many splits)
     safe_l = tl.where(empty, 1.0, l_i)
+    acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_H, D_NOPE])  # features back in order
     out = acc * (kv_scale / safe_l)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(safe_l))
     p_row = PART_O + b * stride_pb + s * stride_ps + offs_h[:, None] * stride_ph
@@ -179,6 +191,9 @@ def mla_decode(
         raise ValueError(f"mla_decode: q {tuple(q.shape)} / kv {tuple(kv.shape)} are not MLA 576 with <= 16 heads")
     if q.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("mla_decode: q and kv need a contiguous last dimension")
+    if kv.stride(0) % 2 or kv.data_ptr() % 2:
+        raise ValueError(f"mla_decode: kv rows must start at even byte offsets (row stride {kv.stride(0)}) "
+                         "to be read as 16-bit feature pairs")
     splits = split_count(batch, max_kv_len, q.device, config)
     part_o = torch.empty(batch, splits, HEAD_TILE, D_LATENT, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(batch, splits, HEAD_TILE, dtype=torch.float32, device=q.device)
