@@ -37,9 +37,9 @@ class KernelConfig:
 
 
 # Best of the H200 sweeps (docs/benchmarks/README.md): large batches want 64-token tiles in 4 warps (two
-# CTAs per SM) and 8 waves of programs; a single long sequence 128-token tiles and one wave (each extra
-# split costs a 16x512 fp32 partial written and read back).
-DEFAULT_CONFIG = KernelConfig(block_n=64, num_warps=4, waves=8.0)
+# CTAs per SM), QK in 128-wide slices and 8 waves of programs; a single long sequence 128-token tiles and
+# one wave (each extra split costs a 16x512 fp32 partial written and read back).
+DEFAULT_CONFIG = KernelConfig(block_n=64, num_warps=4, waves=8.0, d_chunk=128)
 SMALL_BATCH_CONFIG = KernelConfig(waves=1.0)
 SMALL_BATCH = 8
 
