@@ -2,8 +2,9 @@
 
 Layout as aiter's mla_gluon takes it from SGLang: q bf16 [B, H, 576] (512 latent + 64 rope), one shared
 latent KV head fp8 e4m3fn [N, 576] with a scalar scale, page size 1 through kv_indptr [B+1] and int32
-kv_indices. Heads sit in one 16-row tile (12 real rows masked), so each KV token is loaded once for all
-heads. Plain tl.load/tl.dot only: runs on NVIDIA and AMD Triton, and under TRITON_INTERPRET=1.
+kv_indices. Heads sit in one 16-row tile (12 real rows masked), so each KV token is read from memory once
+for all heads (the value product re-reads its 512 bytes from L2 as 16-bit pairs: see the kernel). Plain
+tl.load/tl.dot only: runs on NVIDIA and AMD Triton, and under TRITON_INTERPRET=1.
 
 Graph-safe: the split count depends on the batch and a length *bound* fixed at capture; each split's
 token range comes from the live kv_indptr on the device, so replays at other lengths stay correct and
