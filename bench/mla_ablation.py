@@ -14,25 +14,23 @@ inputs, median). Variants that leave a stage out compute wrong answers on purpos
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import inspect
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import torch
-import triton
 
 from gluon_agent.selftest import timing, triton_mla
 from gluon_agent.selftest.problem import make_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mla_decode import HEADS, kernel_mode, rel_l2, time_mode  # noqa: E402
-
-from gluon_agent.selftest.worker import rotations_for  # noqa: E402
+from mla_decode import HEADS, kernel_mode, machine, rel_l2, rotating_problems, time_mode  # noqa: E402
 
 PAIRS_LOAD = (
     "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_w[None, :], mask=mask_n[:, None], other=0)\n"
@@ -68,7 +66,6 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         (PAIRS_JOIN, ""),
     ],
 }
-CONFIGS: dict[str, dict[str, int]] = {}
 SHAPES = [(32, 65536), (1, 131072)]
 
 
@@ -85,6 +82,16 @@ def variant_kernel(name: str, workdir: Path):
     sys.modules[spec.name] = module  # its dataclasses look themselves up there
     spec.loader.exec_module(module)
     return module._split_kernel
+
+
+@contextlib.contextmanager
+def using_kernel(kernel) -> Iterator[None]:
+    """triton_mla.mla_decode launches `kernel` instead of its own split kernel, until the block ends."""
+    original, triton_mla._split_kernel = triton_mla._split_kernel, kernel
+    try:
+        yield
+    finally:
+        triton_mla._split_kernel = original
 
 
 def main() -> None:
@@ -104,22 +111,17 @@ def main() -> None:
         return
     ceiling = timing.copy_ceiling_tbps(device)
     rows = []
-    original = triton_mla._split_kernel
     with tempfile.TemporaryDirectory() as tmp:
         kernels = {name: variant_kernel(name, Path(tmp)) for name in VARIANTS}
         for batch, kv_len in SHAPES:
-            first = make_problem([kv_len] * batch, heads=HEADS, device=device)
-            problems = [first] + [make_problem([kv_len] * batch, heads=HEADS, device=device)
-                                  for _ in range(rotations_for(first, device) - 1)]
+            problems = rotating_problems(batch, kv_len, device)
+            first = problems[0]
+            config = triton_mla.config_for(batch)
+            run = kernel_mode("native-12", config)
             for name, kernel in kernels.items():
-                config = dataclasses.replace(triton_mla.config_for(batch), **CONFIGS.get(name, {}))
-                triton_mla._split_kernel = kernel
-                try:
-                    run = kernel_mode("native-12", config)
+                with using_kernel(kernel):
                     ms = time_mode(problems, run)
                     err = rel_l2(first, run)
-                finally:
-                    triton_mla._split_kernel = original
                 tbps = first.kv_bytes / (ms * 1e-3) / 1e12
                 rows.append({"batch": batch, "kv_len": kv_len, "variant": name, "config": dataclasses.asdict(config),
                              "ms": ms, "ratio_to_ceiling": tbps / ceiling, "rel_l2": err,
@@ -128,8 +130,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     print(json.dumps({
         "bench": "mla_ablation",
-        "machine": {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
-                    "triton": triton.__version__, "python": platform.python_version()},
+        "machine": machine(device),
         "command": " ".join(["python", "bench/mla_ablation.py"] + sys.argv[1:]),
         "ceiling_tbps": ceiling,
         "cases": rows,

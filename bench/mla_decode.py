@@ -93,6 +93,21 @@ def sweep(problems: list[Problem], ceiling: float) -> list[dict]:
     return rows
 
 
+def rotating_problems(batch: int, kv_len: int, device: torch.device) -> list[Problem]:
+    """Enough fresh problems of one shape to rotate through several times the L2."""
+    first = make_problem([kv_len] * batch, heads=HEADS, device=device)
+    return [first] + [make_problem([kv_len] * batch, heads=HEADS, device=device) for _ in range(rotations_for(first, device) - 1)]
+
+
+def machine(device: torch.device) -> dict[str, str]:
+    return {
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
@@ -102,8 +117,8 @@ def main() -> None:
     ceiling = timing.copy_ceiling_tbps(device, nbytes=2**30)
     results, sweeps = [], {}
     for batch, kv_len in SHAPES:
-        first = make_problem([kv_len] * batch, heads=HEADS, device=device)
-        problems = [first] + [make_problem([kv_len] * batch, heads=HEADS, device=device) for _ in range(rotations_for(first, device) - 1)]
+        problems = rotating_problems(batch, kv_len, device)
+        first = problems[0]
         torch_ms = time_mode(problems, torch_decode)
         results.append(entry(first, "torch", torch_ms, ceiling, torch_ms, rel_l2(first, torch_decode)))
         for mode in ("native-12", "zero-pad-16"):
@@ -116,12 +131,7 @@ def main() -> None:
     native = {(r["batch"], r["kv_len"]): r for r in results if r["mode"] == "native-12"}
     report = {
         "bench": "mla_decode",
-        "machine": {
-            "gpu": torch.cuda.get_device_name(device),
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "python": platform.python_version(),
-        },
+        "machine": machine(device),
         "command": " ".join(["python", "bench/mla_decode.py"] + sys.argv[1:]),
         "kernel_config": {
             "batch >= 8": dataclasses.asdict(triton_mla.DEFAULT_CONFIG),

@@ -7,9 +7,7 @@ import sys
 
 import pytest
 
-from gluon_agent.selftest import triton_mla
 from gluon_agent.selftest.problem import make_problem
-from gluon_agent.selftest.reference import mla_decode_reference
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -18,16 +16,8 @@ import ncu_stalls  # noqa: E402
 
 
 def rel_l2_of_variant(name: str, tmp_path) -> float:
-    kernel = mla_ablation.variant_kernel(name, tmp_path)
-    p = make_problem([37, 130], seed=1)
-    out = p.new_output()
-    original, triton_mla._split_kernel = triton_mla._split_kernel, kernel
-    try:
-        triton_mla.mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, 130)
-    finally:
-        triton_mla._split_kernel = original
-    ref = mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale)
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
+    with mla_ablation.using_kernel(mla_ablation.variant_kernel(name, tmp_path)):
+        return mla_ablation.rel_l2(make_problem([37, 130], seed=1), mla_ablation.kernel_mode("native-12", None))
 
 
 @pytest.mark.parametrize("name, correct", [("kernel", True), ("byte_value_tile", True),
