@@ -9,6 +9,8 @@ Each variant is generated from triton_mla._split_kernel's own source by text sub
 left out, or done another way), so no second copy of the kernel is kept; a substitution that no longer
 matches the kernel is an error naming it. Timed like bench/mla_decode.py (graph replay over rotating
 inputs, median). Variants that leave a stage out compute wrong answers on purpose: their rel_l2 shows it.
+Small-batch shapes also time today's kernel under the config that batch class had before
+(PREVIOUS_CONFIGS), so a config change stays an A/B anyone can rerun.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ PAIRS_INIT = (
 )
 BYTE_LOAD = "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
 LATENT_QK = "        for c in tl.static_range(D_NOPE // D_CHUNK):\n"
+ODD_SLICES = "                qk_odd = tl.dot(q_c, tl.trans(k_c), qk_odd)\n"
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "kernel": [],
     # the value product left out (p still summed): loads + QK + softmax
@@ -58,6 +61,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     ],
     # the 512-wide latent QK left out (rope part only): loads + PV + softmax
     "no_latent_qk": [(LATENT_QK, "        for c in tl.static_range(0):\n")],
+    # session 3's latent QK: every slice accumulates into one chain
+    "one_qk_chain": [(ODD_SLICES, "                qk = tl.dot(q_c, tl.trans(k_c), qk)\n")],
     # session 2's value tile: one fp8 [tokens, 512] load, fed to the product by byte-wise shared loads
     "byte_value_tile": [
         (PAIRS_INIT, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)\n"),
@@ -66,7 +71,9 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         (PAIRS_JOIN, ""),
     ],
 }
-SHAPES = [(32, 65536), (1, 131072)]
+SHAPES = [(32, 65536), (1, 131072), (4, 32768)]
+# the config each batch class had before, timed with today's kernel: a config change stays reproducible
+PREVIOUS_CONFIGS = {"batch < 8, session 3": triton_mla.KernelConfig(waves=1.0)}
 
 
 def variant_kernel(name: str, workdir: Path):
@@ -117,15 +124,19 @@ def main() -> None:
             problems = rotating_problems(batch, kv_len, device)
             first = problems[0]
             config = triton_mla.config_for(batch)
-            run = kernel_mode("native-12", config)
-            for name, kernel in kernels.items():
+            runs = [(name, kernel, config) for name, kernel in kernels.items()]
+            runs += [(f"kernel, config of {label}", kernels["kernel"], previous)
+                     for label, previous in PREVIOUS_CONFIGS.items()
+                     if previous != config and (batch < triton_mla.SMALL_BATCH) == label.startswith("batch < ")]
+            for name, kernel, run_config in runs:
+                run = kernel_mode("native-12", run_config)
                 with using_kernel(kernel):
                     ms = time_mode(problems, run)
                     err = rel_l2(first, run)
                 tbps = first.kv_bytes / (ms * 1e-3) / 1e12
-                rows.append({"batch": batch, "kv_len": kv_len, "variant": name, "config": dataclasses.asdict(config),
-                             "ms": ms, "ratio_to_ceiling": tbps / ceiling, "rel_l2": err,
-                             "registers": getattr(triton_mla.last_split_launch, "n_regs", None)})
+                rows.append({"batch": batch, "kv_len": kv_len, "variant": name,
+                             "config": dataclasses.asdict(run_config), "ms": ms, "ratio_to_ceiling": tbps / ceiling,
+                             "rel_l2": err, "registers": getattr(triton_mla.last_split_launch, "n_regs", None)})
             del problems, first
             torch.cuda.empty_cache()
     print(json.dumps({

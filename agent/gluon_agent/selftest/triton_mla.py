@@ -37,11 +37,11 @@ class KernelConfig:
     d_chunk: int = 64  # QK in slices of the latent dim: q never sits whole in every warp's registers
 
 
-# Best of the H200 sweeps (docs/benchmarks/README.md): large batches want 64-token tiles in 4 warps (two
-# CTAs per SM), QK in 128-wide slices and 8 waves of programs; a single long sequence 128-token tiles and
-# one wave (each extra split costs a 16x512 fp32 partial written and read back).
+# Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps (two CTAs per SM); large
+# batches want QK in 128-wide slices and 8 waves of programs, small ones 64-wide slices and two waves (each
+# extra split costs a 16x512 fp32 partial written and read back).
 DEFAULT_CONFIG = KernelConfig(block_n=64, num_warps=4, waves=8.0, d_chunk=128)
-SMALL_BATCH_CONFIG = KernelConfig(waves=1.0)
+SMALL_BATCH_CONFIG = KernelConfig(block_n=64, num_warps=4, waves=2.0)
 SMALL_BATCH = 8
 
 
@@ -98,11 +98,17 @@ def _split_kernel(
         k_pe = tl.load(row + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
         qk = tl.dot(q_pe, tl.trans(k_pe))
         # q slices come from L1 each step; the KV slices are the tile's first (HBM) read,
-        # the value tile below re-reads the same lines from L2.
+        # the value tile below re-reads the same lines from L2. Odd and even slices accumulate
+        # separately: two independent MMA chains instead of one halve the dependent latency per tile.
+        qk_odd = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
         for c in tl.static_range(D_NOPE // D_CHUNK):
             q_c = tl.load(q_row + c * D_CHUNK + offs_c[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
             k_c = tl.load(row + c * D_CHUNK + offs_c[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
-            qk = tl.dot(q_c, tl.trans(k_c), qk)
+            if c % 2 == 0:
+                qk = tl.dot(q_c, tl.trans(k_c), qk)
+            else:
+                qk_odd = tl.dot(q_c, tl.trans(k_c), qk_odd)
+        qk += qk_odd
         w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_w[None, :], mask=mask_n[:, None], other=0)
         v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
         v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
