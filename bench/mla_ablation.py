@@ -34,41 +34,59 @@ from gluon_agent.selftest.problem import make_problem
 sys.path.insert(0, str(Path(__file__).parent))
 from mla_decode import HEADS, kernel_mode, machine, rel_l2, rotating_problems, time_mode  # noqa: E402
 
-PAIRS_LOAD = (
-    "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_w[None, :], mask=mask_n[:, None], other=0)\n"
-    "        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
-    "        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
+WORDS_LOAD = (
+    "        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :], mask=mask_n[:, None], other=0)\n"
+    "        v0 = _byte_as_dot(w, 0, DOT_DTYPE)\n"
+    "        v1 = _byte_as_dot(w, 1, DOT_DTYPE)\n"
+    "        v2 = _byte_as_dot(w, 2, DOT_DTYPE)\n"
+    "        v3 = _byte_as_dot(w, 3, DOT_DTYPE)\n"
 )
-PAIRS_DOTS = (
-    "        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])\n"
-    "        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])\n"
+WORDS_DOTS = (
+    "        acc0 = tl.dot(p, v0, acc0 * alpha[:, None])\n"
+    "        acc1 = tl.dot(p, v1, acc1 * alpha[:, None])\n"
+    "        acc2 = tl.dot(p, v2, acc2 * alpha[:, None])\n"
+    "        acc3 = tl.dot(p, v3, acc3 * alpha[:, None])\n"
 )
-PAIRS_JOIN = "    acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_H, D_NOPE])  # features back in order\n"
-PAIRS_INIT = (
-    "    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
-    "    acc_odd = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
+WORDS_JOIN = "    acc = tl.reshape(tl.join(tl.join(acc0, acc2), tl.join(acc1, acc3)), [BLOCK_H, D_NOPE])\n"
+WORDS_INIT = (
+    "    acc0 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n"
+    "    acc1 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n"
+    "    acc2 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n"
+    "    acc3 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n"
 )
-BYTE_LOAD = "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
 LATENT_QK = "        for c in tl.static_range(D_NOPE // D_CHUNK):\n"
 ODD_SLICES = "                qk_odd = tl.dot(q_c, tl.trans(k_c), qk_odd)\n"
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "kernel": [],
     # the value product left out (p still summed): loads + QK + softmax
     "no_value_product": [
-        (PAIRS_LOAD, ""),
-        (PAIRS_DOTS, "        acc_even = acc_even * alpha[:, None] + tl.sum(p.to(tl.float32), 1)[:, None]\n"),
-        (PAIRS_JOIN, "    acc = tl.reshape(tl.join(acc_even, acc_even), [BLOCK_H, D_NOPE])\n"),
+        (WORDS_LOAD, ""),
+        (WORDS_DOTS, "        acc0 = acc0 * alpha[:, None] + tl.sum(p.to(tl.float32), 1)[:, None]\n"),
+        (WORDS_JOIN, "    acc = tl.reshape(tl.join(tl.join(acc0, acc0), tl.join(acc0, acc0)), [BLOCK_H, D_NOPE])\n"),
     ],
     # the 512-wide latent QK left out (rope part only): loads + PV + softmax
     "no_latent_qk": [(LATENT_QK, "        for c in tl.static_range(0):\n")],
     # session 3's latent QK: every slice accumulates into one chain
     "one_qk_chain": [(ODD_SLICES, "                qk = tl.dot(q_c, tl.trans(k_c), qk)\n")],
+    # session 3's value tile: 16-bit feature pairs through a transposing ldmatrix, two half-width products
+    "pair_value_tile": [
+        (WORDS_INIT, "    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
+                     "    acc_odd = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
+                     "    kv_pairs = KV.to(tl.pointer_type(tl.uint16), bitcast=True)\n"
+                     "    offs_p = tl.arange(0, D_NOPE // 2)\n"),
+        (WORDS_LOAD, "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_p[None, :], mask=mask_n[:, None], other=0)\n"
+                     "        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
+                     "        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"),
+        (WORDS_DOTS, "        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])\n"
+                     "        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])\n"),
+        (WORDS_JOIN, "    acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_H, D_NOPE])\n"),
+    ],
     # session 2's value tile: one fp8 [tokens, 512] load, fed to the product by byte-wise shared loads
     "byte_value_tile": [
-        (PAIRS_INIT, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)\n"),
-        (PAIRS_LOAD, BYTE_LOAD),
-        (PAIRS_DOTS, "        acc = tl.dot(p, v, acc * alpha[:, None])\n"),
-        (PAIRS_JOIN, ""),
+        (WORDS_INIT, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)\n"),
+        (WORDS_LOAD, "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"),
+        (WORDS_DOTS, "        acc = tl.dot(p, v, acc * alpha[:, None])\n"),
+        (WORDS_JOIN, ""),
     ],
 }
 SHAPES = [(32, 65536), (1, 131072), (4, 32768)]

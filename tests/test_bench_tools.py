@@ -20,7 +20,7 @@ def rel_l2_of_variant(name: str, tmp_path) -> float:
         return mla_ablation.rel_l2(make_problem([37, 130], seed=1), mla_ablation.kernel_mode("native-12", None))
 
 
-@pytest.mark.parametrize("name, correct", [("kernel", True), ("byte_value_tile", True), ("one_qk_chain", True),
+@pytest.mark.parametrize("name, correct", [("kernel", True), ("byte_value_tile", True), ("one_qk_chain", True), ("pair_value_tile", True),
                                           ("no_value_product", False), ("no_latent_qk", False)])
 def test_ablation_variants_match_the_kernel_and_do_what_they_say(name, correct, tmp_path):
     assert (rel_l2_of_variant(name, tmp_path) < 1e-2) is correct

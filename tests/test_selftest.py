@@ -108,9 +108,10 @@ def test_portable_kernel_rejects_non_mla_shapes():
     p = make_problem([4])
     with pytest.raises(ValueError, match="not MLA 576"):
         mla_decode(p.q[..., :512], p.kv, 1.0, p.kv_indptr, p.kv_indices, 0.1, p.new_output(), 4)
-    odd_rows = torch.zeros(p.kv.shape[0], D_QK + 1, dtype=p.kv.dtype)[:, :D_QK]  # read as 16-bit pairs: no
-    with pytest.raises(ValueError, match="even byte offsets"):
-        mla_decode(p.q, odd_rows, 1.0, p.kv_indptr, p.kv_indices, 0.1, p.new_output(), 4)
+    for pad in (1, 2):  # rows read as 32-bit words: a stride of 577 or 578 bytes is refused
+        unaligned_rows = torch.zeros(p.kv.shape[0], D_QK + pad, dtype=p.kv.dtype)[:, :D_QK]
+        with pytest.raises(ValueError, match="multiples of 4"):
+            mla_decode(p.q, unaligned_rows, 1.0, p.kv_indptr, p.kv_indices, 0.1, p.new_output(), 4)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 Layout as aiter's mla_gluon takes it from SGLang: q bf16 [B, H, 576] (512 latent + 64 rope), one shared
 latent KV head fp8 e4m3fn [N, 576] with a scalar scale, page size 1 through kv_indptr [B+1] and int32
 kv_indices. Heads sit in one 16-row tile (12 real rows masked), so each KV token is read from memory once
-for all heads (the value product re-reads its 512 bytes from L2 as 16-bit pairs: see the kernel). Plain
+for all heads (the value product re-reads its 512 bytes from L2 as 32-bit words: see the kernel). Plain
 tl.load/tl.dot only: runs on NVIDIA and AMD Triton, and under TRITON_INTERPRET=1.
 
 Graph-safe: the split count depends on the batch and a length *bound* fixed at capture; each split's
@@ -55,6 +55,12 @@ last_split_launch = None  # the compiled split kernel of the last call (register
 
 
 @triton.jit
+def _byte_as_dot(words, r: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Byte r of each 32-bit word as an e4m3 value, in the dot's type."""
+    return ((words >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+
+
+@triton.jit
 def _split_kernel(
     Q, KV, KV_INDPTR, KV_INDICES, PART_O, PART_LSE,
     qk_scale_log2, kv_scale, num_heads, num_splits,
@@ -83,13 +89,15 @@ def _split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     # The value product needs pairs of *tokens* per register; the cache holds each token's values
-    # contiguously. Read as 16-bit feature pairs, the tile goes through a transposing 16-bit shared-memory
-    # load, and each 16-bit word splits into an even- and an odd-feature value: two products of half
-    # width instead of one fed by byte-wise shared-memory loads (sm_90 has no 8-bit transposing load).
-    kv_pairs = KV.to(tl.pointer_type(tl.uint16), bitcast=True)
-    offs_w = tl.arange(0, D_NOPE // 2)
-    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)
-    acc_odd = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)
+    # contiguously (sm_90 has no 8-bit transposing shared-memory load). Read as 32-bit words of four
+    # features, each thread loads whole words of its two tokens and byte r of a word feeds the product of
+    # features 4j + r: four products of quarter width instead of one fed by byte-wise loads.
+    kv_words = KV.to(tl.pointer_type(tl.uint32), bitcast=True)
+    offs_w = tl.arange(0, D_NOPE // 4)
+    acc0 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
@@ -109,22 +117,27 @@ def _split_kernel(
             else:
                 qk_odd = tl.dot(q_c, tl.trans(k_c), qk_odd)
         qk += qk_odd
-        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_w[None, :], mask=mask_n[:, None], other=0)
-        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
-        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :], mask=mask_n[:, None], other=0)
+        v0 = _byte_as_dot(w, 0, DOT_DTYPE)
+        v1 = _byte_as_dot(w, 1, DOT_DTYPE)
+        v2 = _byte_as_dot(w, 2, DOT_DTYPE)
+        v3 = _byte_as_dot(w, 3, DOT_DTYPE)
         qk = tl.where(mask_n[None, :], qk * qk_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         p = p.to(DOT_DTYPE)
-        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])
-        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])
+        acc0 = tl.dot(p, v0, acc0 * alpha[:, None])
+        acc1 = tl.dot(p, v1, acc1 * alpha[:, None])
+        acc2 = tl.dot(p, v2, acc2 * alpha[:, None])
+        acc3 = tl.dot(p, v3, acc3 * alpha[:, None])
         m_i = m_new
 
     empty = l_i == 0.0  # this split got no tokens (short sequence, many splits)
     safe_l = tl.where(empty, 1.0, l_i)
-    acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_H, D_NOPE])  # features back in order
+    # features back in order: 4j + r from acc_r[:, j]
+    acc = tl.reshape(tl.join(tl.join(acc0, acc2), tl.join(acc1, acc3)), [BLOCK_H, D_NOPE])
     out = acc * (kv_scale / safe_l)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(safe_l))
     p_row = PART_O + b * stride_pb + s * stride_ps + offs_h[:, None] * stride_ph
@@ -199,9 +212,9 @@ def mla_decode(
         raise ValueError(f"mla_decode: q {tuple(q.shape)} / kv {tuple(kv.shape)} are not MLA 576 with <= 16 heads")
     if q.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("mla_decode: q and kv need a contiguous last dimension")
-    if kv.stride(0) % 2 or kv.data_ptr() % 2:
-        raise ValueError(f"mla_decode: kv rows must start at even byte offsets (row stride {kv.stride(0)}) "
-                         "to be read as 16-bit feature pairs")
+    if kv.stride(0) % 4 or kv.data_ptr() % 4:
+        raise ValueError(f"mla_decode: kv rows must start at byte offsets that are multiples of 4 (row stride "
+                         f"{kv.stride(0)}, address {kv.data_ptr()}) to be read as 32-bit words")
     splits = split_count(batch, max_kv_len, q.device, config)
     part_o = torch.empty(batch, splits, HEAD_TILE, D_LATENT, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(batch, splits, HEAD_TILE, dtype=torch.float32, device=q.device)
