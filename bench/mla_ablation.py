@@ -9,8 +9,8 @@ Each variant is generated from triton_mla._split_kernel's own source by text sub
 left out, or done another way), so no second copy of the kernel is kept; a substitution that no longer
 matches the kernel is an error naming it. Timed like bench/mla_decode.py (graph replay over rotating
 inputs, median). Variants that leave a stage out compute wrong answers on purpose: their rel_l2 shows it.
-Small-batch shapes also time today's kernel under the config that batch class had before
-(PREVIOUS_CONFIGS), so a config change stays an A/B anyone can rerun.
+Each shape also times today's kernel under the configs its batch class had before (PREVIOUS_CONFIGS),
+so a config change stays an A/B anyone can rerun.
 """
 
 from __future__ import annotations
@@ -90,8 +90,23 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     ],
 }
 SHAPES = [(32, 65536), (1, 131072), (4, 32768)]
-# the config each batch class had before, timed with today's kernel: a config change stays reproducible
-PREVIOUS_CONFIGS = {"batch < 8, session 3": triton_mla.KernelConfig(waves=1.0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PreviousConfig:
+    """A config a batch class had before, timed with today's kernel: a config change stays reproducible."""
+    label: str
+    small_batch: bool  # the class it served: batch < triton_mla.SMALL_BATCH
+    config: triton_mla.KernelConfig
+
+
+PREVIOUS_CONFIGS = [PreviousConfig("batch < 8, session 3", True, triton_mla.KernelConfig(waves=1.0))]
+
+
+def previous_configs_for(batch: int) -> list[PreviousConfig]:
+    """The earlier configs of this batch's class that differ from the one it runs with now."""
+    return [prev for prev in PREVIOUS_CONFIGS
+            if prev.small_batch == (batch < triton_mla.SMALL_BATCH) and prev.config != triton_mla.config_for(batch)]
 
 
 def variant_kernel(name: str, workdir: Path):
@@ -143,9 +158,8 @@ def main() -> None:
             first = problems[0]
             config = triton_mla.config_for(batch)
             runs = [(name, kernel, config) for name, kernel in kernels.items()]
-            runs += [(f"kernel, config of {label}", kernels["kernel"], previous)
-                     for label, previous in PREVIOUS_CONFIGS.items()
-                     if previous != config and (batch < triton_mla.SMALL_BATCH) == label.startswith("batch < ")]
+            runs += [(f"kernel, config of {prev.label}", kernels["kernel"], prev.config)
+                     for prev in previous_configs_for(batch)]
             for name, kernel, run_config in runs:
                 run = kernel_mode("native-12", run_config)
                 with using_kernel(kernel):

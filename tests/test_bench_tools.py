@@ -26,6 +26,14 @@ def test_ablation_variants_match_the_kernel_and_do_what_they_say(name, correct, 
     assert (rel_l2_of_variant(name, tmp_path) < 1e-2) is correct
 
 
+def test_previous_configs_are_timed_for_their_own_batch_class_only(monkeypatch):
+    monkeypatch.setattr(mla_ablation.triton_mla, "interpreting", lambda: False)  # the GPU configs
+    small = mla_ablation.previous_configs_for(1)
+    assert [prev.label for prev in small] == ["batch < 8, session 3"]
+    assert small[0].config != mla_ablation.triton_mla.config_for(1)
+    assert mla_ablation.previous_configs_for(32) == []
+
+
 def test_an_ablation_that_no_longer_matches_names_its_text(tmp_path, monkeypatch):
     monkeypatch.setitem(mla_ablation.VARIANTS, "stale", [("no such line in the kernel\n", "")])
     with pytest.raises(SystemExit, match="'stale' no longer matches triton_mla.py: 'no such line"):
