@@ -100,7 +100,10 @@ class PreviousConfig:
     config: triton_mla.KernelConfig
 
 
-PREVIOUS_CONFIGS = [PreviousConfig("batch < 8, session 3", True, triton_mla.KernelConfig(waves=1.0))]
+PREVIOUS_CONFIGS = [
+    PreviousConfig("batch < 8, session 3", True, triton_mla.KernelConfig(waves=1.0)),
+    PreviousConfig("batch < 8, 64-wide QK slices", True, triton_mla.KernelConfig(block_n=64, num_warps=4, waves=2.0)),
+]
 
 
 def previous_configs_for(batch: int) -> list[PreviousConfig]:

@@ -89,8 +89,26 @@ def test_split_count_from_capacity_keeps_answers_right(capacity):
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
+def test_small_and_large_batches_share_one_compiled_split_kernel():
+    """Only the wave count (a launch quantity) differs, so a cold self-test compiles the split kernel once."""
+    import dataclasses
+
+    from gluon_agent.selftest.triton_mla import DEFAULT_CONFIG, SMALL_BATCH_CONFIG
+
+    assert SMALL_BATCH_CONFIG.waves != DEFAULT_CONFIG.waves
+    assert dataclasses.replace(SMALL_BATCH_CONFIG, waves=DEFAULT_CONFIG.waves) == DEFAULT_CONFIG
+
+
+@pytest.mark.parametrize("rows, block_d", [(12, 32), (48, 32), (263, 32), (264, 512), (1536, 512)])
+def test_reduce_takes_whole_rows_only_when_they_give_every_sm_two_programs(rows, block_d, monkeypatch):
+    from gluon_agent.selftest import triton_mla
+
+    monkeypatch.setattr(triton_mla, "multiprocessors", lambda device: 132)  # an H200
+    assert triton_mla.reduce_block_d(rows, torch.device("cpu")) == block_d
+
+
 def test_reduce_over_more_splits_than_one_tile_with_empty_splits():
-    """38 splits: the reduce walks three 16-split tiles; the 1-token sequence leaves 37 of its splits empty."""
+    """38 splits: the reduce walks two 32-split tiles; the 1-token sequence leaves 37 of its splits empty."""
     from gluon_agent.selftest.triton_mla import KernelConfig, mla_decode, split_count
 
     config = KernelConfig(block_n=16, num_warps=1, num_stages=1, waves=40.0, min_tokens_per_split=16)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -37,11 +38,12 @@ class KernelConfig:
     d_chunk: int = 64  # QK in slices of the latent dim: q never sits whole in every warp's registers
 
 
-# Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps (two CTAs per SM); large
-# batches want QK in 128-wide slices and 8 waves of programs, small ones 64-wide slices and two waves (each
-# extra split costs a 16x512 fp32 partial written and read back).
+# Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps (two CTAs per SM), QK in
+# 128-wide slices; 8 waves of programs for large batches, two for small ones (each extra split costs a
+# 16x512 fp32 partial written and read back). Waves are a launch quantity, so both share one compiled
+# kernel: 64-wide slices would be 3-5% faster below batch 8, but cost the cold self-test a second compile.
 DEFAULT_CONFIG = KernelConfig(block_n=64, num_warps=4, waves=8.0, d_chunk=128)
-SMALL_BATCH_CONFIG = KernelConfig(block_n=64, num_warps=4, waves=2.0)
+SMALL_BATCH_CONFIG = dataclasses.replace(DEFAULT_CONFIG, waves=2.0)
 SMALL_BATCH = 8
 
 
@@ -184,6 +186,18 @@ def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+REDUCE_SPLIT_TILE = 32  # splits per reduce step
+
+
+def reduce_block_d(rows: int, device: torch.device) -> int:
+    """Features per reduce program: whole rows when there are enough (batch x heads) to give every SM two
+    programs, else 32-feature slices. Depends on batch x heads only, so a captured graph stays valid at any
+    length; two widths keep the cold self-test to one extra compile. H200 (docs/benchmarks/README.md):
+    one 128K sequence 19.4 -> 7.9 µs, 32 x 64K 21.2 -> 14.7 µs, 128 x 8K 26.3 -> 14.9 µs against one
+    128-wide slice for all."""
+    return D_LATENT if rows >= 2 * multiprocessors(device) else 32
+
+
 def split_count(batch: int, max_kv_len: int, device: torch.device, config: KernelConfig) -> int:
     target = math.ceil(config.waves * multiprocessors(device) / batch)
     return max(1, min(target, math.ceil(max_kv_len / config.min_tokens_per_split)))
@@ -232,13 +246,13 @@ def mla_decode(
         D_CHUNK=config.d_chunk,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    block_d = 128
+    block_d = reduce_block_d(batch * heads, q.device)
     _reduce_kernel[(batch, heads, D_LATENT // block_d)](
         part_o, part_lse, out, splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_D=block_d, BLOCK_S=16, num_warps=4,
+        BLOCK_D=block_d, BLOCK_S=REDUCE_SPLIT_TILE, num_warps=4,
     )
     return out
 
