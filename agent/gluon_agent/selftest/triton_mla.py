@@ -13,9 +13,9 @@ fast (the frozen-split bug of aiter PR #4555 cannot happen here).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import dataclasses
 from dataclasses import dataclass
 
 import torch
