@@ -9,8 +9,8 @@ Each variant is generated from triton_mla._split_kernel's own source by text sub
 left out, or done another way), so no second copy of the kernel is kept; a substitution that no longer
 matches the kernel is an error naming it. Timed like bench/mla_decode.py (graph replay over rotating
 inputs, median). Variants that leave a stage out compute wrong answers on purpose: their rel_l2 shows it.
-Each shape also times today's kernel under the configs its batch class had before (PREVIOUS_CONFIGS),
-so a config change stays an A/B anyone can rerun.
+Each shape also times today's kernel under earlier configs and split rules (PREVIOUS), so a config
+change stays an A/B anyone can rerun.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import dataclasses
 import importlib.util
 import inspect
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -32,7 +33,9 @@ from gluon_agent.selftest import timing, triton_mla
 from gluon_agent.selftest.problem import make_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mla_decode import HEADS, kernel_mode, machine, rel_l2, rotating_problems, time_mode  # noqa: E402
+from mla_decode import (  # noqa: E402
+    HEADS, kernel_mode, machine, rel_l2, rotating_problems, time_mode, using_split_count,
+)
 
 WORDS_LOAD = (
     "        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :], mask=mask_n[:, None], other=0)\n"
@@ -88,28 +91,36 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         (WORDS_DOTS, "        acc = tl.dot(p, v, acc * alpha[:, None])\n"),
         (WORDS_JOIN, ""),
     ],
+    # session 5: the fp8 tile in feature order, converted in adjacent-feature pairs, then split four ways
+    # by tl.split (no byte extraction: 1555 instructions per tile and warp against 1658, but slower)
+    "split_value_tile": [
+        (WORDS_LOAD, "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
+                     "        v_even, v_odd = tl.split(tl.reshape(v, [BLOCK_N, D_NOPE // 4, 2, 2]))\n"
+                     "        v0, v2 = tl.split(v_even)\n"
+                     "        v1, v3 = tl.split(v_odd)\n"),
+    ],
 }
 SHAPES = [(32, 65536), (1, 131072), (4, 32768)]
 
 
+def session4_split_count(batch: int, max_kv_len: int, device: torch.device, config: triton_mla.KernelConfig) -> int:
+    """Session 4's split rule: 8 waves of programs per SM (2 below batch 8), at least 256 tokens a split."""
+    waves = 2 if batch < 8 else 8
+    return max(1, min(math.ceil(waves * triton_mla.multiprocessors(device) / batch), math.ceil(max_kv_len / 256)))
+
+
 @dataclasses.dataclass(frozen=True)
-class PreviousConfig:
-    """A config a batch class had before, timed with today's kernel: a config change stays reproducible."""
+class Previous:
+    """A config or split rule used before, timed with today's kernel: a change stays an A/B anyone can rerun."""
     label: str
-    small_batch: bool  # the class it served: batch < triton_mla.SMALL_BATCH
     config: triton_mla.KernelConfig
+    split_count: Callable[[int, int, torch.device, triton_mla.KernelConfig], int] = triton_mla.split_count
 
 
-PREVIOUS_CONFIGS = [
-    PreviousConfig("batch < 8, session 3", True, triton_mla.KernelConfig(waves=1.0)),
-    PreviousConfig("batch < 8, 64-wide QK slices", True, triton_mla.KernelConfig(block_n=64, num_warps=4, waves=2.0)),
+PREVIOUS = [
+    Previous("session 4 split rule", triton_mla.DEFAULT_CONFIG, session4_split_count),
+    Previous("64-wide QK slices", dataclasses.replace(triton_mla.DEFAULT_CONFIG, d_chunk=64)),
 ]
-
-
-def previous_configs_for(batch: int) -> list[PreviousConfig]:
-    """The earlier configs of this batch's class that differ from the one it runs with now."""
-    return [prev for prev in PREVIOUS_CONFIGS
-            if prev.small_batch == (batch < triton_mla.SMALL_BATCH) and prev.config != triton_mla.config_for(batch)]
 
 
 def variant_kernel(name: str, workdir: Path):
@@ -159,17 +170,17 @@ def main() -> None:
         for batch, kv_len in SHAPES:
             problems = rotating_problems(batch, kv_len, device)
             first = problems[0]
-            config = triton_mla.config_for(batch)
-            runs = [(name, kernel, config) for name, kernel in kernels.items()]
-            runs += [(f"kernel, config of {prev.label}", kernels["kernel"], prev.config)
-                     for prev in previous_configs_for(batch)]
-            for name, kernel, run_config in runs:
+            config = triton_mla.default_config()
+            runs = [(name, kernel, config, triton_mla.split_count) for name, kernel in kernels.items()]
+            runs += [(f"kernel, {prev.label}", kernels["kernel"], prev.config, prev.split_count) for prev in PREVIOUS]
+            for name, kernel, run_config, rule in runs:
                 run = kernel_mode("native-12", run_config)
-                with using_kernel(kernel):
+                with using_kernel(kernel), using_split_count(rule):
                     ms = time_mode(problems, run)
                     err = rel_l2(first, run)
                 tbps = first.kv_bytes / (ms * 1e-3) / 1e12
-                rows.append({"batch": batch, "kv_len": kv_len, "variant": name,
+                splits = rule(batch, kv_len, device, run_config)
+                rows.append({"batch": batch, "kv_len": kv_len, "variant": name, "splits": splits,
                              "config": dataclasses.asdict(run_config), "ms": ms, "ratio_to_ceiling": tbps / ceiling,
                              "rel_l2": err, "registers": getattr(triton_mla.last_split_launch, "n_regs", None)})
             del problems, first

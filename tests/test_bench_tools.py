@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
+import torch
 
 from gluon_agent.selftest.problem import make_problem
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
+import gather_ceiling  # noqa: E402
 import mla_ablation  # noqa: E402
 import ncu_stalls  # noqa: E402
 
@@ -21,23 +24,38 @@ def rel_l2_of_variant(name: str, tmp_path) -> float:
 
 
 @pytest.mark.parametrize("name, correct", [("kernel", True), ("byte_value_tile", True), ("one_qk_chain", True), ("pair_value_tile", True),
+                                          ("split_value_tile", True),
                                           ("no_value_product", False), ("no_latent_qk", False)])
 def test_ablation_variants_match_the_kernel_and_do_what_they_say(name, correct, tmp_path):
     assert (rel_l2_of_variant(name, tmp_path) < 1e-2) is correct
 
 
-def test_previous_configs_are_timed_for_their_own_batch_class_only(monkeypatch):
-    monkeypatch.setattr(mla_ablation.triton_mla, "interpreting", lambda: False)  # the GPU configs
-    small = mla_ablation.previous_configs_for(1)
-    assert [prev.label for prev in small] == ["batch < 8, session 3", "batch < 8, 64-wide QK slices"]
-    assert all(prev.config != mla_ablation.triton_mla.config_for(1) for prev in small)
-    assert mla_ablation.previous_configs_for(32) == []
+def test_previous_configs_and_split_rules_each_differ_from_today(monkeypatch):
+    triton_mla = mla_ablation.triton_mla
+    monkeypatch.setattr(triton_mla, "multiprocessors", lambda device: 132)  # an H200
+    cpu, today = torch.device("cpu"), triton_mla.DEFAULT_CONFIG
+    assert mla_ablation.session4_split_count(32, 65536, cpu, today) == 33  # 8 waves of programs
+    assert mla_ablation.session4_split_count(1, 131072, cpu, today) == 264  # 2 waves below batch 8
+    assert triton_mla.split_count(32, 65536, cpu, today) == 8
+    assert all(prev.config != today or prev.split_count is not triton_mla.split_count for prev in mla_ablation.PREVIOUS)
 
 
 def test_an_ablation_that_no_longer_matches_names_its_text(tmp_path, monkeypatch):
     monkeypatch.setitem(mla_ablation.VARIANTS, "stale", [("no such line in the kernel\n", "")])
     with pytest.raises(SystemExit, match="'stale' no longer matches triton_mla.py: 'no such line"):
         mla_ablation.variant_kernel("stale", tmp_path)
+
+
+@pytest.mark.parametrize("config", [gather_ceiling.GatherConfig(16, 1, 1, 0, waves=1.0), gather_ceiling.GatherConfig(32, 1, 1, 1),
+                                    gather_ceiling.GatherConfig(16, 1, 1, 3)])
+def test_gather_ceiling_kernel_reads_every_byte_of_every_listed_row(config):
+    """Its timing means something only if no row or byte is skipped: the XOR of all words must match."""
+    p = make_problem([37, 130], seed=2)
+    rows = p.kv.view(torch.uint8)[p.kv_indices.long()].contiguous().view(torch.int32).numpy()
+    expected = int(np.bitwise_xor.reduce(rows.ravel())) & 0xFFFFFFFF
+    assert gather_ceiling.fold_xor(gather_ceiling.gather_xor(p.kv, p.kv_indices, config)) == expected
+    p.kv_indices[5] = (p.kv_indices[5] + 1) % p.kv.shape[0]  # one other row: another answer
+    assert gather_ceiling.fold_xor(gather_ceiling.gather_xor(p.kv, p.kv_indices, config)) != expected
 
 
 def test_ncu_stall_summary():

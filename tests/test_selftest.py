@@ -89,14 +89,23 @@ def test_split_count_from_capacity_keeps_answers_right(capacity):
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
-def test_small_and_large_batches_share_one_compiled_split_kernel():
-    """Only the wave count (a launch quantity) differs, so a cold self-test compiles the split kernel once."""
-    import dataclasses
+@pytest.mark.parametrize("batch, max_kv_len, splits", [
+    (1, 131072, 256),  # the length floor (512 tokens a split) binds before one wave (264)
+    (4, 32768, 64),
+    (32, 8192, 8),  # one wave: 256 programs of 264 resident, never 288 (a second wave of 24)
+    (32, 65536, 8),
+    (128, 8192, 2),
+    (264, 8192, 1),
+    (1000, 8192, 1),  # more sequences than resident programs: one split each
+    (1, 1, 1),
+    (8, 1023, 1),
+])
+def test_split_count_fills_one_wave_of_resident_programs(batch, max_kv_len, splits, monkeypatch):
+    from gluon_agent.selftest import triton_mla
 
-    from gluon_agent.selftest.triton_mla import DEFAULT_CONFIG, SMALL_BATCH_CONFIG
-
-    assert SMALL_BATCH_CONFIG.waves != DEFAULT_CONFIG.waves
-    assert dataclasses.replace(SMALL_BATCH_CONFIG, waves=DEFAULT_CONFIG.waves) == DEFAULT_CONFIG
+    monkeypatch.setattr(triton_mla, "multiprocessors", lambda device: 132)  # an H200
+    assert triton_mla.split_count(batch, max_kv_len, torch.device("cpu"), triton_mla.DEFAULT_CONFIG) == splits
+    assert batch * splits <= max(batch, triton_mla.DEFAULT_CONFIG.ctas_per_sm * 132)
 
 
 @pytest.mark.parametrize("rows, block_d", [(12, 32), (48, 32), (263, 32), (264, 512), (1536, 512)])
@@ -111,7 +120,8 @@ def test_reduce_over_more_splits_than_one_tile_with_empty_splits():
     """38 splits: the reduce walks two 32-split tiles; the 1-token sequence leaves 37 of its splits empty."""
     from gluon_agent.selftest.triton_mla import KernelConfig, mla_decode, split_count
 
-    config = KernelConfig(block_n=16, num_warps=1, num_stages=1, waves=40.0, min_tokens_per_split=16)
+    # the CPU counts as 4 multiprocessors: 19 x 4 // 2 sequences = 38, under 600 // 15 = 40
+    config = KernelConfig(block_n=16, num_warps=1, num_stages=1, ctas_per_sm=19, min_tokens_per_split=15)
     p = make_problem([1, 600])
     assert split_count(p.batch, 600, p.q.device, config) == 38
     out = p.new_output(plan.POISON)

@@ -13,8 +13,6 @@ fast (the frozen-split bug of aiter PR #4555 cannot happen here).
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 from dataclasses import dataclass
 
@@ -30,29 +28,25 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class KernelConfig:
-    block_n: int = 128  # KV tokens per inner step
-    num_warps: int = 8
+    block_n: int = 64  # KV tokens per inner step
+    num_warps: int = 4
     num_stages: int = 2
-    waves: float = 4.0  # target programs = waves x multiprocessors
-    min_tokens_per_split: int = 256  # below this a split costs more in partials than it saves
-    d_chunk: int = 64  # QK in slices of the latent dim: q never sits whole in every warp's registers
+    d_chunk: int = 128  # QK in slices of the latent dim: q never sits whole in every warp's registers
+    ctas_per_sm: int = 2  # programs resident per multiprocessor at this config (registers, shared memory)
+    min_tokens_per_split: int = 512  # below this a split costs more in partials than it saves
 
 
-# Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps (two CTAs per SM), QK in
-# 128-wide slices; 8 waves of programs for large batches, two for small ones (each extra split costs a
-# 16x512 fp32 partial written and read back). Waves are a launch quantity, so both share one compiled
-# kernel: 64-wide slices would be 3-5% faster below batch 8, but cost the cold self-test a second compile.
-DEFAULT_CONFIG = KernelConfig(block_n=64, num_warps=4, waves=8.0, d_chunk=128)
-SMALL_BATCH_CONFIG = dataclasses.replace(DEFAULT_CONFIG, waves=2.0)
-SMALL_BATCH = 8
+# Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps with 128-wide QK slices.
+# 255 registers x 128 threads leave room for two programs per multiprocessor (ctas_per_sm). One config
+# for every batch: the split count below is a launch quantity, so a cold self-test compiles one kernel.
+DEFAULT_CONFIG = KernelConfig()
+INTERPRET_CONFIG = KernelConfig(block_n=16, num_warps=1, num_stages=1, ctas_per_sm=1, min_tokens_per_split=16)
 
 
-def config_for(batch: int) -> KernelConfig:
-    """Depends on the batch only, never on lengths, so a captured graph stays valid at any length."""
-    if interpreting():
-        return INTERPRET_CONFIG
-    return SMALL_BATCH_CONFIG if batch < SMALL_BATCH else DEFAULT_CONFIG
-INTERPRET_CONFIG = KernelConfig(block_n=16, num_warps=1, num_stages=1, waves=1.0, min_tokens_per_split=16)
+def default_config() -> KernelConfig:
+    return INTERPRET_CONFIG if interpreting() else DEFAULT_CONFIG
+
+
 last_split_launch = None  # the compiled split kernel of the last call (registers, spills) for bench/
 
 
@@ -199,8 +193,13 @@ def reduce_block_d(rows: int, device: torch.device) -> int:
 
 
 def split_count(batch: int, max_kv_len: int, device: torch.device, config: KernelConfig) -> int:
-    target = math.ceil(config.waves * multiprocessors(device) / batch)
-    return max(1, min(target, math.ceil(max_kv_len / config.min_tokens_per_split)))
+    """Splits per sequence: one wave of resident programs (batch x splits at most ctas_per_sm per
+    multiprocessor, so no program waits for a second wave), and no split shorter than
+    min_tokens_per_split. Depends on the length *bound*, so a captured graph stays valid. H200
+    (docs/benchmarks/README.md): one wave beat 2 to 6 waves at every recorded shape, and a
+    program count just over one wave (264 + 24) cost 32 x 8K 19%."""
+    resident = config.ctas_per_sm * multiprocessors(device)
+    return max(1, min(resident // batch, max_kv_len // config.min_tokens_per_split))
 
 
 def interpreting() -> bool:
@@ -221,7 +220,7 @@ def mla_decode(
     """Writes out[B, H, 512] (bf16). `max_kv_len` bounds every sequence's length; under graph capture
     pass the capacity the graph will be replayed with, never the current length."""
     batch, heads, dim = q.shape
-    config = config or config_for(batch)
+    config = config or default_config()
     if heads > HEAD_TILE or dim != D_LATENT + D_ROPE or kv.shape[-1] != dim:
         raise ValueError(f"mla_decode: q {tuple(q.shape)} / kv {tuple(kv.shape)} are not MLA 576 with <= 16 heads")
     if q.stride(-1) != 1 or kv.stride(-1) != 1:
