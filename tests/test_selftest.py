@@ -108,16 +108,39 @@ def test_split_count_fills_one_wave_of_resident_programs(batch, max_kv_len, spli
     assert batch * splits <= max(batch, triton_mla.DEFAULT_CONFIG.ctas_per_sm * 132)
 
 
-@pytest.mark.parametrize("rows, block_d", [(12, 32), (48, 32), (263, 32), (264, 512), (1536, 512)])
-def test_reduce_takes_whole_rows_only_when_they_give_every_sm_two_programs(rows, block_d, monkeypatch):
+@pytest.mark.parametrize("rows, splits, tile", [
+    (12, 256, (32, 256)),  # one 128K sequence: all its splits in one step
+    (48, 64, (32, 64)),
+    (12, 129, (32, 256)),
+    (12, 128, (32, 64)),
+    (263, 1, (32, 64)),
+    (264, 8, (512, 16)),  # enough rows for two programs per SM: whole rows
+    (1536, 2, (512, 16)),
+])
+def test_reduce_tile_by_rows_and_splits(rows, splits, tile, monkeypatch):
     from gluon_agent.selftest import triton_mla
 
     monkeypatch.setattr(triton_mla, "multiprocessors", lambda device: 132)  # an H200
-    assert triton_mla.reduce_block_d(rows, torch.device("cpu")) == block_d
+    block_d, block_s = triton_mla.reduce_tile(rows, splits, torch.device("cpu"))
+    assert (block_d, block_s) == tile and block_d * block_s <= triton_mla.REDUCE_TILE_ELEMENTS
+
+
+def test_reduce_in_feature_slices_over_many_splits(monkeypatch):
+    """The slice path (few rows) with 130 splits in one 256-split step, most of them empty."""
+    from gluon_agent.selftest import triton_mla
+
+    monkeypatch.setattr(triton_mla, "multiprocessors", lambda device: 65)
+    config = triton_mla.KernelConfig(block_n=16, num_warps=1, num_stages=1, ctas_per_sm=2, min_tokens_per_split=4)
+    p = make_problem([600])
+    splits = triton_mla.split_count(p.batch, 600, p.q.device, config)
+    assert splits == 130 and triton_mla.reduce_tile(p.batch * p.heads, splits, p.q.device) == (32, 256)
+    out = p.new_output(plan.POISON)
+    triton_mla.mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, 600, config)
+    assert rel_l2(out, reference_of(p)) < 1e-2
 
 
 def test_reduce_over_more_splits_than_one_tile_with_empty_splits():
-    """38 splits: the reduce walks two 32-split tiles; the 1-token sequence leaves 37 of its splits empty."""
+    """38 splits: the reduce walks three 16-split steps; the 1-token sequence leaves 37 of its splits empty."""
     from gluon_agent.selftest.triton_mla import KernelConfig, mla_decode, split_count
 
     # the CPU counts as 4 multiprocessors: 19 x 4 // 2 sequences = 38, under 600 // 15 = 40

@@ -149,29 +149,30 @@ def _reduce_kernel(
     stride_ob, stride_oh,
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    # Splits in [BLOCK_S, BLOCK_D] tiles: independent loads, not one dependent load chain per split
-    # (a single 128K sequence has ~130 splits; the chain cost 7% of its decode time on an H200).
+    # One pass over [BLOCK_S, BLOCK_D] tiles of splits with a running max (online softmax across splits):
+    # one 128K sequence's 256 splits are then one dependent load, not two chains of eight.
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_s = tl.arange(0, BLOCK_S)
     lse_row = PART_LSE + b * stride_lb + h
-    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + offs_s
-        m = tl.maximum(m, tl.load(lse_row + s * stride_ls, mask=s < num_splits, other=float("-inf")))
-    m_all = tl.max(m, 0)  # finite: every sequence has a token, so some split has one
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    l = tl.zeros([BLOCK_S], dtype=tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         s = s0 + offs_s
         lse = tl.load(lse_row + s * stride_ls, mask=s < num_splits, other=float("-inf"))
-        w = tl.exp2(lse - m_all)  # 0 for empty splits (lse = -inf)
         part_ptr = PART_O + b * stride_pb + s[:, None] * stride_ps + h * stride_ph + offs_d[None, :]
-        part = tl.load(part_ptr, mask=(lse > float("-inf"))[:, None], other=0.0)
-        acc += tl.sum(part * w[:, None], 0)
-        l += w
-    tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / tl.sum(l, 0)).to(O.dtype.element_ty))
+        part = tl.load(part_ptr, mask=(lse > float("-inf"))[:, None], other=0.0)  # empty splits: not read
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split with a token yet: weights 0, not NaN
+        rescale = tl.exp2(m - m_safe)
+        w = tl.exp2(lse - m_safe)
+        acc = acc * rescale + tl.sum(part * w[:, None], 0)
+        l = l * rescale + tl.sum(w, 0)
+        m = m_new
+    # l > 0: every sequence has a token, so some split has one
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / l).to(O.dtype.element_ty))
 
 
 def multiprocessors(device: torch.device) -> int:
@@ -180,16 +181,18 @@ def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-REDUCE_SPLIT_TILE = 32  # splits per reduce step
+REDUCE_TILE_ELEMENTS = 8192  # [splits, features] per reduce step: 64 fp32 registers a thread in 4 warps
 
 
-def reduce_block_d(rows: int, device: torch.device) -> int:
-    """Features per reduce program: whole rows when there are enough (batch x heads) to give every SM two
-    programs, else 32-feature slices. Depends on batch x heads only, so a captured graph stays valid at any
-    length; two widths keep the cold self-test to one extra compile. H200 (docs/benchmarks/README.md):
-    one 128K sequence 19.4 -> 7.9 µs, 32 x 64K 21.2 -> 14.7 µs, 128 x 8K 26.3 -> 14.9 µs against one
-    128-wide slice for all."""
-    return D_LATENT if rows >= 2 * multiprocessors(device) else 32
+def reduce_tile(rows: int, splits: int, device: torch.device) -> tuple[int, int]:
+    """(features, splits) per reduce program and step. Whole 512-feature rows when there are enough rows
+    (batch x heads) to give every SM two programs, else 32-feature slices; as many splits a step as the
+    tile holds, 64 for up to 128 splits. Depends on batch x heads and the split count (itself from the
+    length bound), so a captured graph stays valid at any length; three tile shapes keep the cold self-test
+    to three reduce compiles. H200 (docs/benchmarks/README.md): a 128K sequence's reduce 4.6 -> 1.7 µs."""
+    block_d = D_LATENT if rows >= 2 * multiprocessors(device) else 32
+    most = REDUCE_TILE_ELEMENTS // block_d
+    return block_d, most if splits > 128 or block_d == D_LATENT else 64
 
 
 def split_count(batch: int, max_kv_len: int, device: torch.device, config: KernelConfig) -> int:
@@ -245,13 +248,13 @@ def mla_decode(
         D_CHUNK=config.d_chunk,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    block_d = reduce_block_d(batch * heads, q.device)
+    block_d, block_s = reduce_tile(batch * heads, splits, q.device)
     _reduce_kernel[(batch, heads, D_LATENT // block_d)](
         part_o, part_lse, out, splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_D=block_d, BLOCK_S=REDUCE_SPLIT_TILE, num_warps=4,
+        BLOCK_D=block_d, BLOCK_S=block_s, num_warps=4,
     )
     return out
 
