@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -120,8 +120,8 @@ def best_gather(problems: list[Problem], contiguous: bool, grid: list[GatherConf
 
 
 def main() -> None:
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    import mla_decode  # the recorded benchmark's shapes, problems and machine description
+    sys.path.insert(0, str(Path(__file__).parent))
+    import mla_decode  # the recorded benchmark's shapes, problems and report format
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
@@ -141,13 +141,7 @@ def main() -> None:
         shapes.append(shaped)
         del problems, first
         torch.cuda.empty_cache()
-    print(json.dumps({
-        "bench": "gather_ceiling",
-        "machine": mla_decode.machine(device),
-        "command": " ".join(["python", "bench/gather_ceiling.py"] + sys.argv[1:]),
-        "copy_ceiling_tbps": ceiling,
-        "shapes": shapes,
-    }, indent=2))
+    print(mla_decode.report_json("gather_ceiling", device, {"copy_ceiling_tbps": ceiling, "shapes": shapes}))
 
 
 if __name__ == "__main__":

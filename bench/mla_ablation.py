@@ -34,7 +34,7 @@ from gluon_agent.selftest.problem import make_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mla_decode import (  # noqa: E402
-    HEADS, kernel_mode, machine, rel_l2, rotating_problems, time_mode, using_split_count,
+    HEADS, kernel_mode, rel_l2, report_json, rotating_problems, time_mode, using_split_count,
 )
 
 WORDS_LOAD = (
@@ -185,13 +185,7 @@ def main() -> None:
                              "rel_l2": err, "registers": getattr(triton_mla.last_split_launch, "n_regs", None)})
             del problems, first
             torch.cuda.empty_cache()
-    print(json.dumps({
-        "bench": "mla_ablation",
-        "machine": machine(device),
-        "command": " ".join(["python", "bench/mla_ablation.py"] + sys.argv[1:]),
-        "ceiling_tbps": ceiling,
-        "cases": rows,
-    }, indent=2))
+    print(report_json("mla_ablation", device, {"ceiling_tbps": ceiling, "cases": rows}))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,12 @@ def machine(device: torch.device) -> dict[str, str]:
     }
 
 
+def report_json(bench: str, device: torch.device, fields: dict) -> str:
+    """What every GPU bench prints: which bench, on what machine, by which command, then its fields."""
+    head = {"bench": bench, "machine": machine(device), "command": " ".join(["python", f"bench/{bench}.py"] + sys.argv[1:])}
+    return json.dumps({**head, **fields}, indent=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
@@ -196,9 +202,6 @@ def main() -> None:
         torch.cuda.empty_cache()
     native = {(r["batch"], r["kv_len"]): r for r in results if r["mode"] == "native-12"}
     report = {
-        "bench": "mla_decode",
-        "machine": machine(device),
-        "command": " ".join(["python", "bench/mla_decode.py"] + sys.argv[1:]),
         "kernel_config": dataclasses.asdict(triton_mla.DEFAULT_CONFIG),
         "ceiling_tbps": ceiling,
         "per_shape": per_shape,
@@ -210,7 +213,7 @@ def main() -> None:
         report["sweep"] = sweeps
     if args.split_sweep:
         report["split_sweep"] = split_sweeps
-    print(json.dumps(report, indent=2))
+    print(report_json("mla_decode", device, report))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from gluon_agent import contract  # noqa: E402
 from tests.apiserver import ApiServerThread  # noqa: E402
-from tests.cluster import NODES, PODS, ROLLOUTS, SERVING_NS, agent_pod, declare_rollouts, gpu_node, rollout, serving_pod  # noqa: E402
+from tests.cluster import NODES, PODS, ROLLOUTS, agent_pod, declare_rollouts, gpu_node, rollout, serving_pod  # noqa: E402
 from tests.helpers import free_port, wait_for  # noqa: E402
 
 

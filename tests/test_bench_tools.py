@@ -1,8 +1,10 @@
 """The kernel-analysis tools under bench/: ablation variants still match the kernel and compute what they
-claim (under the interpreter), and the ncu stall summary adds up."""
+claim (under the interpreter), earlier configs and split rules differ from today's, the gather-ceiling
+kernel reads every byte, reports carry their provenance, and the ncu stall summary adds up."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -15,6 +17,7 @@ from tests.conftest import ROOT
 sys.path.insert(0, str(ROOT / "bench"))
 import gather_ceiling  # noqa: E402
 import mla_ablation  # noqa: E402
+import mla_decode  # noqa: E402
 import ncu_stalls  # noqa: E402
 
 
@@ -56,6 +59,14 @@ def test_gather_ceiling_kernel_reads_every_byte_of_every_listed_row(config):
     assert gather_ceiling.fold_xor(gather_ceiling.gather_xor(p.kv, p.kv_indices, config)) == expected
     p.kv_indices[5] = (p.kv_indices[5] + 1) % p.kv.shape[0]  # one other row: another answer
     assert gather_ceiling.fold_xor(gather_ceiling.gather_xor(p.kv, p.kv_indices, config)) != expected
+
+
+def test_gpu_bench_reports_say_which_bench_where_and_how(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["bench/gather_ceiling.py", "--json"])
+    monkeypatch.setattr(mla_decode, "machine", lambda device: {"gpu": "NVIDIA H200"})
+    report = json.loads(mla_decode.report_json("gather_ceiling", torch.device("cpu"), {"shapes": [1]}))
+    assert report == {"bench": "gather_ceiling", "machine": {"gpu": "NVIDIA H200"},
+                      "command": "python bench/gather_ceiling.py --json", "shapes": [1]}
 
 
 def test_ncu_stall_summary():
