@@ -103,7 +103,8 @@ def entry(p: Problem, mode: str, ms: float, ceilings: tuple[float, float], torch
 
 
 def sweep(problems: list[Problem], ceiling: float) -> list[dict]:
-    """Compiled configs (each a new kernel): tile, warps, stages, QK slice width."""
+    """Compiled configs (each a new kernel): tile, warps, stages, QK slice width. Split counts assume the
+    default's two resident programs per SM, so a config with other occupancy runs another number of waves."""
     rows = []
     for block_n, warps, stages, d_chunk in itertools.product((32, 64, 128), (4, 8), (1, 2, 3), (64, 128)):
         config = triton_mla.KernelConfig(block_n, warps, stages, d_chunk)
