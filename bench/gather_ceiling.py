@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gluon_agent.selftest import timing
+from gluon_agent.selftest import timing, triton_mla
 from gluon_agent.selftest.problem import D_LATENT, D_ROPE, Problem
 
 ROW_WORDS = (D_LATENT + D_ROPE) // 4  # a KV row as 32-bit words: 128 latent + 16 rope
@@ -70,8 +70,7 @@ def programs_for(n_rows: int, config: GatherConfig, device: torch.device) -> tup
     if config.tiles_per_program:
         per_program = config.tiles_per_program * config.block_t
     else:
-        sms = 4 if device.type == "cpu" else torch.cuda.get_device_properties(device).multi_processor_count
-        target = max(1, int(config.waves * sms))
+        target = max(1, int(config.waves * triton_mla.multiprocessors(device)))
         per_program = triton.cdiv(triton.cdiv(n_rows, target), config.block_t) * config.block_t
     return triton.cdiv(n_rows, per_program), per_program
 

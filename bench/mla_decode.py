@@ -137,7 +137,7 @@ def split_sweep(problems: list[Problem], ceiling: float) -> list[dict]:
     the one compiled kernel. Today's rule picks the first row's count (one wave) or the floor."""
     first = problems[0]
     batch, max_len, config = first.batch, max(first.lengths), triton_mla.default_config()
-    resident = config.ctas_per_sm * triton_mla.multiprocessors(first.kv.device)
+    resident = triton_mla.resident_programs(first.kv.device, config)
     counts = {max(1, min(waves * resident // batch, max_len // 256)) for waves in range(1, 7)}
     rows = []
     for splits in sorted(counts | {triton_mla.split_count(batch, max_len, first.kv.device, config)}):

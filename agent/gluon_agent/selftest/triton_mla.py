@@ -201,8 +201,12 @@ def split_count(batch: int, max_kv_len: int, device: torch.device, config: Kerne
     min_tokens_per_split. Depends on the length *bound*, so a captured graph stays valid. H200
     (docs/benchmarks/README.md): one wave beat 2 to 6 waves at every recorded shape, and a
     program count just over one wave (264 + 24) cost 32 x 8K 19%."""
-    resident = config.ctas_per_sm * multiprocessors(device)
-    return max(1, min(resident // batch, max_kv_len // config.min_tokens_per_split))
+    return max(1, min(resident_programs(device, config) // batch, max_kv_len // config.min_tokens_per_split))
+
+
+def resident_programs(device: torch.device, config: KernelConfig) -> int:
+    """Split-kernel programs the GPU holds at once: one wave."""
+    return config.ctas_per_sm * multiprocessors(device)
 
 
 def interpreting() -> bool:
