@@ -37,26 +37,31 @@ from mla_decode import (  # noqa: E402
     HEADS, kernel_mode, rel_l2, report_json, rotating_problems, time_mode, using_split_count,
 )
 
+WORDS_INIT = (
+    "    zero = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)\n"
+    "    a0, a1, a2, a3, b0, b1, b2, b3 = zero, zero, zero, zero, zero, zero, zero, zero\n"
+    "    c0, c1, c2, c3, d0, d1, d2, d3 = zero, zero, zero, zero, zero, zero, zero, zero\n"
+)
 WORDS_LOAD = (
-    "        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :], mask=mask_n[:, None], other=0)\n"
-    "        v0 = _byte_as_dot(w, 0, DOT_DTYPE)\n"
-    "        v1 = _byte_as_dot(w, 1, DOT_DTYPE)\n"
-    "        v2 = _byte_as_dot(w, 2, DOT_DTYPE)\n"
-    "        v3 = _byte_as_dot(w, 3, DOT_DTYPE)\n"
+    "        word_row = kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :]\n"
+    "        wa = tl.load(word_row, mask=mask_n[:, None], other=0)\n"
+    "        wb = tl.load(word_row + GROUP, mask=mask_n[:, None], other=0)\n"
+    "        wc = tl.load(word_row + 2 * GROUP, mask=mask_n[:, None], other=0)\n"
+    "        wd = tl.load(word_row + 3 * GROUP, mask=mask_n[:, None], other=0)\n"
 )
 WORDS_DOTS = (
-    "        acc0 = tl.dot(p, v0, acc0 * alpha[:, None])\n"
-    "        acc1 = tl.dot(p, v1, acc1 * alpha[:, None])\n"
-    "        acc2 = tl.dot(p, v2, acc2 * alpha[:, None])\n"
-    "        acc3 = tl.dot(p, v3, acc3 * alpha[:, None])\n"
+    "        a0, a1, a2, a3 = _value_products(p, alpha, wa, a0, a1, a2, a3, DOT_DTYPE)\n"
+    "        b0, b1, b2, b3 = _value_products(p, alpha, wb, b0, b1, b2, b3, DOT_DTYPE)\n"
+    "        c0, c1, c2, c3 = _value_products(p, alpha, wc, c0, c1, c2, c3, DOT_DTYPE)\n"
+    "        d0, d1, d2, d3 = _value_products(p, alpha, wd, d0, d1, d2, d3, DOT_DTYPE)\n"
 )
-WORDS_JOIN = "    acc = tl.reshape(tl.join(tl.join(acc0, acc2), tl.join(acc1, acc3)), [BLOCK_H, D_NOPE])\n"
-WORDS_INIT = (
-    "    acc0 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n"
-    "    acc1 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n"
-    "    acc2 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n"
-    "    acc3 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n"
+WORDS_JOIN = (
+    "    ab = _concat(_feature_order(a0, a1, a2, a3, BLOCK_H, 4 * GROUP), _feature_order(b0, b1, b2, b3, BLOCK_H, 4 * GROUP), BLOCK_H, 4 * GROUP)\n"
+    "    cd = _concat(_feature_order(c0, c1, c2, c3, BLOCK_H, 4 * GROUP), _feature_order(d0, d1, d2, d3, BLOCK_H, 4 * GROUP), BLOCK_H, 4 * GROUP)\n"
+    "    acc = _concat(ab, cd, BLOCK_H, 8 * GROUP)\n"
 )
+QUARTER_INIT = "".join(f"    acc{r} = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n" for r in range(4))
+QUARTER_JOIN = "    acc = _feature_order(acc0, acc1, acc2, acc3, BLOCK_H, D_NOPE)\n"
 LATENT_QK = "        for c in tl.static_range(D_NOPE // D_CHUNK):\n"
 ODD_SLICES = "                qk_odd = tl.dot(q_c, tl.trans(k_c), qk_odd)\n"
 VARIANTS: dict[str, list[tuple[str, str]]] = {
@@ -64,40 +69,62 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     # the value product left out (p still summed): loads + QK + softmax
     "no_value_product": [
         (WORDS_LOAD, ""),
-        (WORDS_DOTS, "        acc0 = acc0 * alpha[:, None] + tl.sum(p.to(tl.float32), 1)[:, None]\n"),
-        (WORDS_JOIN, "    acc = tl.reshape(tl.join(tl.join(acc0, acc0), tl.join(acc0, acc0)), [BLOCK_H, D_NOPE])\n"),
+        (WORDS_DOTS, "        a0 = a0 * alpha[:, None] + tl.sum(p.to(tl.float32), 1)[:, None]\n"),
+        (WORDS_JOIN, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32) + tl.sum(a0, 1)[:, None]\n"),
     ],
     # the 512-wide latent QK left out (rope part only): loads + PV + softmax
     "no_latent_qk": [(LATENT_QK, "        for c in tl.static_range(0):\n")],
     # session 3's latent QK: every slice accumulates into one chain
     "one_qk_chain": [(ODD_SLICES, "                qk = tl.dot(q_c, tl.trans(k_c), qk)\n")],
+    # sessions 4 and 5's value tile: all 128 words in one group, four products of 128 features
+    "one_word_group": [
+        (WORDS_INIT, QUARTER_INIT),
+        (WORDS_LOAD, "        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + tl.arange(0, D_NOPE // 4)[None, :],"
+                     " mask=mask_n[:, None], other=0)\n"
+                     + "".join(f"        v{r} = _byte_as_dot(w, {r}, DOT_DTYPE)\n" for r in range(4))),
+        (WORDS_DOTS, "".join(f"        acc{r} = tl.dot(p, v{r}, acc{r} * alpha[:, None])\n" for r in range(4))),
+        (WORDS_JOIN, QUARTER_JOIN),
+    ],
+    # each word group loaded after the softmax, right before its products (session 6: 172 registers)
+    "words_after_softmax": [
+        (WORDS_LOAD, ""),
+        (WORDS_DOTS, "        word_row = kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :]\n" + "".join(
+            f"        {g}0, {g}1, {g}2, {g}3 = _value_products(p, alpha, tl.load(word_row + {i} * GROUP, mask=mask_n[:, None],"
+            f" other=0), {g}0, {g}1, {g}2, {g}3, DOT_DTYPE)\n" for i, g in enumerate("abcd"))),
+    ],
     # session 3's value tile: 16-bit feature pairs through a transposing ldmatrix, two half-width products
     "pair_value_tile": [
+        (WORDS_LOAD, ""),
         (WORDS_INIT, "    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
                      "    acc_odd = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
                      "    kv_pairs = KV.to(tl.pointer_type(tl.uint16), bitcast=True)\n"
                      "    offs_p = tl.arange(0, D_NOPE // 2)\n"),
-        (WORDS_LOAD, "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_p[None, :], mask=mask_n[:, None], other=0)\n"
+        (WORDS_DOTS, "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_p[None, :], mask=mask_n[:, None], other=0)\n"
                      "        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
-                     "        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"),
-        (WORDS_DOTS, "        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])\n"
+                     "        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
+                     "        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])\n"
                      "        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])\n"),
         (WORDS_JOIN, "    acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_H, D_NOPE])\n"),
     ],
     # session 2's value tile: one fp8 [tokens, 512] load, fed to the product by byte-wise shared loads
     "byte_value_tile": [
+        (WORDS_LOAD, ""),
         (WORDS_INIT, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)\n"),
-        (WORDS_LOAD, "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"),
-        (WORDS_DOTS, "        acc = tl.dot(p, v, acc * alpha[:, None])\n"),
+        (WORDS_DOTS, "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
+                     "        acc = tl.dot(p, v, acc * alpha[:, None])\n"),
         (WORDS_JOIN, ""),
     ],
     # session 5: the fp8 tile in feature order, converted in adjacent-feature pairs, then split four ways
     # by tl.split (no byte extraction: 1555 instructions per tile and warp against 1658, but slower)
     "split_value_tile": [
-        (WORDS_LOAD, "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
+        (WORDS_LOAD, ""),
+        (WORDS_INIT, QUARTER_INIT),
+        (WORDS_DOTS, "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
                      "        v_even, v_odd = tl.split(tl.reshape(v, [BLOCK_N, D_NOPE // 4, 2, 2]))\n"
                      "        v0, v2 = tl.split(v_even)\n"
-                     "        v1, v3 = tl.split(v_odd)\n"),
+                     "        v1, v3 = tl.split(v_odd)\n"
+                     + "".join(f"        acc{r} = tl.dot(p, v{r}, acc{r} * alpha[:, None])\n" for r in range(4))),
+        (WORDS_JOIN, QUARTER_JOIN),
     ],
 }
 SHAPES = [(32, 65536), (1, 131072), (4, 32768)]

@@ -37,7 +37,8 @@ class KernelConfig:
 
 
 # Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps with 128-wide QK slices.
-# 255 registers x 128 threads leave room for two programs per multiprocessor (ctas_per_sm). One config
+# 88 KB of shared memory (and 217 registers x 128 threads) leave room for two programs per multiprocessor
+# (ctas_per_sm); configs that fit three or four were slower (session 6's maxnreg A/B). One config
 # for every batch: the split count below is a launch quantity, so a cold self-test compiles one kernel.
 DEFAULT_CONFIG = KernelConfig()
 INTERPRET_CONFIG = KernelConfig(block_n=16, num_warps=1, num_stages=1, ctas_per_sm=1, min_tokens_per_split=16)
@@ -54,6 +55,28 @@ last_split_launch = None  # the compiled split kernel of the last call (register
 def _byte_as_dot(words, r: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Byte r of each 32-bit word as an e4m3 value, in the dot's type."""
     return ((words >> (8 * r)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+
+
+@triton.jit
+def _value_products(p, alpha, words, acc0, acc1, acc2, acc3, DOT_DTYPE: tl.constexpr):
+    """One column group's four quarter-width value products: byte r of word j feeds acc_r[:, j]."""
+    acc0 = tl.dot(p, _byte_as_dot(words, 0, DOT_DTYPE), acc0 * alpha[:, None])
+    acc1 = tl.dot(p, _byte_as_dot(words, 1, DOT_DTYPE), acc1 * alpha[:, None])
+    acc2 = tl.dot(p, _byte_as_dot(words, 2, DOT_DTYPE), acc2 * alpha[:, None])
+    acc3 = tl.dot(p, _byte_as_dot(words, 3, DOT_DTYPE), acc3 * alpha[:, None])
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _feature_order(acc0, acc1, acc2, acc3, BLOCK_H: tl.constexpr, WIDTH: tl.constexpr):
+    """A group's features back in order: feature 4j + r from acc_r[:, j]."""
+    return tl.reshape(tl.join(tl.join(acc0, acc2), tl.join(acc1, acc3)), [BLOCK_H, WIDTH])
+
+
+@triton.jit
+def _concat(a, b, BLOCK_H: tl.constexpr, WIDTH: tl.constexpr):
+    """[a | b] along features, each WIDTH wide."""
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), [BLOCK_H, 2 * WIDTH])
 
 
 @triton.jit
@@ -87,13 +110,16 @@ def _split_kernel(
     # The value product needs pairs of *tokens* per register; the cache holds each token's values
     # contiguously (sm_90 has no 8-bit transposing shared-memory load). Read as 32-bit words of four
     # features, each thread loads whole words of its two tokens and byte r of a word feeds the product of
-    # features 4j + r: four products of quarter width instead of one fed by byte-wise loads.
+    # features 4j + r: quarter-width products instead of one fed by byte-wise loads. The words come in four
+    # column groups of 128 features (a..d), each with its own four products: on sm_90 that is 217 registers
+    # instead of 255 and 1494 loop instructions instead of 1658 (fewer register moves), and 5-13% faster
+    # at every recorded shape than one group (docs/benchmarks/README.md, version v12).
     kv_words = KV.to(tl.pointer_type(tl.uint32), bitcast=True)
-    offs_w = tl.arange(0, D_NOPE // 4)
-    acc0 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)
+    GROUP: tl.constexpr = D_NOPE // 16  # words (of four features) in a column group
+    offs_w = tl.arange(0, GROUP)
+    zero = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
+    a0, a1, a2, a3, b0, b1, b2, b3 = zero, zero, zero, zero, zero, zero, zero, zero
+    c0, c1, c2, c3, d0, d1, d2, d3 = zero, zero, zero, zero, zero, zero, zero, zero
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
@@ -113,27 +139,28 @@ def _split_kernel(
             else:
                 qk_odd = tl.dot(q_c, tl.trans(k_c), qk_odd)
         qk += qk_odd
-        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :], mask=mask_n[:, None], other=0)
-        v0 = _byte_as_dot(w, 0, DOT_DTYPE)
-        v1 = _byte_as_dot(w, 1, DOT_DTYPE)
-        v2 = _byte_as_dot(w, 2, DOT_DTYPE)
-        v3 = _byte_as_dot(w, 3, DOT_DTYPE)
+        word_row = kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :]
+        wa = tl.load(word_row, mask=mask_n[:, None], other=0)
+        wb = tl.load(word_row + GROUP, mask=mask_n[:, None], other=0)
+        wc = tl.load(word_row + 2 * GROUP, mask=mask_n[:, None], other=0)
+        wd = tl.load(word_row + 3 * GROUP, mask=mask_n[:, None], other=0)
         qk = tl.where(mask_n[None, :], qk * qk_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         p = p.to(DOT_DTYPE)
-        acc0 = tl.dot(p, v0, acc0 * alpha[:, None])
-        acc1 = tl.dot(p, v1, acc1 * alpha[:, None])
-        acc2 = tl.dot(p, v2, acc2 * alpha[:, None])
-        acc3 = tl.dot(p, v3, acc3 * alpha[:, None])
+        a0, a1, a2, a3 = _value_products(p, alpha, wa, a0, a1, a2, a3, DOT_DTYPE)
+        b0, b1, b2, b3 = _value_products(p, alpha, wb, b0, b1, b2, b3, DOT_DTYPE)
+        c0, c1, c2, c3 = _value_products(p, alpha, wc, c0, c1, c2, c3, DOT_DTYPE)
+        d0, d1, d2, d3 = _value_products(p, alpha, wd, d0, d1, d2, d3, DOT_DTYPE)
         m_i = m_new
 
     empty = l_i == 0.0  # this split got no tokens (short sequence, many splits)
     safe_l = tl.where(empty, 1.0, l_i)
-    # features back in order: 4j + r from acc_r[:, j]
-    acc = tl.reshape(tl.join(tl.join(acc0, acc2), tl.join(acc1, acc3)), [BLOCK_H, D_NOPE])
+    ab = _concat(_feature_order(a0, a1, a2, a3, BLOCK_H, 4 * GROUP), _feature_order(b0, b1, b2, b3, BLOCK_H, 4 * GROUP), BLOCK_H, 4 * GROUP)
+    cd = _concat(_feature_order(c0, c1, c2, c3, BLOCK_H, 4 * GROUP), _feature_order(d0, d1, d2, d3, BLOCK_H, 4 * GROUP), BLOCK_H, 4 * GROUP)
+    acc = _concat(ab, cd, BLOCK_H, 8 * GROUP)
     out = acc * (kv_scale / safe_l)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(safe_l))
     p_row = PART_O + b * stride_pb + s * stride_ps + offs_h[:, None] * stride_ph
