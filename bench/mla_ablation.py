@@ -56,9 +56,10 @@ WORDS_DOTS = (
     "        d0, d1, d2, d3 = _value_products(p, alpha, wd, d0, d1, d2, d3, DOT_DTYPE)\n"
 )
 WORDS_JOIN = (
-    "    ab = _concat(_feature_order(a0, a1, a2, a3, BLOCK_H, 4 * GROUP), _feature_order(b0, b1, b2, b3, BLOCK_H, 4 * GROUP), BLOCK_H, 4 * GROUP)\n"
-    "    cd = _concat(_feature_order(c0, c1, c2, c3, BLOCK_H, 4 * GROUP), _feature_order(d0, d1, d2, d3, BLOCK_H, 4 * GROUP), BLOCK_H, 4 * GROUP)\n"
-    "    acc = _concat(ab, cd, BLOCK_H, 8 * GROUP)\n"
+    "    W: tl.constexpr = 4 * GROUP  # features in a column group\n"
+    "    ab = _concat(_feature_order(a0, a1, a2, a3, BLOCK_H, W), _feature_order(b0, b1, b2, b3, BLOCK_H, W), BLOCK_H, W)\n"
+    "    cd = _concat(_feature_order(c0, c1, c2, c3, BLOCK_H, W), _feature_order(d0, d1, d2, d3, BLOCK_H, W), BLOCK_H, W)\n"
+    "    acc = _concat(ab, cd, BLOCK_H, 2 * W)\n"
 )
 QUARTER_INIT = "".join(f"    acc{r} = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n" for r in range(4))
 QUARTER_JOIN = "    acc = _feature_order(acc0, acc1, acc2, acc3, BLOCK_H, D_NOPE)\n"

@@ -127,9 +127,9 @@ def _split_kernel(
         row = KV + tok[:, None] * stride_kv
         k_pe = tl.load(row + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)
         qk = tl.dot(q_pe, tl.trans(k_pe))
-        # q slices come from L1 each step; the KV slices are the tile's first (HBM) read,
-        # the value tile below re-reads the same lines from L2. Odd and even slices accumulate
-        # separately: two independent MMA chains instead of one halve the dependent latency per tile.
+        # The q slices are loop-invariant (Triton keeps them in shared memory); the KV slices are the
+        # tile's first (HBM) read, the value words below re-read the same lines from L2. Odd and even
+        # slices accumulate separately: two independent MMA chains halve the dependent latency per tile.
         qk_odd = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
         for c in tl.static_range(D_NOPE // D_CHUNK):
             q_c = tl.load(q_row + c * D_CHUNK + offs_c[None, :], mask=mask_h[:, None], other=0.0).to(DOT_DTYPE)
@@ -158,9 +158,10 @@ def _split_kernel(
 
     empty = l_i == 0.0  # this split got no tokens (short sequence, many splits)
     safe_l = tl.where(empty, 1.0, l_i)
-    ab = _concat(_feature_order(a0, a1, a2, a3, BLOCK_H, 4 * GROUP), _feature_order(b0, b1, b2, b3, BLOCK_H, 4 * GROUP), BLOCK_H, 4 * GROUP)
-    cd = _concat(_feature_order(c0, c1, c2, c3, BLOCK_H, 4 * GROUP), _feature_order(d0, d1, d2, d3, BLOCK_H, 4 * GROUP), BLOCK_H, 4 * GROUP)
-    acc = _concat(ab, cd, BLOCK_H, 8 * GROUP)
+    W: tl.constexpr = 4 * GROUP  # features in a column group
+    ab = _concat(_feature_order(a0, a1, a2, a3, BLOCK_H, W), _feature_order(b0, b1, b2, b3, BLOCK_H, W), BLOCK_H, W)
+    cd = _concat(_feature_order(c0, c1, c2, c3, BLOCK_H, W), _feature_order(d0, d1, d2, d3, BLOCK_H, W), BLOCK_H, W)
+    acc = _concat(ab, cd, BLOCK_H, 2 * W)
     out = acc * (kv_scale / safe_l)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log2(safe_l))
     p_row = PART_O + b * stride_pb + s * stride_ps + offs_h[:, None] * stride_ph
