@@ -73,6 +73,12 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         (WORDS_DOTS, "        a0 = a0 * alpha[:, None] + tl.sum(p.to(tl.float32), 1)[:, None]\n"),
         (WORDS_JOIN, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32) + tl.sum(a0, 1)[:, None]\n"),
     ],
+    # sessions 2-5's row sums: summed across warps every tile
+    "row_sums_per_tile": [
+        ("    l_acc = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)\n", "    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)\n"),
+        ("        l_acc = l_acc * alpha[:, None] + p\n", "        l_i = l_i * alpha + tl.sum(p, 1)\n"),
+        ("    l_i = tl.sum(l_acc, 1)\n", ""),
+    ],
     # the 512-wide latent QK left out (rope part only): loads + PV + softmax
     "no_latent_qk": [(LATENT_QK, "        for c in tl.static_range(0):\n")],
     # session 3's latent QK: every slice accumulates into one chain

@@ -27,7 +27,7 @@ def rel_l2_of_variant(name: str, tmp_path) -> float:
 
 
 @pytest.mark.parametrize("name, correct", [("kernel", True), ("byte_value_tile", True), ("one_qk_chain", True), ("pair_value_tile", True),
-                                          ("split_value_tile", True), ("one_word_group", True), ("words_after_softmax", True),
+                                          ("split_value_tile", True), ("one_word_group", True), ("words_after_softmax", True), ("row_sums_per_tile", True),
                                           ("no_value_product", False), ("no_latent_qk", False)])
 def test_ablation_variants_match_the_kernel_and_do_what_they_say(name, correct, tmp_path):
     assert (rel_l2_of_variant(name, tmp_path) < 1e-2) is correct

