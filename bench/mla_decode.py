@@ -122,6 +122,10 @@ def sweep(problems: list[Problem], ceiling: float) -> list[dict]:
     return rows
 
 
+# Session 4's floor, half the rule's: the sweep also times splits shorter than the rule allows.
+SWEEP_MIN_TOKENS_PER_SPLIT = 256
+
+
 @contextlib.contextmanager
 def using_split_count(rule: Callable[[int, int, torch.device, triton_mla.KernelConfig], int]) -> Iterator[None]:
     """triton_mla.mla_decode splits by `rule` instead of its own, until the block ends."""
@@ -133,12 +137,12 @@ def using_split_count(rule: Callable[[int, int, torch.device, triton_mla.KernelC
 
 
 def split_sweep(problems: list[Problem], ceiling: float) -> list[dict]:
-    """Split counts giving 1 to 6 waves of resident programs, and the length floor: launch quantities of
-    the one compiled kernel. Today's rule picks the first row's count (one wave) or the floor."""
+    """Split counts giving 1 to 6 waves of resident programs, each split at least SWEEP_MIN_TOKENS_PER_SPLIT
+    long, plus today's rule's own count: launch quantities of the one compiled kernel."""
     first = problems[0]
     batch, max_len, config = first.batch, max(first.lengths), triton_mla.default_config()
     resident = triton_mla.resident_programs(first.kv.device, config)
-    counts = {max(1, min(waves * resident // batch, max_len // 256)) for waves in range(1, 7)}
+    counts = {max(1, min(waves * resident // batch, max_len // SWEEP_MIN_TOKENS_PER_SPLIT)) for waves in range(1, 7)}
     rows = []
     for splits in sorted(counts | {triton_mla.split_count(batch, max_len, first.kv.device, config)}):
         with using_split_count(lambda *_, splits=splits: splits):

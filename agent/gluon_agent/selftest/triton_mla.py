@@ -37,7 +37,7 @@ class KernelConfig:
 
 
 # Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps with 128-wide QK slices.
-# 88 KB of shared memory (and 217 registers x 128 threads) leave room for two programs per multiprocessor
+# 88 KB of shared memory (and 237 registers x 128 threads) leave room for two programs per multiprocessor
 # (ctas_per_sm); configs that fit three or four were slower (session 6's maxnreg A/B). One config
 # for every batch: the split count below is a launch quantity, so a cold self-test compiles one kernel.
 DEFAULT_CONFIG = KernelConfig()
@@ -113,9 +113,9 @@ def _split_kernel(
     # contiguously (sm_90 has no 8-bit transposing shared-memory load). Read as 32-bit words of four
     # features, each thread loads whole words of its two tokens and byte r of a word feeds the product of
     # features 4j + r: quarter-width products instead of one fed by byte-wise loads. The words come in four
-    # column groups of 128 features (a..d), each with its own four products: on sm_90 that is 217 registers
-    # instead of 255 and 1494 loop instructions instead of 1658 (fewer register moves), and 5-13% faster
-    # at every recorded shape than one group (docs/benchmarks/README.md, version v12).
+    # column groups of 128 features (a..d), each with its own four products: when introduced (v12) that was
+    # 217 registers instead of 255 and 1494 sm_90 loop instructions instead of 1658 (fewer register moves),
+    # and 5-13% faster at every recorded shape than one group (docs/benchmarks/README.md).
     kv_words = KV.to(tl.pointer_type(tl.uint32), bitcast=True)
     GROUP: tl.constexpr = D_NOPE // 16  # words (of four features) in a column group
     offs_w = tl.arange(0, GROUP)
