@@ -21,9 +21,9 @@ def main() -> None:
             ("graph float32 add", lambda: torch.add(src32, 0.0, out=dst32)),
         ):
             ms = timing.graph_ms_per_call([call])
-            rows.append({"gib": gib, "method": name, "ms": ms, "tbps": 2 * n / (ms * 1e-3) / 1e12})
+            rows.append({"gib": gib, "method": name, "ms": ms, "tbps": timing.tbps(2 * n, ms)})
         ms = timing.eager_ms(lambda: dst.copy_(src))
-        rows.append({"gib": gib, "method": "eager uint8 copy_", "ms": ms, "tbps": 2 * n / (ms * 1e-3) / 1e12})
+        rows.append({"gib": gib, "method": "eager uint8 copy_", "ms": ms, "tbps": timing.tbps(2 * n, ms)})
         del src, dst, src32, dst32
     print(json.dumps({"bench": "copy_ceiling", "gpu": torch.cuda.get_device_name(device), "rows": rows}, indent=2))
 

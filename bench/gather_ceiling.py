@@ -113,7 +113,7 @@ def best_gather(problems: list[Problem], contiguous: bool, grid: list[GatherConf
     rows = []
     for config in grid:
         ms = gather_ms(problems, config, contiguous)
-        rows.append({"config": dataclasses.asdict(config), "ms": ms, "tbps": nbytes / (ms * 1e-3) / 1e12})
+        rows.append({"config": dataclasses.asdict(config), "ms": ms, "tbps": timing.tbps(nbytes, ms)})
     best = max(rows, key=lambda row: row["tbps"])
     return {"tbps": best["tbps"], "ms": best["ms"], "config": best["config"], "grid": rows}
 

@@ -25,7 +25,7 @@ import math
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
@@ -34,7 +34,7 @@ from gluon_agent.selftest.problem import make_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mla_decode import (  # noqa: E402
-    HEADS, kernel_mode, rel_l2, report_json, rotating_problems, time_mode, using_split_count,
+    HEADS, kernel_mode, rel_l2, replacing, report_json, rotating_problems, time_mode, using_split_count,
 )
 
 WORDS_INIT = (
@@ -172,14 +172,9 @@ def variant_kernel(name: str, workdir: Path):
     return module._split_kernel
 
 
-@contextlib.contextmanager
-def using_kernel(kernel) -> Iterator[None]:
+def using_kernel(kernel) -> contextlib.AbstractContextManager[None]:
     """triton_mla.mla_decode launches `kernel` instead of its own split kernel, until the block ends."""
-    original, triton_mla._split_kernel = triton_mla._split_kernel, kernel
-    try:
-        yield
-    finally:
-        triton_mla._split_kernel = original
+    return replacing("_split_kernel", kernel)
 
 
 def main() -> None:
@@ -212,7 +207,7 @@ def main() -> None:
                 with using_kernel(kernel), using_split_count(rule):
                     ms = time_mode(problems, run)
                     err = rel_l2(first, run)
-                tbps = first.kv_bytes / (ms * 1e-3) / 1e12
+                tbps = timing.tbps(first.kv_bytes, ms)
                 splits = rule(batch, kv_len, device, run_config)
                 rows.append({"batch": batch, "kv_len": kv_len, "variant": name, "splits": splits,
                              "config": dataclasses.asdict(run_config), "ms": ms, "ratio_to_ceiling": tbps / ceiling,

@@ -92,7 +92,7 @@ def time_mode(problems: list[Problem], run) -> float:
 def entry(p: Problem, mode: str, ms: float, ceilings: tuple[float, float], torch_ms: float | None,
           err: float | None) -> dict:
     """`ceilings`: the copy ceiling, and this shape's gather ceiling (bench/gather_ceiling.py)."""
-    tbps = p.kv_bytes / (ms * 1e-3) / 1e12
+    tbps = timing.tbps(p.kv_bytes, ms)
     ceiling, gather = ceilings
     return {
         "batch": p.batch, "kv_len": p.lengths[0], "heads": p.heads, "mode": mode, "ms": ms,
@@ -113,7 +113,7 @@ def sweep(problems: list[Problem], ceiling: float) -> list[dict]:
         except Exception as exc:  # out of shared memory for big tiles: record and go on
             rows.append({"config": dataclasses.asdict(config), "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
             continue
-        tbps = problems[0].kv_bytes / (ms * 1e-3) / 1e12
+        tbps = timing.tbps(problems[0].kv_bytes, ms)
         launch = triton_mla.last_split_launch
         rows.append({
             "config": dataclasses.asdict(config), "ms": ms, "ratio_to_ceiling": tbps / ceiling,
@@ -127,13 +127,21 @@ SWEEP_MIN_TOKENS_PER_SPLIT = 256
 
 
 @contextlib.contextmanager
-def using_split_count(rule: Callable[[int, int, torch.device, triton_mla.KernelConfig], int]) -> Iterator[None]:
-    """triton_mla.mla_decode splits by `rule` instead of its own, until the block ends."""
-    original, triton_mla.split_count = triton_mla.split_count, rule
+def replacing(name: str, value: object) -> Iterator[None]:
+    """triton_mla.<name> is `value` until the block ends: mla_decode then uses it (a split rule, a kernel)."""
+    original = getattr(triton_mla, name)
+    setattr(triton_mla, name, value)
     try:
         yield
     finally:
-        triton_mla.split_count = original
+        setattr(triton_mla, name, original)
+
+
+def using_split_count(
+    rule: Callable[[int, int, torch.device, triton_mla.KernelConfig], int],
+) -> contextlib.AbstractContextManager[None]:
+    """triton_mla.mla_decode splits by `rule` instead of its own, until the block ends."""
+    return replacing("split_count", rule)
 
 
 def split_sweep(problems: list[Problem], ceiling: float) -> list[dict]:
@@ -147,7 +155,7 @@ def split_sweep(problems: list[Problem], ceiling: float) -> list[dict]:
     for splits in sorted(counts | {triton_mla.split_count(batch, max_len, first.kv.device, config)}):
         with using_split_count(lambda *_, splits=splits: splits):
             ms = time_mode(problems, kernel_mode("native-12", config))
-        tbps = first.kv_bytes / (ms * 1e-3) / 1e12
+        tbps = timing.tbps(first.kv_bytes, ms)
         rows.append({"splits": splits, "programs": splits * batch, "waves": splits * batch / resident, "ms": ms,
                      "ratio_to_ceiling": tbps / ceiling})
     return rows

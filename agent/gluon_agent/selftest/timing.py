@@ -67,6 +67,11 @@ def eager_ms(call: Callable[[], None], replays: int = REPLAYS) -> float:
     return statistics.median(event_ms(call, replays))
 
 
+def tbps(nbytes: float, ms: float) -> float:
+    """Bandwidth in TB/s of `nbytes` moved in `ms` milliseconds."""
+    return nbytes / (ms * 1e-3) / 1e12
+
+
 def copy_ceiling_tbps(device: torch.device, nbytes: int = 2**30) -> float:
     """Device-to-device copy bandwidth, counting bytes read plus bytes written (TB/s): the faster of an
     eager cudaMemcpy and a graph-replayed copy kernel. (On an H200 a memcpy node inside a CUDA graph
@@ -76,4 +81,4 @@ def copy_ceiling_tbps(device: torch.device, nbytes: int = 2**30) -> float:
     kernel_ms = graph_ms_per_call([lambda: torch.add(src, 0.0, out=dst)])
     memcpy_ms = eager_ms(lambda: dst.copy_(src))
     del src, dst
-    return 2 * nbytes / (min(kernel_ms, memcpy_ms) * 1e-3) / 1e12
+    return tbps(2 * nbytes, min(kernel_ms, memcpy_ms))

@@ -93,7 +93,7 @@ def time_case(backend: Backend, case: plan.Case, first: Problem, device: torch.d
         "rotations": len(problems),
         "ms": ms,
         "kv_bytes": first.kv_bytes,
-        "kv_tbps": first.kv_bytes / (ms * 1e-3) / 1e12,
+        "kv_tbps": timing.tbps(first.kv_bytes, ms),
     }
 
 
