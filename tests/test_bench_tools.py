@@ -61,6 +61,21 @@ def test_gather_ceiling_kernel_reads_every_byte_of_every_listed_row(config):
     assert gather_ceiling.fold_xor(gather_ceiling.gather_xor(p.kv, p.kv_indices, config)) != expected
 
 
+@pytest.mark.parametrize("config", [gather_ceiling.SplitFloorConfig(16, 1, 1, 1.0, "float32"),
+                                    gather_ceiling.SplitFloorConfig(16, 1, 1, 4.0, "float16")])
+def test_split_floor_reads_every_row_once_and_runs_the_kernels_reduce(config):
+    """The design floor times the split kernel's reads and writes: each split's XOR folds to the XOR of
+    every listed row, and the real reduce turns the partials into an output (no NaN poison left)."""
+    p = make_problem([37, 130], seed=3)
+    call = gather_ceiling.SplitFloorCall.build(p, config)
+    assert call.splits == (4 if config.waves == 1.0 else 8)  # 8 resident programs on the CPU stand-in / batch 2; <= 130 // 16
+    call()
+    rows = p.kv.view(torch.uint8)[p.kv_indices.long()].contiguous().view(torch.int32).numpy()
+    assert gather_ceiling.fold_xor(call.folded) == int(np.bitwise_xor.reduce(rows.ravel())) & 0xFFFFFFFF
+    assert torch.isfinite(call.out.float()).all()
+    assert (call.part_lse[0, 3:, : p.heads] == float("-inf")).all()  # 37 tokens fill three 16-token splits
+
+
 def test_gpu_bench_reports_say_which_bench_where_and_how(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench/gather_ceiling.py", "--json"])
     monkeypatch.setattr(mla_decode, "machine", lambda device: {"gpu": "NVIDIA H200"})

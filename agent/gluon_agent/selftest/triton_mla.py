@@ -38,7 +38,9 @@ class KernelConfig:
 
 # Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps with 128-wide QK slices.
 # 88 KB of shared memory (and 237 registers x 128 threads) leave room for two programs per multiprocessor
-# (ctas_per_sm); configs that fit three or four were slower (session 6's maxnreg A/B). One config
+# (ctas_per_sm). An arithmetic-free kernel of this structure is no faster (bench/gather_ceiling.py's split
+# floor): at 8 warps per SM the loop waits on memory. Configs with 12 or 16 warps per SM were slower still
+# (sessions 6 and 8, maxnreg A/Bs): smaller tiles and register caps cost more than the warps hide. One config
 # for every batch: the split count below is a launch quantity, so a cold self-test compiles one kernel.
 DEFAULT_CONFIG = KernelConfig()
 INTERPRET_CONFIG = KernelConfig(block_n=16, num_warps=1, num_stages=1, ctas_per_sm=1, min_tokens_per_split=16)
@@ -80,6 +82,17 @@ def _concat(a, b, BLOCK_H: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @triton.jit
+def split_range(KV_INDPTR, b, s, num_splits, BLOCK: tl.constexpr):
+    """Split s of sequence b: tokens [lo, hi) of kv_indices, read live from kv_indptr (so a graph captured
+    at one length stays right at another), whole BLOCK-token tiles but the last."""
+    start = tl.load(KV_INDPTR + b)
+    end = tl.load(KV_INDPTR + b + 1)
+    per_split = tl.cdiv(tl.cdiv(end - start, num_splits), BLOCK) * BLOCK
+    lo = start + s * per_split
+    return lo, tl.minimum(lo + per_split, end)
+
+
+@triton.jit
 def _split_kernel(
     Q, KV, KV_INDPTR, KV_INDICES, PART_O, PART_LSE,
     qk_scale_log2, kv_scale, num_heads, num_splits,
@@ -91,11 +104,7 @@ def _split_kernel(
 ):
     b = tl.program_id(0)
     s = tl.program_id(1)
-    start = tl.load(KV_INDPTR + b)
-    end = tl.load(KV_INDPTR + b + 1)
-    per_split = tl.cdiv(tl.cdiv(end - start, num_splits), BLOCK_N) * BLOCK_N
-    lo = start + s * per_split
-    hi = tl.minimum(lo + per_split, end)
+    lo, hi = split_range(KV_INDPTR, b, s, num_splits, BLOCK_N)
 
     offs_h = tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
@@ -283,7 +292,15 @@ def mla_decode(
         D_CHUNK=config.d_chunk,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    block_d, block_s = reduce_tile(batch * heads, splits, q.device)
+    return reduce_partials(part_o, part_lse, out)
+
+
+def reduce_partials(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The reduce step: out[B, H, 512] from each split's normalised partial part_o[B, S, 16, 512] and its
+    log2-sum-exp part_lse[B, S, 16] (-inf for a split with no token)."""
+    batch, splits = part_o.shape[:2]
+    heads = out.shape[1]
+    block_d, block_s = reduce_tile(batch * heads, splits, out.device)
     _reduce_kernel[(batch, heads, D_LATENT // block_d)](
         part_o, part_lse, out, splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
