@@ -10,9 +10,10 @@ kernels over the shuffled indices, and over contiguous indices (rows in pool ord
 
 `split_floor` is the floor of the decode kernel's own design (split-KV, then a reduce step): programs that
 take the split kernel's token ranges, read every row once and write a partial and a log-sum-exp per
-split like it does, then the kernel's own reduce, with no arithmetic in between. No split-KV kernel with
-a separate reduce can be faster than the best of its grid (split counts from half a wave to four waves,
-fp32 or fp16 partials), so a speed target above it cannot be met by that design on the machine.
+split like it does, then the kernel's own reduce, with no arithmetic in between. A split-KV kernel with a
+separate reduce does all of that and its arithmetic besides, so a speed target that the grid's best
+(tile and warp shapes, half a wave to four waves of splits, fp32 or fp16 partials) misses is out of reach
+for that design on the machine, unless a structure outside the grid reads faster.
 """
 
 from __future__ import annotations

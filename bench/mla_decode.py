@@ -236,7 +236,7 @@ def main() -> None:
         "targets": TARGETS,
         "met": targets_met(native) if native else None,
         # The same targets against the split-KV design's arithmetic-free floor: a target the floor
-        # misses cannot be met by any split-KV kernel with a separate reduce on this machine.
+        # misses is out of reach for a split-KV kernel with a separate reduce on this machine.
         "met_by_split_floor": targets_met(floor) if floor else None,
     }
     if args.sweep:
