@@ -194,7 +194,7 @@ class SplitFloorCall:
     @classmethod
     def build(cls, p: Problem, config: SplitFloorConfig) -> "SplitFloorCall":
         resident = triton_mla.resident_programs(p.q.device, triton_mla.DEFAULT_CONFIG)
-        splits = max(1, min(int(config.waves * resident) // p.batch, max(p.lengths) // config.block_t))
+        splits = triton_mla.splits_per_sequence(int(config.waves * resident), p.batch, max(p.lengths), config.block_t)
         part_o = torch.empty(p.batch, splits, triton_mla.HEAD_TILE, D_LATENT, dtype=getattr(torch, config.partial_dtype), device=p.q.device)
         part_lse = torch.empty(p.batch, splits, triton_mla.HEAD_TILE, dtype=torch.float32, device=p.q.device)
         folded = torch.empty(p.batch * splits, dtype=torch.int32, device=p.q.device)

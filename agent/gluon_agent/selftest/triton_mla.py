@@ -241,7 +241,12 @@ def split_count(batch: int, max_kv_len: int, device: torch.device, config: Kerne
     min_tokens_per_split. Depends on the length *bound*, so a captured graph stays valid. H200
     (docs/benchmarks/README.md): one wave beat 2 to 6 waves at every recorded shape, and a
     program count just over one wave (264 + 24) cost 32 x 8K 19%."""
-    return max(1, min(resident_programs(device, config) // batch, max_kv_len // config.min_tokens_per_split))
+    return splits_per_sequence(resident_programs(device, config), batch, max_kv_len, config.min_tokens_per_split)
+
+
+def splits_per_sequence(programs: int, batch: int, max_kv_len: int, min_tokens: int) -> int:
+    """`programs` split programs shared among `batch` sequences, none shorter than `min_tokens`, at least one."""
+    return max(1, min(programs // batch, max_kv_len // min_tokens))
 
 
 def resident_programs(device: torch.device, config: KernelConfig) -> int:
