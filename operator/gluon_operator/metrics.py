@@ -44,3 +44,7 @@ class OperatorMetrics:
         if not self._server_started:
             start_http_server(port, addr=addr, registry=self.registry)
             self._server_started = True
+
+
+# The operator process's one registry of metrics (kopf handlers and the analysis shell share it).
+METRICS = OperatorMetrics()
