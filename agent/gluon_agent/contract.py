@@ -58,6 +58,16 @@ ANNOTATION_SELFTEST_REQUEST: Final = PREFIX + "selftest-request"
 # Operator-owned. JSON: why the node was rolled back, with the measured numbers and thresholds.
 ANNOTATION_ROLLBACK: Final = PREFIX + "rollback"
 
+# ---------------------------------------------------------------- person-owned controls
+# Node label: "true" keeps a node off the accelerated path (never enabled; disabled if it was on), as
+# NVIDIA's driver-upgrade skip label does. Written by people, read by the operator.
+LABEL_SKIP: Final = PREFIX + "skip"
+# GluonRollout annotations written by `kubectl gluon` (or a person), read by the operator:
+# approve: the approval gate being granted, exactly as status.approval.waitingFor names it;
+# abort: a reason; while present the rollout is aborted (flag-on nodes disabled). Removing it resumes.
+ANNOTATION_ROLLOUT_APPROVE: Final = PREFIX + "approve"
+ANNOTATION_ROLLOUT_ABORT: Final = PREFIX + "abort"
+
 # Keys the agent may write and remove; it never touches the operator's or a person's keys.
 AGENT_LABELS: Final = (LABEL_CAPABLE, LABEL_SELFTEST, LABEL_GPU_ARCH)
 AGENT_ANNOTATIONS: Final = (ANNOTATION_REPORT, ANNOTATION_OWNED_KEYS)
