@@ -265,21 +265,24 @@ class TricklingAgent:
         self.thread.join(5)
 
 
+def timed_preflight(shared, agent_url: str, options: list[str], stack=()) -> tuple[dict, float]:
+    """The preflight's Python alone (no shell watchdog): its verdict and how long it took."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "gluon_agent.preflight", "--flag-dir", str(shared),
+                           "--termination-log", str(shared / "termination-log"), "--agent-url", agent_url, *options],
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([str(shared / "lib"), *map(str, stack)])},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads((shared / "termination-log").read_text()), time.monotonic() - started
+
+
 def test_a_trickling_agent_is_cut_at_the_agent_timeout(shared):
     """Each read gets a byte in time, so a per-read timeout alone never fires: the request has one limit."""
     agent = TricklingAgent()
     try:
-        started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "gluon_agent.preflight", "--flag-dir", str(shared),
-                               "--termination-log", str(shared / "termination-log"), "--agent-url", agent.url,
-                               "--agent-timeout", "2", "--deadline", "20"],
-                              env={"PATH": os.environ["PATH"], "PYTHONPATH": str(shared / "lib")},
-                              capture_output=True, text=True, timeout=60)
-        seconds = time.monotonic() - started
+        verdict, seconds = timed_preflight(shared, agent.url, ["--agent-timeout", "2", "--deadline", "20"])
     finally:
         agent.close()
-    assert done.returncode == 0, done.stderr
-    verdict = json.loads((shared / "termination-log").read_text())
     assert verdict["flag"] == "0" and "TimeoutError: no whole answer within 2 s" in verdict["reason"], verdict
     assert seconds < 8
 
@@ -292,17 +295,9 @@ def test_the_deadline_bounds_agent_and_probe_together(shared, tmp_path):
     agent = DecisionAgent({"flag": "1", "reason": "enabled", "current": True, "enabled": True})
     hanging = failing_aiter(tmp_path / "aiter", "hang")
     try:
-        started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "gluon_agent.preflight", "--flag-dir", str(shared),
-                               "--termination-log", str(shared / "termination-log"), "--agent-url", agent.url,
-                               "--probe-timeout", "60", "--deadline", "6"],
-                              env={"PATH": os.environ["PATH"], "PYTHONPATH": f"{shared / 'lib'}:{hanging}"},
-                              capture_output=True, text=True, timeout=60)
-        seconds = time.monotonic() - started
+        verdict, seconds = timed_preflight(shared, agent.url, ["--probe-timeout", "60", "--deadline", "6"], [hanging])
     finally:
         agent.close()
-    assert done.returncode == 0, done.stderr
-    verdict = json.loads((shared / "termination-log").read_text())
     assert verdict["flag"] == "0" and verdict["reason"].startswith("this image's stack is not capable"), verdict
     assert seconds < 12
 
