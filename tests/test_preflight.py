@@ -329,3 +329,19 @@ class DecisionAgent:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@pytest.mark.parametrize("env,url", [
+    ({"HOST_IP": "10.0.0.7"}, f"http://10.0.0.7:{contract.AGENT_PORT}{contract.DECISION_PATH}"),
+    ({"HOST_IP": "fd00::7"}, f"http://[fd00::7]:{contract.AGENT_PORT}{contract.DECISION_PATH}"),
+    ({"HOST_IP": "10.0.0.7", contract.ENV_PREFLIGHT_AGENT_URL: "http://10.0.0.7:9999/v1/decision"}, "http://10.0.0.7:9999/v1/decision"),
+    ({}, None),
+])
+def test_the_agent_address(env, url, monkeypatch):
+    from gluon_agent.preflight import default_agent_url
+
+    for name in ("HOST_IP", contract.ENV_PREFLIGHT_AGENT_URL):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert default_agent_url() == url

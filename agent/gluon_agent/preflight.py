@@ -169,6 +169,8 @@ def default_agent_url() -> str | None:
     if os.environ.get(contract.ENV_PREFLIGHT_AGENT_URL):
         return os.environ[contract.ENV_PREFLIGHT_AGENT_URL]
     host = os.environ.get("HOST_IP")
+    if host and ":" in host:  # an IPv6 node address (status.hostIP on an IPv6 cluster) needs brackets in a URL
+        host = f"[{host}]"
     return f"http://{host}:{contract.AGENT_PORT}{contract.DECISION_PATH}" if host else None
 
 
