@@ -47,6 +47,14 @@ LABEL_POD_FLAG: Final = PREFIX + "flag"
 # Set by the mutating webhook on pods it injected: the GluonRollout whose selector matched.
 ANNOTATION_POD_INJECTED: Final = PREFIX + "injected"
 
+# ---------------------------------------------------------------- pod annotation, person-owned
+# The container that serves (its image is the one the preflight checks, and only containers of that
+# image get the flag). Default: Kubernetes' own default-container annotation below, then the first
+# container that is not a well-known sidecar (webhook.KNOWN_SIDECARS).
+ANNOTATION_POD_SERVING_CONTAINER: Final = PREFIX + "serving-container"
+# Not ours (kubectl's, read only): the container `kubectl logs/exec` pick by default.
+FOREIGN_ANNOTATION_DEFAULT_CONTAINER: Final = "kubectl.kubernetes.io/default-container"
+
 # ---------------------------------------------------------------- node annotations
 # Agent-owned. JSON: probe, self-test results, fingerprint, time, agent version.
 ANNOTATION_REPORT: Final = PREFIX + "report"
@@ -101,10 +109,15 @@ M_ROLLOUT_ANALYSIS_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "analysis_errors"  # 
 M_ROLLOUT_QUERY_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "query_seconds"
 M_ROLLOUT_API_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "api_errors"  # counter
 M_ROLLOUT_RESTARTS: Final = ROLLOUT_METRIC_PREFIX + "pod_restarts"  # counter
+# Admission reviews the webhook answered, by outcome (webhook.OUTCOMES); every one is allowed.
+M_ROLLOUT_WEBHOOK_REVIEWS: Final = ROLLOUT_METRIC_PREFIX + "webhook_reviews"  # counter
 
 # ---------------------------------------------------------------- agent HTTP
 AGENT_PORT: Final = 9477
 DECISION_PATH: Final = "/v1/decision"
+# The preflight asks http://$HOST_IP:AGENT_PORT/DECISION_PATH unless this env var gives a whole URL
+# (an agent on another port; tests).
+ENV_PREFLIGHT_AGENT_URL: Final = "GLUON_AGENT_URL"
 
 
 def is_ours(key: str) -> bool:
