@@ -157,7 +157,7 @@ class SimCluster:
             processes.AGENT_IMAGE: Image(path=(venv_bin,)),
             # SIMULATION: the serving image's python3 with a fake aiter and a gfx950 torch on its PYTHONPATH
             # (its own ENV), and the real Triton of our environment (Gluon with cga_layout).
-            SERVING_IMAGE: Image(env={"PYTHONPATH": os.pathsep.join([str(aiter), str(torch_stack)])}, path=(str(shim),)),
+            SERVING_IMAGE: Image(env={"PYTHONPATH": os.pathsep.join([str(aiter), str(torch_stack), triton_site()])}, path=(str(shim),)),
         }
 
     def _spawn(self, target: Any, name: str) -> None:
@@ -314,3 +314,10 @@ class SimCluster:
             self.prometheus.stop()
         if self.cp:
             self.cp.stop()
+
+
+def triton_site() -> str:
+    """The serving image's Triton: the real PyPI one (Gluon with cga_layout), from our environment."""
+    import triton
+
+    return os.path.dirname(os.path.dirname(triton.__file__))
