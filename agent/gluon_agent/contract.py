@@ -17,6 +17,11 @@ FLAG_ENV: Final = "SGLANG_AITER_MLA_GLUON"
 # "true" when the probe found the stack and hardware able to run the Gluon path (gfx950, the aiter
 # import, Triton's Gluon cga_layout API, fp8 e4m3fn), whatever the env flag says. "false" otherwise.
 LABEL_CAPABLE: Final = PREFIX + "capable"
+# Its third value: the aiter Gluon import raises something other than ImportError (or dies). SGLang
+# catches only ImportError, so with the flag on the serving process would fail to start: louder than
+# "false", never to be enabled.
+CAPABLE_IMPORT_CRASH: Final = "import-crash"
+CAPABLE_VALUES: Final = ("true", "false", CAPABLE_IMPORT_CRASH)
 # The self-test verdict for this node's current fingerprint, worst over GPUs and paths.
 LABEL_SELFTEST: Final = PREFIX + "selftest"
 SELFTEST_VALUES: Final = ("pass", "fail", "error", "pending", "deferred")
@@ -78,6 +83,8 @@ OPERATOR_NODE_KEYS: Final = (LABEL_ENABLED, LABEL_STATE, ANNOTATION_ROLLBACK)
 AGENT_METRIC_PREFIX: Final = "gluon_agent_"
 M_AGENT_INFO: Final = AGENT_METRIC_PREFIX + "probe"  # info metric: versions, arch
 M_AGENT_CAPABLE: Final = AGENT_METRIC_PREFIX + "capable"
+# 1 while the aiter Gluon import raises a non-ImportError (or dies): SGLang would fail to start with the flag on.
+M_AGENT_IMPORT_CRASH: Final = AGENT_METRIC_PREFIX + "aiter_import_crash"
 M_AGENT_SELFTEST_RESULT: Final = AGENT_METRIC_PREFIX + "selftest_result"
 M_AGENT_CASE_ERROR: Final = AGENT_METRIC_PREFIX + "selftest_case_rel_error"
 M_AGENT_KERNEL_SECONDS: Final = AGENT_METRIC_PREFIX + "kernel_seconds"

@@ -42,7 +42,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def reference_of(p: Problem) -> torch.Tensor:
-    return mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale)
+    return mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, p.q_len)
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
 
 
 def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: int, heads: int) -> tuple[plan.CaseResult, Problem]:
-    p = make_problem(list(case.lengths), heads=heads, device=device, seed=seed)
+    p = make_problem(list(case.lengths), heads=heads, device=device, seed=seed, q_len=case.q_len)
     ref = reference_of(p)
     out = p.new_output(plan.POISON)
     started = time.perf_counter()
@@ -66,7 +66,7 @@ def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: in
     synchronize(device)
     result = plan.CaseResult(
         case=case.name, backend=backend.name, batch=p.batch, kv_lens=sorted(set(p.lengths)),
-        seconds=round(time.perf_counter() - started, 4), **compare(out, ref),
+        seconds=round(time.perf_counter() - started, 4), q_len=p.q_len, **compare(out, ref),
     )
     return plan.judge_case(result), p
 
@@ -83,7 +83,7 @@ def time_case(backend: Backend, case: plan.Case, first: Problem, device: torch.d
         for i in range(rotations_for(first, device) - 1)
     ]
     outs = [p.new_output() for p in problems]
-    call = Call(max_kv_len=max(first.lengths), capturing=True)
+    call = Call(max_kv_len=max(first.lengths), capturing=True, metadata_per_call=False)
     ms = timing.graph_ms_per_call([lambda p=p, o=o: backend.run(p, o, call) for p, o in zip(problems, outs)])
     return {
         "case": case.name,
@@ -173,7 +173,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return {"deferred": deferred}
     backend = BACKEND_SETS[spec["backend_set"]][spec["path"]]
     on_gpu = device.type == "cuda"
-    cases = plan.GPU_CASES if on_gpu else plan.CPU_CASES
+    cases = (plan.GPU_CASES if on_gpu else plan.CPU_CASES) + plan.mtp_cases(spec.get("mtp_q_lens", ()), on_gpu)
     seed, heads = int(spec["seed"]), int(spec.get("heads", 12))
     started = time.perf_counter()
     results, timings, graphs = [], [], []
@@ -209,6 +209,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "backend": backend.name,
         "path": spec["path"],
         "cases": [dataclasses.asdict(r) for r in results],
+        "mtp_skipped": spec.get("mtp_skipped") or None,
         "timing": timings,
         "graph": [dataclasses.asdict(g) | {"ratio": g.ratio} for g in graphs],
         "ceiling_tbps": ceiling,
