@@ -17,14 +17,12 @@ from aiter import _table
 from aiter._fake import CALLS, arch, attend
 from aiter.ops.attention import built_for, get_mla_decode_fwd_max_splits
 
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8", torch.float8_e4m3fnuz: "fp8",
-               torch.int8: "byte", torch.uint8: "byte"}
-
-
 def dtype_name(dtype, what):
-    if dtype not in DTYPE_NAMES:
+    names = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8", torch.float8_e4m3fnuz: "fp8",
+             torch.int8: "byte", torch.uint8: "byte"}  # built here: the probe's stand-in torch has no dtypes
+    if dtype not in names:
         raise RuntimeError(f"[AITER] mla_decode_stage1_asm_fwd: unsupport {what} dtype:{dtype}")
-    return DTYPE_NAMES[dtype]
+    return names[dtype]
 
 
 def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,

@@ -13,7 +13,10 @@ import torch
 from aiter._fake import CALLS, arch, cu_num
 
 METADATA = {}  # work_metadata_ptrs.data_ptr() -> what get_mla_metadata_v1 built it for
-FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def is_fp8(dtype):
+    return dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
 def get_mla_decode_fwd_max_splits(num_head_qo, max_seqlen_qo, q_dtype, kv_dtype):
@@ -26,7 +29,7 @@ def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv
     max_splits = get_mla_decode_fwd_max_splits(num_head_qo, max_seqlen_qo, q_dtype, kv_dtype)
     seqlen = 1 if is_sparse else max_seqlen_qo
     packed = seqlen * num_head_qo
-    both_fp8 = q_dtype in FP8 and kv_dtype in FP8
+    both_fp8 = is_fp8(q_dtype) and is_fp8(kv_dtype)
     both_bf16 = q_dtype == kv_dtype == torch.bfloat16
     tiles = math.ceil(packed / 16)
     if (arch() == "gfx950" and both_bf16 and packed >= 64 and num_head_qo <= 64 and (packed < 128 or num_head_qo == 48)) \
