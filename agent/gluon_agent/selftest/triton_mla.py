@@ -97,32 +97,32 @@ def split_bounds(start, end, s, num_splits, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def query_split_range(KV_INDPTR, row, s, num_splits, BLOCK: tl.constexpr, QLEN: tl.constexpr):
-    """Split s of query row `row`'s tokens. With QLEN > 1 the row is position row % QLEN of sequence
-    row // QLEN and sees the first L - QLEN + position + 1 tokens (causal within the q block); QLEN == 1
-    compiles to split_range."""
-    if QLEN == 1:
-        lo, hi = split_range(KV_INDPTR, row, s, num_splits, BLOCK)
-    else:
-        seq = row // QLEN
-        end = tl.load(KV_INDPTR + seq + 1) - (QLEN - 1 - row % QLEN)
+def query_split_range(KV_INDPTR, row, s, num_splits, qlen, BLOCK: tl.constexpr, MTP: tl.constexpr):
+    """Split s of query row `row`'s tokens. With MTP the row is position row % qlen of sequence row // qlen
+    and sees the first L - qlen + position + 1 tokens (causal within the q block); without, it compiles to
+    split_range. qlen is a run-time value: every q_len > 1 shares one compiled kernel."""
+    if MTP:
+        seq = row // qlen
+        end = tl.load(KV_INDPTR + seq + 1) - (qlen - 1 - row % qlen)
         lo, hi = split_bounds(tl.load(KV_INDPTR + seq), end, s, num_splits, BLOCK)
+    else:
+        lo, hi = split_range(KV_INDPTR, row, s, num_splits, BLOCK)
     return lo, hi
 
 
 @triton.jit
 def _split_kernel(
     Q, KV, KV_INDPTR, KV_INDICES, PART_O, PART_LSE,
-    qk_scale_log2, kv_scale, num_heads, num_splits,
+    qk_scale_log2, kv_scale, num_heads, num_splits, qlen,
     stride_qb, stride_qh, stride_kv,
     stride_pb, stride_ps, stride_ph,
     stride_lb, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_PE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, D_CHUNK: tl.constexpr, QLEN: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, D_CHUNK: tl.constexpr, MTP: tl.constexpr,
 ):
-    b = tl.program_id(0)  # a query row: a sequence, or with QLEN > 1 one position of one
+    b = tl.program_id(0)  # a query row: a sequence, or with MTP one position of one
     s = tl.program_id(1)
-    lo, hi = query_split_range(KV_INDPTR, b, s, num_splits, BLOCK_N, QLEN)
+    lo, hi = query_split_range(KV_INDPTR, b, s, num_splits, qlen, BLOCK_N, MTP)
 
     offs_h = tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
@@ -309,7 +309,7 @@ def mla_decode(
     global last_split_launch
     last_split_launch = _split_kernel[(batch, splits)](
         q, kv, kv_indptr, kv_indices, part_o, part_lse,
-        sm_scale * kv_scale * LOG2E, kv_scale, heads, splits,
+        sm_scale * kv_scale * LOG2E, kv_scale, heads, splits, q_len,
         q.stride(0), q.stride(1), kv.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1),
@@ -317,7 +317,7 @@ def mla_decode(
         # fp8 e4m3 -> fp16 is one conversion per pair and fp16 keeps 3 more mantissa bits than bf16 for P.
         # Triton's interpreter multiplies 16-bit floats as raw bits in tl.dot (seen with 3.9): fp32 there.
         DOT_DTYPE=tl.float32 if interpreting() else tl.float16,
-        D_CHUNK=config.d_chunk, QLEN=q_len,
+        D_CHUNK=config.d_chunk, MTP=q_len > 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return reduce_partials(part_o, part_lse, out)
