@@ -54,7 +54,7 @@ GPU_GRAPH_LENGTHS = (32768, 8192, 1024)  # captured at the first (largest), repl
 # so 2..4 is what Kimi-K3 serves with; longer ones are refused there, as SGLang would find out in serving.
 MTP_Q_LENS = (2, 3, 4)
 MTP_MAX_Q_LEN = 16
-GPU_MTP_LENGTHS = (129, 1000, 4097, 9000)
+GPU_MTP_LENGTHS = (129, 4097, 9000)  # 3 sequences: 17 splits at every q_len 2..4, one compile (16 would be another)
 CPU_MTP_LENGTHS = (5, 33)
 
 # Tiny shapes for TRITON_INTERPRET=1 on the CPU (the interpreter's block is 16 tokens).
