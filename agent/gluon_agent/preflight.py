@@ -28,7 +28,7 @@ FLAG_FILE_NAME = "flag.env"
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LIMIT = 4096  # the kubelet keeps at most this much of a termination message
 # The modules the preflight needs in a foreign image: all stdlib-only.
-PORTABLE_MODULES = ("__init__.py", "contract.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py")
+PORTABLE_MODULES = ("__init__.py", "contract.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py", "sglang_routes.py")
 
 
 def flag_line(value: str) -> str:

@@ -218,7 +218,7 @@ def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: flo
         "missing_for_capable": verdict.missing_for_capable,
         "missing_for_ready": verdict.missing_for_ready,
         "summary": verdict.summary if crash is None else f"{verdict.summary}. {crash}",
-        "sglang": decode_routes(runs["sglang"].result) | {"check": runs["sglang"].status},
+        "sglang": dict(decode_routes(runs["sglang"].result), check=runs["sglang"].status),
         "checks": {n: {"status": r.status, "seconds": round(r.seconds, 3), "detail": r.detail} for n, r in runs.items()},
         "probe_seconds": round(seconds, 3),
     }
