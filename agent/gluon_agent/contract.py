@@ -13,6 +13,16 @@ PREFIX: Final = "gluonrollout.io/"
 # SGLang's switch for the accelerated path (SGLang PR #34647). Not ours: SGLang reads it.
 FLAG_ENV: Final = "SGLANG_AITER_MLA_GLUON"
 
+# ---------------------------------------------------------------- self-test child environment (ours)
+# The device index the runner gives each self-test child (fakes of aiter key their failure modes on it).
+ENV_SELFTEST_DEVICE_INDEX: Final = "GLUON_SELFTEST_DEVICE_INDEX"
+# Test-only switches for fake devices on the CPU (never set in a deployment; the chart has no way to):
+# "INDEX:crash[:PATH]" / "INDEX:hang[:PATH]" (comma-separated) make that device's children (of that path)
+# abort or hang at their first case; "INDEX:GIB" in the second gives that fake device only GIB GiB free, as
+# if another process held it.
+ENV_SELFTEST_FAKE_FAULT: Final = "GLUON_SELFTEST_FAKE_FAULT"
+ENV_SELFTEST_FAKE_FREE_GIB: Final = "GLUON_SELFTEST_FAKE_FREE_GIB"
+
 # ---------------------------------------------------------------- node labels, agent-owned
 # "true" when the probe found the stack and hardware able to run the Gluon path (gfx950, the aiter
 # import, Triton's Gluon cga_layout API, fp8 e4m3fn), whatever the env flag says. "false" otherwise.

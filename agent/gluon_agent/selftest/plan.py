@@ -200,6 +200,15 @@ def speed_gate(backend_set: str, speedup_by_case: dict[str, float]) -> str | Non
     return None
 
 
+def gpu_failures(gpus: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each GPU path that did not pass, with its first reason: which GPU failed, and why."""
+    return [
+        {"gpu": gpu["index"], "device": gpu["device"], "path": path, "result": result,
+         "reason": (gpu["paths"][path]["reasons"] or [""])[0]}
+        for gpu in gpus for path, result in gpu["result"].items() if result != "pass"
+    ]
+
+
 WORST_FIRST = ("error", "fail", "deferred", "pending", "pass")
 
 

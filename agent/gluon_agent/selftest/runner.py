@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .. import contract
 from ..fingerprint import fingerprint, fingerprint_parts
 from ..isolation import ChildOutcome, run_isolated
 from ..sglang_routes import flag0_failure
@@ -25,7 +26,7 @@ from . import plan
 
 PATHS = ("accelerated", "fallback")
 DEFAULT_TIMEOUT_S = 300.0
-DEVICE_INDEX_ENV = "GLUON_SELFTEST_DEVICE_INDEX"
+DEVICE_INDEX_ENV = contract.ENV_SELFTEST_DEVICE_INDEX
 SCHEMA_VERSION = 1
 
 
@@ -209,6 +210,7 @@ def run_selftest(
         "seed": seed,
         "gpus": gpus,
         "result": plan.worst(per_path) if gpus else "error",
+        "failures": plan.gpu_failures(gpus),
         "problems": problems,
         "seconds": round(time.monotonic() - started, 2),
         "finished_at": time.time(),
@@ -221,6 +223,7 @@ def format_table(report: Mapping[str, Any]) -> str:
         f"fingerprint={report['fingerprint']} seconds={report['seconds']}",
     ]
     lines += [f"  problem: {p}" for p in report["problems"]]
+    lines += [f"  GPU {f['gpu']} ({f['device']}) {f['path']} {f['result']}: {f['reason']}" for f in report.get("failures", [])]
     routes = report.get("sglang") or {}
     if routes:
         lines.append(f"  serving SGLang {routes.get('version')}: flag-0 route {routes.get('flag0_route')}, "

@@ -20,6 +20,7 @@ IMPORT_STARTED = time.monotonic()  # before torch: the report says how long the 
 
 import torch  # noqa: E402
 
+from .. import contract
 from . import plan, timing
 from .backends import BACKEND_SETS, Backend, Call
 from .problem import Problem, make_problem
@@ -133,17 +134,50 @@ def check_graph(backend: Backend, device: torch.device, seed: int, heads: int) -
     return plan.judge_graph(plan.GraphResult(backend.name, batch, capture_len, replays, replay_ms, eager_ms))
 
 
+def fake_device_rule(variable: str, path: str | None = None) -> str | None:
+    """This child's entry in a test-only switch ("INDEX:VALUE[:PATH],..."), for fake devices on the CPU."""
+    index = os.environ.get(contract.ENV_SELFTEST_DEVICE_INDEX, "0")
+    for rule in filter(None, os.environ.get(variable, "").split(",")):
+        parts = rule.split(":")
+        if parts[0] == index and len(parts) > 1 and (len(parts) < 3 or parts[2] == path):
+            return parts[1]
+    return None
+
+
+def memory_info(device: torch.device) -> tuple[int, int] | None:
+    """(free, total) bytes of the device; a fake CPU device has them only when a test gives them."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)
+    fake_free = fake_device_rule(contract.ENV_SELFTEST_FAKE_FREE_GIB)
+    return None if fake_free is None else (int(float(fake_free) * plan.GiB), FAKE_DEVICE_TOTAL)
+
+
+FAKE_DEVICE_TOTAL = 192 * 2**30  # a fake CPU device's "memory", as an MI355X/H200-class card
+
+
 def prepare_device(device: torch.device, limit: int) -> str | None:
     """Bounds our GPU memory; returns a deferral reason when the GPU lacks the free memory."""
-    if device.type != "cuda":
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    info = memory_info(device)
+    if info is None:
         return None
-    torch.cuda.set_device(device)
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = info
     if free < limit:
         return f"{device}: {free / plan.GiB:.1f} GiB free of {total / plan.GiB:.1f} GiB, the self-test needs {limit / plan.GiB:.1f} GiB"
-    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
-    torch.cuda.reset_peak_memory_stats(device)
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        torch.cuda.reset_peak_memory_stats(device)
     return None
+
+
+def fake_fault(device: torch.device, path: str) -> None:
+    """The test-only crash or hang of a fake CPU device's child, at its first case."""
+    fault = fake_device_rule(contract.ENV_SELFTEST_FAKE_FAULT, path) if device.type == "cpu" else None
+    if fault == "crash":
+        os.abort()
+    if fault == "hang":
+        time.sleep(3600)
 
 
 class StepClock:
@@ -180,6 +214,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     for index, case in enumerate(cases):
         emit(plan.PROGRESS_MARKER, {"step": f"case {case.name}", "backend": backend.name})
         clock.start(f"case {case.name}")
+        if index == 0:
+            fake_fault(device, spec["path"])
         result, problem = check_case(backend, case, device, seed + index, heads)
         results.append(result)
         if on_gpu and case.timed and spec.get("timing", True) and result.ok:
