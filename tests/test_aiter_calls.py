@@ -5,7 +5,6 @@ fallback, q_len > 1 (MTP) on both paths, and which SGLang serves (its flag-0 and
 from __future__ import annotations
 
 import csv
-import sys
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from gluon_agent.selftest.backends import BACKEND_SETS, Call
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
 from gluon_operator import gating
-from tests.fakes.stacks import AITER_STACK, FAKES, TORCH_GFX950, child_env, sglang_image, write_tree
+from tests.fakes.stacks import AITER_STACK, FAKES, TORCH_GFX950, child_env, fresh_fake_aiter, sglang_image, write_tree
 
 GFX950_TABLE = FAKES / "upstream" / "aiter-gfx950-mla_asm.csv"
 HEAP = "cannot get heuristic kernel! q_type:bf16 kv_type:fp8 gqa:16 ps:0 prefill:0 causal:1 qseqlen:1 lse:0 cprr:0"
@@ -36,13 +35,7 @@ def rel_l2(out, ref) -> float:
 
 @pytest.fixture
 def fake_aiter(monkeypatch):
-    monkeypatch.syspath_prepend(str(AITER_STACK))
-    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
-        monkeypatch.delitem(sys.modules, name)
-    import aiter._fake
-
-    aiter._fake.CALLS.clear()
-    return aiter._fake.CALLS
+    return fresh_fake_aiter(monkeypatch)
 
 
 # ---------------------------------------------------------------- the kernel table and its lookup
@@ -456,3 +449,27 @@ def test_old_sglang_image_fails_the_fallback_and_the_node_stays_ineligible(clean
     assert desired.labels[contract.LABEL_SELFTEST] == "fail" and desired.labels[contract.LABEL_CAPABLE] == "true"
     verdict = gating.eligibility(gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None)
     assert not verdict.eligible and "fallback fail (SGLang 0.5.19rc0 aborts" in verdict.reason
+
+
+def test_mla_decode_fwd_returns_logits_and_lse_as_aiter_does(fake_aiter):
+    """Persistent mode: (logits, final_lse), logits aiter's fp32 split buffer sized by reduce_partial_map; the
+    answer itself is written to o."""
+    from aiter.mla import mla_decode_fwd
+
+    from gluon_agent.selftest.backends import work_metadata
+
+    p = make_problem([9, 30], q_len=2)
+    qo = torch.arange(3, dtype=torch.int32) * 2
+    ones = torch.ones(2, dtype=torch.int32)
+    meta = work_metadata(p, qo, ones)
+    q16 = torch.zeros(4, 16, D_QK, dtype=torch.bfloat16)
+    q16[:, :12] = p.q
+    o = torch.empty(4, 16, D_LATENT, dtype=torch.bfloat16)
+    logits, lse = mla_decode_fwd(q16, p.kv.view(-1, 1, 1, D_QK), o, qo, p.kv_indptr, p.kv_indices, ones, 2,
+                                 work_meta_data=meta["work_meta_data"], work_indptr=meta["work_indptr"],
+                                 work_info_set=meta["work_info_set"], reduce_indptr=meta["reduce_indptr"],
+                                 reduce_final_map=meta["reduce_final_map"], reduce_partial_map=meta["reduce_partial_map"],
+                                 sm_scale=p.sm_scale, kv_scale=torch.tensor([p.kv_scale]), num_kv_splits=32)
+    assert lse is None and logits.dtype == torch.float32
+    assert logits.shape == (meta["reduce_partial_map"].shape[0] * 2, 1, 16, D_LATENT)
+    assert rel_l2(o[:, :12], reference_of(p)) < 1e-2

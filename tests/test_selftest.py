@@ -19,7 +19,7 @@ from gluon_agent.selftest import plan, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
-from tests.fakes.stacks import AITER_STACK, child_env
+from tests.fakes.stacks import AITER_STACK, child_env, fresh_fake_aiter
 
 CAPABLE_PROBE = {"capable": True, "gpus": [], "torch_version": "t", "triton_version": "x"}
 
@@ -167,13 +167,7 @@ def test_portable_kernel_rejects_non_mla_shapes():
 
 @pytest.fixture
 def fake_aiter(monkeypatch):
-    monkeypatch.syspath_prepend(str(AITER_STACK))
-    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
-        monkeypatch.delitem(sys.modules, name)
-    import aiter._fake
-
-    aiter._fake.CALLS.clear()
-    return aiter._fake.CALLS
+    return fresh_fake_aiter(monkeypatch)
 
 
 @pytest.mark.parametrize("capturing", [False, True])

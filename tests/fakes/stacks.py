@@ -11,6 +11,19 @@ AITER_STACK = FAKES / "aiter_stack"
 AGENT_SOURCE = FAKES.parents[1] / "agent"  # this checkout's gluon_agent, ahead of any installed copy
 
 
+def fresh_fake_aiter(monkeypatch) -> list:
+    """The fake aiter importable in this process, freshly imported, its call record empty."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(AITER_STACK))
+    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import aiter._fake
+
+    aiter._fake.CALLS.clear()
+    return aiter._fake.CALLS
+
+
 def child_env(env: dict[str, str], *paths: Path) -> dict[str, str]:
     """`env` for a child that imports gluon_agent (self-test workers): `paths`, then this checkout's agent."""
     return dict(env, PYTHONPATH=os.pathsep.join(str(p) for p in (*paths, AGENT_SOURCE)))
