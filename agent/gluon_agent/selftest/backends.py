@@ -158,9 +158,10 @@ def reused_metadata(p: Problem, qo_indptr: torch.Tensor, kv_last_page_lens: torc
 
 def run_aiter_zero_pad(p: Problem, out: torch.Tensor, call: Call) -> None:
     """SGLang's flag-0 route for 12 heads with fp8 KV: q zero-padded to 16, the persistent kernel with
-    work metadata built for this batch (SGLang builds it in init_forward_metadata, or before each graph
-    replay into the captured buffers; here it is part of the call, so a replay rebuilds it for the live
-    kv_indptr), output sliced back."""
+    work metadata built for this batch, output sliced back. SGLang builds the metadata in
+    init_forward_metadata, or before each graph replay into the captured buffers; here it is part of the
+    call (for device tensors aiter builds it with a GPU kernel, csrc/kernels/mla/metadata/v1_2_device.cuh,
+    so it is captured too), so a replay rebuilds it for the live kv_indptr."""
     from aiter.mla import mla_decode_fwd
 
     rows, heads, _ = p.q.shape
