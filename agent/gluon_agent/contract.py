@@ -13,10 +13,25 @@ PREFIX: Final = "gluonrollout.io/"
 # SGLang's switch for the accelerated path (SGLang PR #34647). Not ours: SGLang reads it.
 FLAG_ENV: Final = "SGLANG_AITER_MLA_GLUON"
 
+# ---------------------------------------------------------------- self-test child environment (ours)
+# The device index the runner gives each self-test child (fakes of aiter key their failure modes on it).
+ENV_SELFTEST_DEVICE_INDEX: Final = "GLUON_SELFTEST_DEVICE_INDEX"
+# Test-only switches for fake devices on the CPU (never set in a deployment; the chart has no way to):
+# "INDEX:crash[:PATH]" / "INDEX:hang[:PATH]" (comma-separated) make that device's children (of that path)
+# abort or hang at their first case; "INDEX:GIB" in the second gives that fake device only GIB GiB free, as
+# if another process held it.
+ENV_SELFTEST_FAKE_FAULT: Final = "GLUON_SELFTEST_FAKE_FAULT"
+ENV_SELFTEST_FAKE_FREE_GIB: Final = "GLUON_SELFTEST_FAKE_FREE_GIB"
+
 # ---------------------------------------------------------------- node labels, agent-owned
 # "true" when the probe found the stack and hardware able to run the Gluon path (gfx950, the aiter
 # import, Triton's Gluon cga_layout API, fp8 e4m3fn), whatever the env flag says. "false" otherwise.
 LABEL_CAPABLE: Final = PREFIX + "capable"
+# Its third value: the aiter Gluon import raises something other than ImportError (or dies). SGLang
+# catches only ImportError, so with the flag on the serving process would fail to start: louder than
+# "false", never to be enabled.
+CAPABLE_IMPORT_CRASH: Final = "import-crash"
+CAPABLE_VALUES: Final = ("true", "false", CAPABLE_IMPORT_CRASH)
 # The self-test verdict for this node's current fingerprint, worst over GPUs and paths.
 LABEL_SELFTEST: Final = PREFIX + "selftest"
 SELFTEST_VALUES: Final = ("pass", "fail", "error", "pending", "deferred")
@@ -86,6 +101,8 @@ OPERATOR_NODE_KEYS: Final = (LABEL_ENABLED, LABEL_STATE, ANNOTATION_ROLLBACK)
 AGENT_METRIC_PREFIX: Final = "gluon_agent_"
 M_AGENT_INFO: Final = AGENT_METRIC_PREFIX + "probe"  # info metric: versions, arch
 M_AGENT_CAPABLE: Final = AGENT_METRIC_PREFIX + "capable"
+# 1 while the aiter Gluon import raises a non-ImportError (or dies): SGLang would fail to start with the flag on.
+M_AGENT_IMPORT_CRASH: Final = AGENT_METRIC_PREFIX + "aiter_import_crash"
 M_AGENT_SELFTEST_RESULT: Final = AGENT_METRIC_PREFIX + "selftest_result"
 M_AGENT_CASE_ERROR: Final = AGENT_METRIC_PREFIX + "selftest_case_rel_error"
 M_AGENT_KERNEL_SECONDS: Final = AGENT_METRIC_PREFIX + "kernel_seconds"

@@ -96,6 +96,8 @@ def node_report(node: str, probe: Mapping[str, Any], fp: str, selftest: Mapping[
             "ready": probe.get("ready"),
             "missing_for_capable": probe.get("missing_for_capable", []),
             "summary": probe.get("summary"),
+            "import_crash": probe.get("import_crash"),
+            "sglang": probe.get("sglang"),
             "simulated": bool(probe.get("simulated")),
         },
         "selftest": selftest,

@@ -32,7 +32,7 @@ TERMINATION_LIMIT = 4096  # the kubelet keeps at most this much of a termination
 DEFAULT_DEADLINE_S = 80.0  # the webhook passes its own (its shell's deadline less a grace)
 PROBE_MARGIN_S = 2.0  # of the deadline, kept for writing the verdict after the probe
 ANSWER_LIMIT = 64 * 1024  # the agent's decision is a few hundred bytes
-PORTABLE_MODULES = ("__init__.py", "contract.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py")
+PORTABLE_MODULES = ("__init__.py", "contract.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py", "sglang_routes.py")
 
 
 def flag_line(value: str) -> str:
