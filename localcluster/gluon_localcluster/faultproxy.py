@@ -143,8 +143,11 @@ class FaultProxy:
                                               "message": f"injected fault {rule.status}"}, status=rule.status)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read()
+        # A request without a Content-Type (the kubernetes client sends evictions so) must reach the API server
+        # without one too: aiohttp would label the bytes application/octet-stream, which the API server refuses (415).
+        skip = () if "Content-Type" in request.headers else ("Content-Type",)
         async with self.session.request(request.method, self.upstream + request.path_qs, headers=headers, data=body or None,
-                                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as upstream:
+                                        skip_auto_headers=skip, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as upstream:
             self._record(request, upstream.status)
             response = aiohttp.web.StreamResponse(status=upstream.status, headers={
                 k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS})
