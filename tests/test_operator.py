@@ -189,10 +189,10 @@ def test_pod_admitted_without_the_webhook_is_restarted(operator, admin, installe
     the template's flag. The node must not wait for them forever: they are restarted and their
     replacements are injected."""
     old = {p["metadata"]["name"] for p in serving_on(admin, namespace, "n1")}
-    # The restarts of the pods admitted without the webhook are held 4 s in the proxy (a slow API server),
+    # The restarts of the pods admitted without the webhook are held 5 s in the proxy (a slow API server),
     # time enough to make the webhook reachable again before their replacements are created.
     proxy.rules.append(Rule(lambda method, path, _: method == "POST" and path.endswith("/eviction") and path.split("/")[-2] not in old,
-                            delay=4.0))
+                            delay=5.0))
     with webhook_unreachable(admin, installed, namespace):
         create_rollout(admin, rollout(namespace, nodes, nodeSelector=only("n1", nodes)))
         wait_for(lambda: (running := [p for p in serving_on(admin, namespace, "n1") if p["metadata"]["name"] not in old])
@@ -200,7 +200,9 @@ def test_pod_admitted_without_the_webhook_is_restarted(operator, admin, installe
                  what="the 2 replacements admitted without the webhook")
     wait_for(lambda: node_state(admin, namespace, "n1") == "Analyzing", timeout=45, what="n1 analyzing")
     evicted = evicted_names(proxy)
-    assert len(evicted) == 4 and set(evicted[:2]) == old, evicted  # its 2 old pods, then the 2 admitted without injection
+    # Its 2 old pods, then the 2 admitted without injection; on a slow machine the webhook may come back only
+    # after a first restart of those, and one more round follows (stray restarts are at most one per 15 s).
+    assert set(evicted[:2]) == old and len(evicted) in (4, 6), evicted
     running = serving_on(admin, namespace, "n1")
     assert len(running) == 2 and not {p["metadata"]["name"] for p in running} & set(evicted)
     assert all([c["name"] for c in p["spec"]["initContainers"]] == ["gluon-install", "gluon-preflight"] for p in running)
