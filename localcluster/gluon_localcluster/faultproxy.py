@@ -112,7 +112,8 @@ class FaultProxy:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=0), auto_decompress=False)
         app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = aiohttp.web.AppRunner(app, access_log=None)
+        # Streams still open at stop (a stopped client's watch) are cut after 1 s, not aiohttp's default 60.
+        runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
