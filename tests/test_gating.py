@@ -14,14 +14,14 @@ from gluon_agent import contract
 from gluon_operator import gating
 from gluon_operator.gating import (ANALYZING, DISABLED, ELIGIBLE, ENABLING, INELIGIBLE, PROMOTED, ROLLED_BACK, Eligibility,
                                    NodeFacts, NodeStatus, PodFacts, PodSummary, Verdict)
-from tests.cluster import gpu_node
+from gluon_localcluster.fleet import agent_published
 
 NOW = 1_000_000.0
 
 
 def facts(name="n1", alive=True, **traits) -> NodeFacts:
-    node = gpu_node(name, **traits)
-    return NodeFacts(name, node["metadata"]["labels"], node["metadata"]["annotations"], alive)
+    labels, annotations = agent_published(name, **traits)
+    return NodeFacts(name, labels, annotations, alive)
 
 
 def test_eligible_node():

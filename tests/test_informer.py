@@ -1,14 +1,15 @@
-"""The node and pod caches (operator/gluon_operator/informer.py): the pure cache, and list-then-watch
-against the API emulator with dropped watches and injected 500s."""
+"""The node and pod caches (operator/gluon_operator/informer.py): the pure cache, and list-then-watch on
+the real API server, with the operator's own token, through the fault proxy that drops its watches and
+answers some of its requests 500."""
 
 from __future__ import annotations
 
+import pytest
 from kubernetes import client
 
-from gluon_agent.kube import make_api_client
+from gluon_localcluster.faultproxy import Rule, path_is
 from gluon_operator.informer import Informer
-from tests.apiserver import ApiServerThread
-from tests.cluster import NODES, gpu_node
+from tests.clusterkit import Nodes, api_for, proxy_for
 from tests.helpers import wait_for
 
 
@@ -37,30 +38,42 @@ def test_cache_adds_moves_deletes_and_replaces():
     assert index.get("n2") == ["p-2"]  # an earlier snapshot does not change under the reader
 
 
-def test_list_then_watch_survives_dropped_watches_and_errors():
-    with ApiServerThread() as api:
-        api.call(lambda: api.server.put_object(NODES, gpu_node("n1")))
-        api.server.watch_drop_seconds = 0.5
+@pytest.fixture
+def nodes(installed):
+    made = Nodes(installed, "inf")
+    try:
+        yield made
+    finally:
+        made.delete()
+
+
+def test_list_then_watch_survives_dropped_watches_and_errors(installed, nodes):
+    nodes.create("n1", 380, agent=False)
+    with proxy_for(installed) as proxy:
+        proxy.rules.append(Rule(path_is(r"^/api/v1/nodes$", method="GET", watch=True), cut_after=0.5))  # every watch dropped after 0.5 s
         errors = []
-        core = client.CoreV1Api(make_api_client(api.url))
+        core = client.CoreV1Api(api_for(installed.operator_kubeconfig(server=proxy.url)))
         informer = Informer("nodes", core.list_node, {"names": lambda o: {o["metadata"]["name"]: o["metadata"].get("labels", {})}},
                             watch_timeout=5, on_error=errors.append).start()
         try:
             wait_for(informer.synced.is_set, timeout=10, what="first list")
-            assert informer.snapshot("names").get("n1")
-            api.call(lambda: api.server.put_object(NODES, gpu_node("n2")))
-            wait_for(lambda: informer.snapshot("names").get("n2") is not None, timeout=10, what="n2 through the watch")
+            assert informer.snapshot("names").get("inf-n1")
+            nodes.create("n2", 381, agent=False)
+            wait_for(lambda: informer.snapshot("names").get("inf-n2") is not None, timeout=10, what="inf-n2 through the watch")
             calls = {"n": 0}
 
-            def flaky(request):  # every other request fails: watches end every 0.5 s, so reconnects hit it
+            def flaky(method: str, path: str, query: str) -> bool:  # every other request fails: watches end every 0.5 s, so reconnects hit it
+                if not path.startswith("/api/v1/nodes"):
+                    return False
                 calls["n"] += 1
-                return 500 if calls["n"] % 2 else None
-            api.server.faults.append(flaky)
+                return calls["n"] % 2 == 1
+            proxy.rules.insert(0, Rule(flaky, status=500))
             wait_for(lambda: errors, timeout=10, what="a failed reconnect")
-            api.call(lambda: api.server.put_object(NODES, gpu_node("n3")))
-            api.call(lambda: api.server._delete(NODES, (NODES, None, "n1")))
-            wait_for(lambda: informer.snapshot("names").get("n3") is not None and informer.snapshot("names").get("n1") is None,
-                     timeout=20, what="n3 in, n1 out, despite errors")
+            nodes.create("n3", 382, agent=False)
+            nodes.core.delete_node("inf-n1")
+            wait_for(lambda: informer.snapshot("names").get("inf-n3") is not None and informer.snapshot("names").get("inf-n1") is None,
+                     timeout=20, what="inf-n3 in, inf-n1 out, despite errors")
             assert errors[0].status == 500
+            assert len(proxy.requests("GET", r"^/api/v1/nodes$")) >= 4 and any(r.status == 500 for r in proxy.requests("GET"))
         finally:
             informer.close()

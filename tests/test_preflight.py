@@ -12,12 +12,13 @@ import time
 import venv
 
 import pytest
+from kubernetes import client
 
 from gluon_agent import contract
 from gluon_agent.preflight import FLAG_FILE_NAME, flag_line, install
-from tests.apiserver import ApiServerThread
+from tests.clusterkit import MERGE, Nodes, api_for
 from tests.fakes.stacks import AITER_STACK, TORCH_GFX950, TRITON_36, write_tree
-from tests.helpers import NODES, free_port, http_json, running_agent, wait_for
+from tests.helpers import free_port, http_json, running_agent, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -61,20 +62,32 @@ def test_install_writes_the_safe_default(shared):
     assert (shared / "lib" / "gluon_agent" / "preflight.py").exists()
 
 
+@pytest.fixture(scope="module")
+def node(installed):
+    made = Nodes(installed, "pre")
+    try:
+        made.create("n1", 360)
+        made.wait_for_agents()
+        yield made
+    finally:
+        made.delete()
+
+
 @pytest.fixture
-def enabled_agent(tmp_path):
-    """A live agent whose node the operator enabled."""
+def enabled_agent(node, installed, tmp_path):
+    """A live agent (its token bound to its DaemonSet pod) whose node the operator enabled."""
     from gluon_agent.sources import simulated_node
 
-    with ApiServerThread() as api:
-        api.call(lambda: api.server.put_object(NODES, {"metadata": {"name": "n1", "labels": {
-            contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Enabling"}}}))
-        sim = tmp_path / "sim.json"
-        sim.write_text(json.dumps(simulated_node()))
-        with running_agent(api.url, "n1", sim) as agent:
-            url = agent.url + contract.DECISION_PATH
-            wait_for(lambda: http_json(url)[1].get("flag") == "1", what="agent decision 1")
-            yield url
+    name = node.name("n1")
+    node.reset()
+    client.CoreV1Api(api_for(installed.operator_kubeconfig())).patch_node(
+        name, {"metadata": {"labels": {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Enabling"}}}, _content_type=MERGE)
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps(simulated_node()))
+    with running_agent(installed.agent_kubeconfig(name), name, sim) as agent:
+        url = agent.url + contract.DECISION_PATH
+        wait_for(lambda: http_json(url)[1].get("flag") == "1", what="agent decision 1")
+        yield url
 
 
 def test_live_agent_and_capable_image_gives_1(bare_python, shared, enabled_agent, tmp_path):

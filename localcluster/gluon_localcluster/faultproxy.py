@@ -111,7 +111,8 @@ class FaultProxy:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=0), auto_decompress=False)
         app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = aiohttp.web.AppRunner(app, access_log=None)
+        # Streams still open at stop (a stopped client's watch) are cut after 1 s, not aiohttp's default 60.
+        runner = aiohttp.web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -142,8 +143,11 @@ class FaultProxy:
                                               "message": f"injected fault {rule.status}"}, status=rule.status)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read()
+        # A request without a Content-Type (the kubernetes client sends evictions so) must reach the API server
+        # without one too: aiohttp would label the bytes application/octet-stream, which the API server refuses (415).
+        skip = () if "Content-Type" in request.headers else ("Content-Type",)
         async with self.session.request(request.method, self.upstream + request.path_qs, headers=headers, data=body or None,
-                                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as upstream:
+                                        skip_auto_headers=skip, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as upstream:
             self._record(request, upstream.status)
             response = aiohttp.web.StreamResponse(status=upstream.status, headers={
                 k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS})
