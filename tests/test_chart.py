@@ -8,7 +8,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import cel
@@ -17,8 +16,6 @@ import pytest
 import yaml
 
 from gluon_agent import contract
-from tests.apiserver import ApiServerThread
-from tests.helpers import NODES
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts/gluon-rollout"
@@ -259,14 +256,3 @@ def test_policy_ignores_everyone_else():
 # ---------------------------------------------------------------- the post-delete hook's command
 
 
-def test_prune_nodes_removes_only_our_keys():
-    with ApiServerThread() as api:
-        ours = {contract.LABEL_CAPABLE: "true", contract.LABEL_ENABLED: "true", "kubernetes.io/hostname": "n1"}
-        api.call(lambda: api.server.put_object(NODES, node("n1", ours, {contract.ANNOTATION_REPORT: "{}", "other/x": "y"})))
-        api.call(lambda: api.server.put_object(NODES, node("n2", {"kubernetes.io/hostname": "n2"})))
-        done = subprocess.run([sys.executable, "-m", "gluon_operator.cli", "prune-nodes", "--api-url", api.url],
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout) == {"nodes": 2, "pruned": 1}
-        n1 = api.call(lambda: api.server.get_object(NODES, None, "n1"))["metadata"]
-        assert n1["labels"] == {"kubernetes.io/hostname": "n1"} and n1["annotations"] == {"other/x": "y"}

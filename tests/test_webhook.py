@@ -1,29 +1,22 @@
-"""Flag delivery: the pod mutation (pure) and the operator's admission webhook over TLS, called with
-AdmissionReview JSON as the API server sends it."""
+"""Flag delivery: the pod mutation and the admission decision (pure), and kopf's admission server's body
+limit. The webhook over TLS and called by the real API server: tests/test_webhook_cluster.py."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
-import ssl
-import subprocess
-import urllib.request
-import uuid
 
-import jsonpatch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kopf.testing import KopfRunner
 
 from gluon_agent import contract
 from gluon_operator import webhook
-from tests.apiserver import ApiServerThread
-from tests.cluster import ROLLOUTS, SERVING_NS, declare_rollouts, rollout
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port
 
 CONFIG = webhook.Injection(agent_image="registry.example/gluon-agent:1.0")
+SERVING_NS = "serving"
+ROLLOUTS_HERE = {SERVING_NS: [{"name": "kimi", "podSelector": {"matchLabels": {"app": "sglang"}}}]}
 
 
 def sglang_pod(labels=None, env=None, command=None) -> dict:
@@ -92,95 +85,6 @@ def test_shell_mode_wraps_the_command_and_round_trips():
 ])
 def test_selector_semantics(selector, labels, matches):
     assert webhook.selector_matches(selector, labels) is matches
-
-
-# ---------------------------------------------------------------- the real webhook server over TLS
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-                    "-keyout", str(folder / "tls.key"), "-out", str(folder / "tls.crt")], check=True, capture_output=True)
-    return folder / "tls.crt", folder / "tls.key"
-
-
-@pytest.fixture
-def webhook_url(certificate, monkeypatch):
-    port = free_port()
-    with ApiServerThread() as api:
-        declare_rollouts(api.server)
-        api.call(lambda: api.server.put_object(ROLLOUTS, rollout()))
-        env = {"GLUON_API_URL": api.url, "GLUON_SCANNING": "off", "GLUON_METRICS_PORT": "0",
-               "GLUON_WEBHOOK_CERT": str(certificate[0]), "GLUON_WEBHOOK_KEY": str(certificate[1]),
-               "GLUON_WEBHOOK_ADDR": "127.0.0.1", "GLUON_WEBHOOK_PORT": str(port),
-               "GLUON_AGENT_IMAGE": CONFIG.agent_image}
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-        with KopfRunner(["run", "-m", "gluon_operator.handlers", "--standalone", "-A"], timeout=60) as runner:
-            url = f"https://127.0.0.1:{port}/inject"
-            context = ssl.create_default_context(cafile=str(certificate[0]))
-            wait_for(lambda: review(url, context, sglang_pod(labels={"app": "x"}), probe=True), timeout=30, what="webhook up")
-            wait_for(lambda: "response" in review(url, context, sglang_pod()) and review(url, context, sglang_pod())["response"].get("patch"),
-                     timeout=30, what="rollout indexed")
-            yield url, context
-        assert runner.exception is None
-
-
-def review(url: str, context: ssl.SSLContext, pod: dict, probe: bool = False) -> dict:
-    """POST an AdmissionReview exactly as the API server sends one for a pod CREATE."""
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": SERVING_NS, "operation": "CREATE",
-        "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller", "groups": ["system:serviceaccounts"]},
-        "object": pod, "oldObject": None, "dryRun": False,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-    }}
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, context=context, timeout=5) as response:
-            return json.loads(response.read())
-    except OSError:
-        if probe:
-            return {}
-        raise
-
-
-def patched(pod: dict, answer: dict) -> dict:
-    response = answer["response"]
-    assert response["allowed"] is True
-    if "patch" not in response:
-        return pod
-    assert response["patchType"] == "JSONPatch"
-    return jsonpatch.apply_patch(pod, json.loads(base64.b64decode(response["patch"])))
-
-
-def test_webhook_over_tls(webhook_url):
-    url, context = webhook_url
-    pod = sglang_pod(env=[{"name": contract.FLAG_ENV, "value": "1"}])
-    answer = review(url, context, pod)
-    assert answer["kind"] == "AdmissionReview" and answer["response"]["uid"]
-    mutated = patched(pod, answer)
-    assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
-    assert [c["name"] for c in mutated["spec"]["initContainers"]] == [webhook.INSTALL_CONTAINER, webhook.PREFLIGHT_CONTAINER]
-    env = mutated["spec"]["containers"][0]["env"]
-    assert [e for e in env if e["name"] == contract.FLAG_ENV][0]["valueFrom"]["fileKeyRef"]["path"] == "flag.env"
-    assert len([e for e in env if e["name"] == contract.FLAG_ENV]) == 1  # the template's value replaced
-
-    again = review(url, context, mutated)  # re-invocation (reinvocationPolicy: IfNeeded)
-    assert again["response"]["allowed"] is True and "patch" not in again["response"]
-
-    other = review(url, context, sglang_pod(labels={"app": "vllm"}))
-    assert other["response"]["allowed"] is True and "patch" not in other["response"]
-
-
-# ---------------------------------------------------------------- hardening: odd pods, names, the serving container (pure)
-
-ROLLOUTS_HERE = {SERVING_NS: [{"name": "kimi", "podSelector": {"matchLabels": {"app": "sglang"}}}]}
 
 
 def admit(pod: dict, config: webhook.Injection = CONFIG) -> webhook.Admission:
@@ -367,17 +271,3 @@ def test_reviews_over_aiohttps_1_mib_default_are_read():
 
     asyncio.run(asyncio.wait_for(main(), 30))
     assert seen and seen[0] > 3 * 1024 * 1024
-
-
-def test_odd_and_large_pods_are_allowed_over_tls(webhook_url):
-    """Through kopf's real admission path: allowed, unchanged, with the warning (not 500, not 413)."""
-    url, context = webhook_url
-    no_image = sglang_pod()
-    no_image["spec"]["containers"][0].pop("image")
-    answer = review(url, context, no_image)["response"]
-    assert answer["allowed"] is True and "patch" not in answer and "status" not in answer
-    assert answer["warnings"] == ["gluon-rollout did not inject: the serving container 'sglang' has no image to run the preflight in"]
-    large = sglang_pod()
-    large["metadata"]["annotations"] = {"example.com/blob": "x" * (1536 * 1024)}  # etcd's 1.5 MiB object limit
-    mutated = patched(large, review(url, context, large))
-    assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"

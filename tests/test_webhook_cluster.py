@@ -104,3 +104,17 @@ def test_api_server_applies_the_webhook_patch(webhook_url, namespace, admin):
         assert [e for e in got["env"] if e["name"] == contract.FLAG_ENV] == [e for e in want["env"] if e["name"] == contract.FLAG_ENV]
     other = core.create_namespaced_pod(namespace, sglang_pod(namespace, labels={"app": "vllm"}), dry_run="All")
     assert not other.spec.init_containers and contract.ANNOTATION_POD_INJECTED not in (other.metadata.annotations or {})
+
+
+def test_odd_and_large_pods_are_allowed_over_tls(webhook_url, namespace):
+    """Through kopf's real admission path: allowed, unchanged, with the warning (not 500, not 413)."""
+    url, context = webhook_url
+    no_image = sglang_pod(namespace)
+    no_image["spec"]["containers"][0].pop("image")
+    answer = review(url, context, no_image)["response"]
+    assert answer["allowed"] is True and "patch" not in answer and "status" not in answer
+    assert answer["warnings"] == ["gluon-rollout did not inject: the serving container 'sglang' has no image to run the preflight in"]
+    large = sglang_pod(namespace)
+    large["metadata"]["annotations"] = {"example.com/blob": "x" * (1536 * 1024)}  # etcd's 1.5 MiB object limit
+    mutated = patched(large, review(url, context, large))
+    assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"

@@ -10,6 +10,11 @@ node, this simulator runs the pod's own init containers one after the other, as 
   gfx950 torch: the serving image is a SIMULATION too), and the image's `python3` and `gluon-agent`.
 Then it records the preflight's termination message in the pod annotation stages.PREFLIGHT_MESSAGE, and
 kwok's preflight-aware stage reports the pod Running with that message, in one status write.
+
+Pods of Jobs (the chart's post-delete cleanup) whose image is simulated: it runs their containers the same
+way, with the pod's ServiceAccount token (bound to the pod, from the TokenRequest API) and the cluster CA
+mounted where a kubelet projects them, and KUBERNETES_SERVICE_HOST/PORT pointing at the API server; then
+records the exit code in stages.EXIT_CODE, and kwok's Job stage reports the pod Succeeded or Failed.
 """
 
 from __future__ import annotations
@@ -31,19 +36,22 @@ from typing import Any
 
 from gluon_agent import contract
 
-from .stages import PREFLIGHT_CONTAINER, PREFLIGHT_MESSAGE
+from .stages import EXIT_CODE, PREFLIGHT_CONTAINER, PREFLIGHT_MESSAGE
 
 log = logging.getLogger("kubelet-sim")
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
+SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 FLAG_FILE = "flag.env"
 
 
 @dataclass(frozen=True)
 class Image:
-    """What an image brings: environment variables (as its ENV lines) and folders put first on PATH."""
+    """What an image brings: environment variables (as its ENV lines), folders put first on PATH, and its
+    ENTRYPOINT (used when a container gives `args` but no `command`)."""
 
     env: dict[str, str] = field(default_factory=dict)
     path: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,8 @@ class KubeletSim:
 
     def __init__(self, api: Any, images: dict[str, Image], on_outcome: Callable[[InitOutcome], None] | None = None,
                  workdir: Path | None = None, timeout: float = 120.0, parallel: int = 8,
-                 readiness: dict[str, str] | None = None) -> None:
+                 readiness: dict[str, str] | None = None, api_server: tuple[str, int, Path] | None = None,
+                 token_for: Callable[[str, str, str], str] | None = None) -> None:
         """`readiness`: label selector -> HTTP path probed on the pod's first container port at its node's
         address, once a second, as the kubelet's readiness probe would (kwok alone reports every pod Ready)."""
         from kubernetes import client
@@ -108,6 +117,7 @@ class KubeletSim:
         self.errors: list[str] = []
         self.stop_event = threading.Event()
         self.readiness = readiness or {}
+        self.api_server, self.token_for = api_server, token_for  # (host, port, CA file) and token_for(ns, sa, pod): Job pods
         self.threads = [threading.Thread(target=self._watch, name="kubelet-sim", daemon=True),
                         threading.Thread(target=self._probe_loop, name="kubelet-sim-probes", daemon=True)]
         self.lock = threading.Lock()
@@ -153,14 +163,44 @@ class KubeletSim:
     def _consider(self, pod: dict[str, Any]) -> None:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         annotations = meta.get("annotations") or {}
-        if (contract.ANNOTATION_POD_INJECTED not in annotations or PREFLIGHT_MESSAGE in annotations or not spec.get("nodeName")
-                or meta.get("deletionTimestamp")):
+        if not spec.get("nodeName") or meta.get("deletionTimestamp"):
+            return
+        injected = contract.ANNOTATION_POD_INJECTED in annotations and PREFLIGHT_MESSAGE not in annotations
+        job = (self.token_for is not None and EXIT_CODE not in annotations and (pod.get("status") or {}).get("phase") == "Running"
+               and any(o.get("kind") == "Job" for o in meta.get("ownerReferences") or [])
+               and all(c["image"] in self.images for c in spec.get("containers") or []))
+        if not (injected or job):
             return
         with self.lock:
             if meta["uid"] in self.started:
                 return
             self.started.add(meta["uid"])
-        self.pool.submit(self._run_pod, pod)
+        self.pool.submit(self._run_pod if injected else self._run_job_pod, pod)
+
+    def _run_job_pod(self, pod: dict[str, Any]) -> None:
+        """A Job's pod: its containers in turn; the first non-zero exit code is the pod's."""
+        meta = pod["metadata"]
+        try:
+            assert self.api_server is not None and self.token_for is not None
+            host, port, ca = self.api_server
+            node = json.loads(self.core.read_node(pod["spec"]["nodeName"], _preload_content=False).data)
+            root = Path(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.dir))
+            account = root / "serviceaccount"
+            account.mkdir()
+            (account / "token").write_text(self.token_for(meta["namespace"], pod["spec"].get("serviceAccountName") or "default", meta["name"]))
+            (account / "ca.crt").write_bytes(ca.read_bytes())
+            (account / "namespace").write_text(meta["namespace"])
+            code = 0
+            for container in pod["spec"]["containers"]:
+                extra = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port)}
+                code = self._execute(container, pod, node, [(account, SERVICE_ACCOUNT_PATH)], root, extra)[0]
+                if code:
+                    break
+            self.core.patch_namespaced_pod(meta["name"], meta["namespace"], {"metadata": {"annotations": {EXIT_CODE: str(code)}}},
+                                           _content_type="application/merge-patch+json", _preload_content=False)
+        except Exception as exc:
+            self.errors.append(f"{meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
+            log.warning("kubelet-sim: %s", self.errors[-1])
 
     # ------------------------------------------------------------ readiness probes
 
@@ -228,23 +268,29 @@ class KubeletSim:
 
     def _run_container(self, container: dict[str, Any], pod: dict[str, Any], node: dict[str, Any],
                        volumes: dict[str, Path], root: Path) -> str:
+        binds = [(volumes[m["name"]], m["mountPath"]) for m in container.get("volumeMounts") or [] if m["name"] in volumes]
+        code, output, termination = self._execute(container, pod, node, binds, root, {})
+        if code != 0:
+            raise RuntimeError(f"init container {container['name']!r} exited {code}: {output.strip()[-800:]}")
+        return termination
+
+    def _execute(self, container: dict[str, Any], pod: dict[str, Any], node: dict[str, Any], binds: list[tuple[Path, str]],
+                 root: Path, extra_env: dict[str, str]) -> tuple[int, str, str]:
+        """(exit code, output, termination message) of one container run as a process here."""
         image = self.images.get(container["image"])
         if image is None:
-            raise RuntimeError(f"init container {container['name']!r}: image {container['image']!r} is not simulated")
+            raise RuntimeError(f"container {container['name']!r}: image {container['image']!r} is not simulated")
         termination = root / f"{container['name']}.termination-log"
         termination.write_text("")
-        binds = [(volumes[m["name"]], m["mountPath"]) for m in container.get("volumeMounts") or [] if m["name"] in volumes]
-        binds.append((termination, container.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH))
-        argv = list(container.get("command") or []) + list(container.get("args") or [])
+        binds = binds + [(termination, container.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH)]
+        argv = list(container.get("command") or image.entrypoint) + list(container.get("args") or [])
         if not argv:
-            raise RuntimeError(f"init container {container['name']!r} has no command (an image entrypoint is not simulated)")
+            raise RuntimeError(f"container {container['name']!r} has no command and its image no entrypoint")
         argv[0] = shutil.which(argv[0], path=os.pathsep.join(image.path)) or argv[0]
-        result = subprocess.run(mount_script(binds, argv), env=container_env(container, pod, node, image), capture_output=True,
-                                text=True, timeout=self.timeout, cwd=root)
+        result = subprocess.run(mount_script(binds, argv), env=container_env(container, pod, node, image) | extra_env,
+                                capture_output=True, text=True, timeout=self.timeout, cwd=root)
         (root / f"{container['name']}.log").write_text(result.stdout + result.stderr)
-        if result.returncode != 0:
-            raise RuntimeError(f"init container {container['name']!r} exited {result.returncode}: {result.stderr.strip()[-800:]}")
-        return termination.read_text()[:4096]
+        return result.returncode, result.stdout + result.stderr, termination.read_text()[:4096]
 
     @staticmethod
     def _flag(volumes: dict[str, Path]) -> str | None:

@@ -21,9 +21,11 @@ from gluon_agent import contract
 from .binaries import ensure_built, stages_dir
 
 PREFLIGHT_MESSAGE = "kubelet-sim.gluonrollout.io/preflight-message"  # SIMULATION only: never read by the product
+EXIT_CODE = "kubelet-sim.gluonrollout.io/exit-code"  # a simulated Job pod's exit code (kubelet_sim runs it)
 PREFLIGHT_CONTAINER = "gluon-preflight"
 INJECTED_KEY = f'.metadata.annotations["{contract.ANNOTATION_POD_INJECTED}"]'
 MESSAGE_KEY = f'.metadata.annotations["{PREFLIGHT_MESSAGE}"]'
+EXIT_KEY = f'.metadata.annotations["{EXIT_CODE}"]'
 TERMINATED = "reason: Completed\n"
 
 
@@ -52,12 +54,27 @@ def preflight_variant(pod_ready: dict[str, Any]) -> dict[str, Any]:
     return variant
 
 
+def job_stages(pod_complete: dict[str, Any]) -> list[dict[str, Any]]:
+    """kwok completes a Job's pod at once; here only after kubelet_sim ran it: Succeeded on exit code 0,
+    Failed otherwise (what a kubelet reports of the container's real exit)."""
+    succeeded = yaml.safe_load(yaml.safe_dump(pod_complete))
+    succeeded["spec"]["selector"]["matchExpressions"].append({"key": EXIT_KEY, "operator": "In", "values": ["0"]})
+    failed = yaml.safe_load(yaml.safe_dump(pod_complete))
+    failed["metadata"]["name"] = "pod-failed-after-run"
+    failed["spec"]["selector"]["matchExpressions"] += [{"key": EXIT_KEY, "operator": "Exists"},
+                                                       {"key": EXIT_KEY, "operator": "NotIn", "values": ["0"]}]
+    template = failed["spec"]["next"]["statusTemplate"]
+    failed["spec"]["next"]["statusTemplate"] = template.replace("exitCode: 0", f"exitCode: {{{{ index $root.metadata.annotations \"{EXIT_CODE}\" }}}}") \
+        .replace("reason: Completed", "reason: Error").replace("phase: Succeeded", "phase: Failed")
+    return [succeeded, failed]
+
+
 def write_config(path: Path) -> Path:
     ensure_built()
     pod_ready = _load("pod-ready.yaml")
     plain = yaml.safe_load(yaml.safe_dump(pod_ready))
     plain["spec"]["selector"]["matchExpressions"].append({"key": INJECTED_KEY, "operator": "DoesNotExist"})
     documents = [_load("node-initialize.yaml"), _load("node-heartbeat-with-lease.yaml"), plain, preflight_variant(pod_ready),
-                 _load("pod-complete.yaml"), _load("pod-delete.yaml")]
+                 *job_stages(_load("pod-complete.yaml")), _load("pod-delete.yaml")]
     path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
     return path
