@@ -8,6 +8,9 @@ inconclusive and `onNoData: promote` with no deadline promotes it (the analysis 
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 import uuid
 
 import pytest
@@ -138,3 +141,50 @@ def test_batches_roll_out_in_order(control_plane, namespace, operator, gpu_nodes
              timeout=120, what="every batch promoted")
     promoted_a = max(record(control_plane, n)["since"] for n in nodes[2:])
     assert all(record(control_plane, n)["changedAt"] >= promoted_a for n in nodes[:2])  # b enabled only after a was promoted
+
+
+@pytest.fixture
+def hanging_prometheus():
+    """A port that accepts connections and never answers: each query waits out the client's timeouts."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_a_failing_node_is_disabled_at_once_despite_a_poisoned_node_and_a_hanging_prometheus(control_plane, namespace, operator,
+                                                                                               gpu_nodes, hanging_prometheus):
+    """issue 21: the disable never waits on the analysis, and one malformed report stops nothing else."""
+    flagged, poisoned, other = gpu_nodes(3)
+    analysis = dict(PROMOTE_ON_NO_DATA, prometheusUrl=hanging_prometheus, onNoData="hold")
+    create_rollout(control_plane, namespace, gpu_nodes.tag, {"canaryNodes": 1}, analysis)
+    wait_for(lambda: states(control_plane, namespace).get(flagged) == "Analyzing", timeout=60, what="the canary analyzing")
+    core = client.CoreV1Api(control_plane.admin_client())
+    core.patch_node(poisoned, {"metadata": {"annotations": {contract.ANNOTATION_REPORT: json.dumps({"selftest": {"gpus": ["x"]}})}}})
+    time.sleep(1.0)  # an analysis is hanging on Prometheus by now
+    started = time.monotonic()
+    core.patch_node(flagged, {"metadata": {"labels": {contract.LABEL_SELFTEST: "fail"}}})
+    wait_for(lambda: node_meta(control_plane, flagged)["labels"][contract.LABEL_ENABLED] == "false", timeout=30, what="the disable")
+    took = time.monotonic() - started
+    assert took < 5.0, f"the disable took {took:.1f} s: it waited on the analysis"  # the hanging query takes 10 s or more
+    current = status(control_plane, namespace)["nodes"]
+    assert current[flagged]["state"] == "Disabled" and "self-test not passed" in current[flagged]["reason"]
+    assert current[poisoned]["state"] == "Ineligible" and "field selftest.gpus.0" in current[poisoned]["reason"]
+    assert current[other]["state"] in ("Eligible", "Enabling", "Analyzing")

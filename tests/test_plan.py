@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from gluon_agent import contract
 from gluon_operator import plan as planner
 from gluon_operator import world
 from gluon_operator.gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, Verdict
+from gluon_operator.analysis import Judgement
 from gluon_operator.spec import resolve
 from tests.cluster import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout
 
@@ -381,21 +383,25 @@ def test_overlapping_rollouts_the_older_owns_the_younger_reports_a_conflict():
 
 
 def test_a_promoted_5000_node_rollout_fits_etcd_and_each_node_keeps_its_record():
-    """issue 18: status.nodes of every node would be ~3.6 MiB; etcd's request limit is 1.5 MiB."""
+    """issue 18: status.nodes of every node would be ~3.2 MB; etcd's request limit is 1.5 MiB."""
     nodes = 5000
-    statuses = {f"gpu-{i:05d}": planner.NodeStatus(PROMOTED, "decode x1.93 (ci 1.88..1.98, p_worse 0.000)", T0, "c79a21455327bc05", T0 - 600,
-                                                   False, {"effect": 1.93, "ci": [1.88, 1.98], "p_worse": 0.0001, "threshold": 0.95,
-                                                           "n_post": 10, "n_pre": 40, "failStreak": 0, "at": T0})
+    judged = Judgement("pass", "decode tokens/s x1.931 vs controls (95% CI 1.881..1.980), p_not_worse 0.0001 < 0.05", 1.931234, 1.881123,
+                       1.980456, 0.95, 10, 40, 3, 0.999912, 0.000123, "log-ratio t-test").to_dict()
+    numbers = judged | {"failStreak": 0, "inconclusiveSince": None, "at": T0}
+    statuses = {f"gpu-{i:05d}": planner.NodeStatus(PROMOTED, judged["reason"], T0 + i, "c79a21455327bc05", T0 - 600 + i, False, numbers)
                 for i in range(nodes)}
-    for i in range(0, nodes, 50):  # 100 nodes still needing attention
-        statuses[f"gpu-{i:05d}"] = planner.NodeStatus(ROLLED_BACK, "2 consecutive failing evaluations", T0, "c79a21455327bc05", T0, False,
-                                                      {"effect": 0.85})
+    every = len(json.dumps({n: s.to_dict() for n, s in statuses.items()}).encode())
+    assert every > 1.5 * 2**20  # what status.nodes of every node would weigh
     listed, omitted = planner.status_nodes(statuses, False)
-    assert len(listed) == 100 and omitted == nodes - 100 and all(s["state"] == ROLLED_BACK for s in listed.values())
-    status = json.dumps({"nodes": listed, "nodesOmitted": omitted}).encode()
-    assert len(status) < 64 * 1024
+    assert listed == {} and omitted == nodes  # fully promoted: nothing needs attention
     record = json.dumps(statuses["gpu-00001"].record("serving/kimi"), sort_keys=True, separators=(",", ":")).encode()
-    assert len(record) < 600  # one annotation on each Node, far below its 256 KiB annotations limit
+    assert len(record) < 1024  # one annotation on each Node, far below its 256 KiB annotations limit
+    for i in range(0, nodes, 10):  # the worst case: 500 nodes needing attention, capped
+        statuses[f"gpu-{i:05d}"] = replace(statuses[f"gpu-{i:05d}"], state=ROLLED_BACK, reason="2 consecutive failing evaluations")
+    listed, omitted = planner.status_nodes(statuses, False)
+    assert len(listed) == planner.ATTENTION_CAP and omitted == nodes - planner.ATTENTION_CAP
+    assert all(s["state"] == ROLLED_BACK for s in listed.values())
+    assert len(json.dumps({"nodes": listed, "nodesOmitted": omitted}).encode()) < 256 * 1024
     few, _ = planner.status_nodes(dict(list(statuses.items())[:500]), False)
     assert len(few) == 500  # small fleets list every node, as before
 
