@@ -15,6 +15,7 @@ from gluon_operator import gating
 from gluon_operator.gating import (ANALYZING, DISABLED, ELIGIBLE, ENABLING, INELIGIBLE, PROMOTED, ROLLED_BACK, Eligibility,
                                    NodeFacts, NodeStatus, PodFacts, PodSummary, Verdict)
 from gluon_localcluster.fleet import agent_published
+from gluon_operator.records import RollbackRecord
 
 NOW = 1_000_000.0
 
@@ -47,6 +48,26 @@ def test_missing_or_malformed_report():
     assert gating.eligibility(bare, NOW, None).reason == "the agent has published no report on this node"
     broken = NodeFacts("n1", f.labels, {contract.ANNOTATION_REPORT: "{nope"}, True)
     assert "not JSON" in gating.eligibility(broken, NOW, None).reason
+
+
+@pytest.mark.parametrize("report,field", [
+    ({"probe": "x"}, "probe: Input should be a valid dictionary"),
+    ({"selftest": {"gpus": ["x"]}}, "selftest.gpus.0: Input should be a valid dictionary"),
+    ({"probe": {"capable": "yes"}}, "probe.capable: Input should be a valid boolean"),
+    ({"fingerprint": 7}, "fingerprint: Input should be a valid string"),
+    ([1, 2], "(top level): Input should be a valid dictionary"),
+])
+def test_a_report_of_the_wrong_shape_names_the_field(report, field):
+    f = facts()
+    el = gating.eligibility(NodeFacts("n1", f.labels, {**f.annotations, contract.ANNOTATION_REPORT: json.dumps(report)}, True), NOW, None)
+    assert not el.eligible and el.reason.startswith("the agent report annotation field " + field), el.reason
+
+
+def test_skip_label_comes_first():
+    f = facts()
+    el = gating.eligibility(NodeFacts("n1", {**f.labels, contract.LABEL_SKIP: "true"}, f.annotations, True), NOW, None)
+    assert not el.eligible and el.reason == gating.SKIPPED and el.fingerprint
+    assert gating.eligibility(NodeFacts("n1", {**f.labels, contract.LABEL_SKIP: "false"}, f.annotations, True), NOW, None).eligible
 
 
 def test_rollback_bars_until_fingerprint_changes_or_retry_passes():
@@ -133,31 +154,6 @@ def statuses_from(states: dict[str, str], holdout=()):
     return {n: NodeStatus(s, holdout=n in holdout) for n, s in states.items()}
 
 
-def test_plan_canary_then_parallel():
-    fleet = {f"n{i}": ELIGIBLE for i in range(6)}
-    assert gating.plan_enables(statuses_from(fleet), 1, 3, False, False) == ["n0"]
-    assert gating.plan_enables(statuses_from({**fleet, "n0": ANALYZING}), 1, 3, False, False) == []
-    assert gating.plan_enables(statuses_from({**fleet, "n0": PROMOTED}), 1, 3, False, False) == ["n1", "n2", "n3"]
-    assert gating.plan_enables(statuses_from({**fleet, "n0": PROMOTED, "n1": ENABLING}), 1, 3, False, False) == ["n2", "n3"]
-    assert gating.plan_enables(statuses_from(fleet, holdout={"n0"}), 1, 3, False, False) == ["n1"]
-    assert gating.plan_enables(statuses_from(fleet), 1, 3, True, False) == []
-    assert gating.plan_enables(statuses_from(fleet), 1, 3, False, True) == []
-    assert gating.plan_enables(statuses_from(fleet), 0, 2, False, False) == ["n0", "n1"]
-
-
-@given(states=st.lists(st.sampled_from(contract.NODE_STATES), min_size=1, max_size=30), canary=st.integers(0, 4),
-       parallel=st.integers(1, 5), holdouts=st.integers(0, 3))
-def test_plan_never_exceeds_limits(states, canary, parallel, holdouts):
-    statuses = {f"n{i}": NodeStatus(s) for i, s in enumerate(states)}
-    for name in gating.choose_holdouts(statuses, holdouts):
-        statuses[name] = NodeStatus(ELIGIBLE, holdout=True)
-    chosen = gating.plan_enables(statuses, canary, parallel, False, False)
-    in_progress = sum(s.state in (ENABLING, ANALYZING) for s in statuses.values()) + len(chosen)
-    promoted = sum(s.state == PROMOTED for s in statuses.values())
-    assert all(statuses[n].state == ELIGIBLE and not statuses[n].holdout for n in chosen)
-    assert len(chosen) == 0 or in_progress <= (canary - promoted if promoted < canary else parallel)
-
-
 def test_holdouts_are_stable_and_fill_up():
     fleet = statuses_from({f"n{i}": ELIGIBLE for i in range(10)})
     first = gating.choose_holdouts(fleet, 2)
@@ -226,12 +222,11 @@ def test_node_status_round_trip():
 
 def test_a_rollback_recorded_on_the_node_wins_over_a_stale_status():
     """The reconcile that rolled a node back wrote its labels and record, then lost the status write."""
-    record = {"rollout": "r", "fingerprint": "fp", "at": NOW - 5, "reason": "2 consecutive failing evaluations",
-              "numbers": {"effect": 0.85}}
+    record = RollbackRecord(rollout="r", fingerprint="fp", at=NOW - 5, reason="2 consecutive failing evaluations", numbers={"effect": 0.85})
     barred = gating.Eligibility(False, "rolled back for fingerprint fp: ...", "fp")
     for state in (ENABLING, ANALYZING, PROMOTED):
         step = gating.advance(NodeStatus(state, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, False, record)
-        assert step.status.state == ROLLED_BACK and step.status.reason == record["reason"]
+        assert step.status.state == ROLLED_BACK and step.status.reason == record.reason
         assert step.status.changed_at == NOW - 5 and step.status.numbers == {"effect": 0.85} and step.action is None
     # cleared (new fingerprint, retryAfter, a person): the record no longer decides
     step = gating.advance(NodeStatus(ANALYZING, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, True, None)

@@ -6,7 +6,8 @@ indexed kind has been indexed once, each worker waits on one shared condition th
 object added (aiotoggles.ToggleSet): startup work grows with the square of the object count. At 2 000
 nodes (about 8 000 nodes and pods) the operator spent minutes in that wait (py-spy, bench/scale.py).
 Here one thread per kind lists once (raw JSON, no model classes), then watches from that resourceVersion,
-relisting on 410 Gone or any error, with back-off.
+relisting on 410 Gone or any error, with back-off. No single object can fail a list or a watch: an
+object an indexer cannot read is left out of that index (logged and counted in `unreadable`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Informer:
         self.lock = threading.Lock()
         self._keys: dict[str, dict[str, list[Any]]] = {}  # object uid -> {index: the keys it fed}
         self._thread: threading.Thread | None = None
+        self.unreadable = 0  # objects an indexer could not read
 
     # ------------------------------------------------------------ the cache
 
@@ -97,7 +99,12 @@ class Informer:
             return
         fed_now = {}
         for index, indexer in self.indexers.items():
-            entries = indexer(obj) or {}
+            try:
+                entries = dict(indexer(obj) or {})
+            except Exception as exc:  # one odd object must not stop the list or the watch for all
+                self.unreadable += 1
+                log.warning("%s informer: %s/%s left out of %s: %r", self.name, meta.get("namespace"), meta.get("name"), index, exc)
+                entries = {}
             indexes[index]._set(uid, entries)
             fed_now[index] = list(entries)
         keys[uid] = fed_now
