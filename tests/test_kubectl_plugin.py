@@ -1,0 +1,291 @@
+"""`kubectl gluon`: the pure parts (the status table, the explain record, the patches each control sends,
+rollout selection, error wording, argument parsing) over objects as the agent and operator write them."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gluon_agent import contract
+from gluon_operator.kubectl_plugin import cli, controls, views
+from gluon_operator.kubectl_plugin.views import PluginError
+from tests.cluster import AGENT_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
+
+ROOT = Path(__file__).resolve().parent.parent
+NOW = 2_000_000_000.0
+
+
+def with_status(body: dict, **status) -> dict:
+    return {**body, "metadata": {**body["metadata"], "resourceVersion": "42"}, "status": status}
+
+
+def record(state: str, reason: str = "", **numbers) -> dict:
+    return {"state": state, "reason": reason, "since": NOW - 60, "fingerprint": "fp", "changedAt": NOW - 60,
+            "holdout": False, "numbers": numbers}
+
+
+def labelled(pod: dict, flag: str | None) -> dict:
+    if flag is not None:
+        pod["metadata"]["labels"][contract.LABEL_POD_FLAG] = flag
+    return pod
+
+
+ROLLOUT = with_status(rollout(), phase="Progressing", counts={"Promoted": 1, "Analyzing": 1, "RolledBack": 1, "Eligible": 0},
+                      nodes={"gpu-02": record("RolledBack", "decode speed worse than tolerance", effect=0.858, ci_low=0.839),
+                             "gpu-01": record("Promoted", "not worse than tolerance", effect=2.28),
+                             "gpu-03": dict(record("Eligible", "holdout: control group kept at flag 0"), holdout=True),
+                             "gpu-04": record("Analyzing", "2 serving pods run with flag 1")})
+PODS = [labelled(serving_pod("gpu-01", 0), "1"), labelled(serving_pod("gpu-01", 1), "1"),
+        labelled(serving_pod("gpu-02", 0), "0"),
+        labelled(serving_pod("gpu-04", 0), "1"), labelled(serving_pod("gpu-04", 1), "0"), serving_pod("gpu-04", 2)]
+
+
+# ---------------------------------------------------------------- status
+
+
+def test_status_rows_carry_state_flag_effect_reason_per_node():
+    rows = {r["node"]: r for r in views.status_rows(ROLLOUT, PODS)}
+    assert list(rows) == ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+    assert rows["gpu-01"] == {"node": "gpu-01", "state": "Promoted", "holdout": False, "flag": "1", "effect": 2.28,
+                              "reason": "not worse than tolerance"}
+    assert rows["gpu-02"]["flag"] == "0" and rows["gpu-02"]["effect"] == 0.858
+    assert rows["gpu-03"]["holdout"] and rows["gpu-03"]["flag"] == "-" and rows["gpu-03"]["effect"] is None
+    assert rows["gpu-04"]["flag"] == "1 x1, 0 x1, ? x1"  # a mix is shown with counts; unlabelled pods as ?
+
+
+def test_status_ignores_pods_of_other_namespaces_selectors_and_unscheduled():
+    other_ns = labelled(serving_pod("gpu-03", 0), "1")
+    other_ns["metadata"]["namespace"] = "elsewhere"
+    other_app = labelled(serving_pod("gpu-03", 1), "1")
+    other_app["metadata"]["labels"]["app"] = "vllm"
+    pending = labelled(serving_pod("gpu-03", 2), "1")
+    del pending["spec"]["nodeName"]
+    rows = {r["node"]: r for r in views.status_rows(ROLLOUT, [other_ns, other_app, pending])}
+    assert rows["gpu-03"]["flag"] == "-"
+
+
+def test_status_text_has_a_header_and_aligned_columns():
+    view = views.status_view(with_status(ROLLOUT, **ROLLOUT["status"], approval={"waitingFor": "canary"}), PODS)
+    text = views.render_status(view)
+    lines = text.splitlines()
+    assert lines[0] == f"GluonRollout {SERVING_NS}/kimi: Progressing (1 Promoted, 1 Analyzing, 1 RolledBack)"
+    assert "waiting for approval of 'canary'" in lines[1]
+    header = next(line for line in lines if line.startswith("NODE"))
+    body = lines[lines.index(header) + 1:]
+    reason_at = header.index("REASON")
+    assert [line[:6] for line in body] == ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+    assert body[1][reason_at:] == "decode speed worse than tolerance" and "x0.858" in body[1]
+    assert "Eligible (holdout)" in body[2]
+
+
+def test_status_before_the_first_reconcile_says_so():
+    text = views.render_status(views.status_view(rollout(), []))
+    assert "no status yet" in text and "no nodes recorded yet" in text
+
+
+def test_status_json_names_paused_and_aborted():
+    body = rollout(paused=True)
+    body["metadata"]["annotations"] = {contract.ANNOTATION_ROLLOUT_ABORT: "bad driver"}
+    view = views.status_view(body, [])
+    assert view["paused"] is True and view["aborted"] == "bad driver"
+    text = views.render_status(view)
+    assert "paused" in text and "aborted: bad driver" in text
+    json.dumps(view)  # JSON-able for --json
+
+
+@given(st.lists(st.lists(st.text(alphabet="abc xyz-.0123", max_size=12), min_size=3, max_size=3), max_size=8))
+def test_table_columns_start_at_the_same_offset(rows):
+    text = views.table(("A", "BB", "C"), rows)
+    lines = text.split("\n")[:-1]
+    assert len(lines) == len(rows) + 1
+    widths = [max(len(str(r[i])) for r in [["A", "BB", "C"], *rows]) for i in range(3)]
+    for line, row in zip(lines[1:], rows):
+        padded = line.ljust(sum(widths) + 6)  # trailing blanks are trimmed, as kubectl does
+        assert padded[: len(row[0])] == row[0]
+        assert padded[widths[0] + 3: widths[0] + 3 + len(row[1])] == row[1]
+        assert padded[widths[0] + widths[1] + 6:].rstrip() == row[2].rstrip()
+
+
+# ---------------------------------------------------------------- explain
+
+
+def explained(node: dict, agents: list | None = None, body: dict = ROLLOUT, pods: list = PODS) -> dict:
+    return views.explain(body, node, pods, [agent_pod(node["metadata"]["name"])] if agents is None else agents, NOW)
+
+
+def test_explain_an_eligible_node_gives_every_gpu_and_path():
+    node = gpu_node("gpu-01")
+    rec = explained(node)
+    assert rec["eligibility"]["eligible"] and rec["eligibility"]["agentAlive"]
+    assert rec["decision"]["state"] == "Promoted" and rec["analysis"] == {"effect": 2.28}
+    gpus = rec["selftest"]["gpus"]
+    report = json.loads(node["metadata"]["annotations"][contract.ANNOTATION_REPORT])
+    assert len(gpus) == 2 * len(report["selftest"]["gpus"]) and {g["path"] for g in gpus} == {"accelerated", "fallback"}
+    assert all(g["result"] == "pass" for g in gpus)
+    speedups = [g["speedup"] for g in gpus if g["path"] == "accelerated"]
+    assert speedups == [gpu["speedup"] for gpu in report["selftest"]["gpus"]] and speedups[0]
+    text = views.render_explain(rec)
+    assert f"{sorted(speedups[0])[0]} x{speedups[0][sorted(speedups[0])[0]]:.2f}" in text
+    assert views.when(report["selftest"]["tested_at"]) in text
+    assert not rec["selftest"]["simulated"] and "SIMULATION" not in views.render_explain(rec)
+    report["selftest"]["simulated"] = True  # the demo's agents say so, and so does explain
+    node["metadata"]["annotations"][contract.ANNOTATION_REPORT] = json.dumps(report)
+    assert "(SIMULATION)" in views.render_explain(explained(node))
+    assert [p["flag"] for p in rec["pods"]] == ["1", "1"]
+    json.dumps(rec)
+
+
+def test_explain_says_why_a_node_is_ineligible():
+    failing = explained(gpu_node("gpu-08", fallback="fail"))
+    assert not failing["eligibility"]["eligible"] and "fallback fail" in failing["eligibility"]["reason"]
+    assert {g["result"] for g in failing["selftest"]["gpus"] if g["path"] == "fallback"} == {"fail"}
+    assert any(g["reasons"] for g in failing["selftest"]["gpus"] if g["path"] == "fallback")
+    no_agent = explained(gpu_node("gpu-05"), agents=[])
+    assert not no_agent["eligibility"]["agentAlive"] and "no running, ready agent" in no_agent["eligibility"]["reason"]
+    other_node_agent = explained(gpu_node("gpu-05"), agents=[agent_pod("gpu-06")])
+    assert not other_node_agent["eligibility"]["agentAlive"]
+    incapable = explained(gpu_node("gpu-07", capable=False))
+    assert incapable["probe"]["capable"] is False and incapable["probe"]["missingForCapable"]
+    assert "not capable" in views.render_explain(incapable)
+
+
+def test_explain_shows_the_rollback_record_and_node_conditions():
+    node = gpu_node("gpu-02")
+    fp = json.loads(node["metadata"]["annotations"][contract.ANNOTATION_REPORT])["fingerprint"]
+    node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = json.dumps(
+        {"fingerprint": fp, "at": NOW - 30, "reason": "effect x0.858 below x0.95", "numbers": {"effect": 0.858}})
+    node["metadata"]["labels"][contract.LABEL_SKIP] = "true"
+    node["spec"] = {"unschedulable": True}
+    node["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
+    rec = explained(node)
+    assert rec["rollback"]["reason"] == "effect x0.858 below x0.95"
+    assert not rec["eligibility"]["eligible"] and "rolled back for fingerprint" in rec["eligibility"]["reason"]
+    assert rec["eligibility"]["cordoned"] and rec["eligibility"]["ready"] is False and rec["eligibility"]["skip"]
+    text = views.render_explain(rec)
+    assert "cordoned" in text and "NotReady" in text and "skip label set" in text and "kubectl gluon retry" in text
+    assert "effect: 0.858" in text and "ci_low: 0.839" in text
+
+
+def test_explain_a_node_without_report_or_record():
+    bare = {"metadata": {"name": "cpu-01", "labels": {}, "annotations": {}}}
+    rec = explained(bare)
+    assert rec["decision"] is None and rec["selftest"] is None and rec["probe"] is None
+    assert rec["reportProblem"] == "the agent has published no report on this node"
+    text = views.render_explain(rec)
+    assert "no record in the rollout's status yet" in text and "no report" in text
+
+
+def test_agent_alive_needs_running_ready_and_not_deleting():
+    assert views.agent_alive("n", [agent_pod("n")])
+    assert not views.agent_alive("n", [agent_pod("n", ready=False)])
+    deleting = agent_pod("n")
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+    assert not views.agent_alive("n", [deleting])
+
+
+# ---------------------------------------------------------------- controls
+
+
+def test_pause_and_resume_patches():
+    assert controls.pause(ROLLOUT) == {"spec": {"paused": True}}
+    assert controls.resume(ROLLOUT) == {"spec": {"paused": False}}
+    aborted = rollout()
+    aborted["metadata"]["annotations"] = {contract.ANNOTATION_ROLLOUT_ABORT: "why"}
+    assert controls.resume(aborted) == {"spec": {"paused": False},
+                                        "metadata": {"annotations": {contract.ANNOTATION_ROLLOUT_ABORT: None}}}
+
+
+def test_promote_grants_exactly_the_waiting_gate_at_the_version_read():
+    waiting = with_status(rollout(), phase="Progressing", approval={"waitingFor": "batch zone-b"})
+    assert controls.promote(waiting) == {"metadata": {"resourceVersion": "42",
+                                                      "annotations": {contract.ANNOTATION_ROLLOUT_APPROVE: "batch zone-b"}}}
+
+
+@pytest.mark.parametrize("status", [{}, {"phase": "Complete"}, {"phase": "Progressing", "approval": {"waitingFor": None}}])
+def test_promote_with_nothing_waiting_names_the_rollout(status):
+    with pytest.raises(PluginError, match=f"GluonRollout 'kimi' in namespace '{SERVING_NS}' is not waiting for approval"):
+        controls.promote(with_status(rollout(), **status))
+
+
+def test_abort_records_a_reason():
+    assert controls.abort(ROLLOUT, "driver 6.12 hangs") == {"metadata": {"annotations": {contract.ANNOTATION_ROLLOUT_ABORT: "driver 6.12 hangs"}}}
+    assert controls.abort(ROLLOUT, "  ")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT] == controls.DEFAULT_ABORT_REASON
+
+
+def test_retry_clears_the_rollback_record_and_refuses_without_one():
+    node = gpu_node("gpu-02")
+    with pytest.raises(PluginError, match="node 'gpu-02' has no rollback record.*its state in GluonRollout 'kimi'.* is RolledBack"):
+        controls.retry(ROLLOUT, node)
+    with pytest.raises(PluginError, match="node 'gpu-02' has no rollback record"):
+        controls.retry(None, node)
+    node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = json.dumps({"reason": "slow"})
+    assert controls.retry(ROLLOUT, node) == {"metadata": {"annotations": {contract.ANNOTATION_ROLLBACK: None}}}
+    assert controls.rollback_summary(node) == "slow"
+
+
+# ---------------------------------------------------------------- the shell's pure parts
+
+
+def test_rollout_selection_by_count():
+    with pytest.raises(PluginError, match="no GluonRollout in namespace 'ml'"):
+        cli.only_rollout([], "ml")
+    with pytest.raises(PluginError, match=r"namespace 'ml' has 2 GluonRollouts \(a, b\): name one"):
+        cli.only_rollout([rollout("b"), rollout("a")], "ml")
+    assert cli.only_rollout([rollout("a")], "ml")["metadata"]["name"] == "a"
+
+
+@pytest.mark.parametrize("status,body,wording", [
+    (404, json.dumps({"message": 'gluonrollouts.gluonrollout.io "x" not found'}), "GluonRollout 'x' in namespace 'ml' not found"),
+    (403, json.dumps({"message": "user cannot get"}), "forbidden: GluonRollout 'x' in namespace 'ml': user cannot get"),
+    (409, json.dumps({"message": "the object has been modified"}), "run the command again"),
+    (500, "boom", "the API server answered 500: boom"),
+])
+def test_api_errors_name_the_object(status, body, wording):
+    assert wording in cli.api_problem("GluonRollout 'x' in namespace 'ml'", status, body)
+
+
+def test_flags_before_and_after_the_command():
+    parser = cli.build_parser()
+    before = parser.parse_args(["-n", "ml", "--json", "status", "kimi"])
+    after = parser.parse_args(["status", "kimi", "-n", "ml", "--context", "prod"])
+    assert (before.namespace, before.json, before.rollout) == ("ml", True, "kimi")
+    assert (after.namespace, after.context, after.json) == ("ml", "prod", False)
+    retry = parser.parse_args(["retry", "gpu-02", "-r", "kimi"])
+    assert (retry.node, retry.rollout, retry.agent_selector) == ("gpu-02", "kimi", cli.DEFAULT_AGENT_SELECTOR)
+    assert parser.parse_args(["abort", "--reason", "hang"]).reason == "hang"
+    assert cli.DEFAULT_AGENT_SELECTOR == ",".join(f"{k}={v}" for k, v in AGENT_LABELS.items())
+
+
+def test_usage_errors_exit_2_and_config_errors_exit_1(tmp_path, capsys):
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["explain"])  # NODE missing
+    assert usage.value.code == 2
+    assert cli.main(["--kubeconfig", str(tmp_path / "absent"), "status"]) == 1
+    assert "cannot load the kubeconfig" in capsys.readouterr().err
+
+
+def test_context_namespace_as_kubectl(tmp_path):
+    config = tmp_path / "config"
+    config.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "a",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u", "namespace": "ml"}},
+                     {"name": "b", "context": {"cluster": "c", "user": "u"}}]}))
+    assert cli.context_namespace(str(config), None) == "ml"
+    assert cli.context_namespace(str(config), "b") == "default"
+    with pytest.raises(PluginError, match="context 'nope' is not in the kubeconfig"):
+        cli.context_namespace(str(config), "nope")
+
+
+def test_installed_as_the_kubectl_plugin_console_script():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, attr = scripts["kubectl-gluon"].partition(":")
+    assert module == "gluon_operator.kubectl_plugin" and attr == "main"
+    from gluon_operator import kubectl_plugin
+    assert kubectl_plugin.main is cli.main
