@@ -289,3 +289,34 @@ def test_installed_as_the_kubectl_plugin_console_script():
     assert module == "gluon_operator.kubectl_plugin" and attr == "main"
     from gluon_operator import kubectl_plugin
     assert kubectl_plugin.main is cli.main
+
+
+# ---------------------------------------------------------------- plan
+
+
+def test_plan_text_lists_each_part_in_execution_order():
+    record = json.dumps({"state": "Enabling", "reason": "chosen by the rollout strategy", "numbers": {}, "x": "y" * 80})
+    plan = {"dryRun": False,
+            "transitions": [{"node": "gpu-01", "old": "Eligible", "new": "Enabling", "rollback": None},
+                            {"node": "gpu-02", "old": "Analyzing", "new": "RolledBack", "rollback": "analysis"}],
+            "status": {"phase": "Progressing", "aborted": None},
+            "nodeWrites": [{"node": "gpu-01", "labels": {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Enabling"},
+                            "annotations": {contract.ANNOTATION_ROLLBACK: None, "record": record}}],
+            "restarts": [{"namespace": SERVING_NS, "node": "gpu-02", "pods": ["sglang-a", "sglang-b"], "why": "old"}],
+            "podLabels": [{"namespace": SERVING_NS, "name": "sglang-c", "flag": "1"}],
+            "events": [{"type": "Warning", "reason": "RolledBack", "message": "gpu-02: effect x0.858"}]}
+    text = views.render_plan(plan)
+    order = ["node transitions:", "status keys written:", "node writes, in order:", "pod restarts, in order:",
+             "pod flag labels:", "events:"]
+    assert [text.index(title) for title in order] == sorted(text.index(title) for title in order)
+    assert "nothing has been written" in text.splitlines()[0]
+    assert f"{contract.LABEL_ENABLED}=true" in text and f"{contract.ANNOTATION_ROLLBACK}-" in text
+    assert f"({len(record)} chars)" in text  # long annotation values are cut, with their length
+    assert "sglang-a, sglang-b" in text and "aborted   (removed)" in text and "analysis" in text
+    assert "spec.dryRun" not in text
+    assert "spec.dryRun is true" in views.render_plan({**plan, "dryRun": True})
+
+
+def test_an_empty_plan_says_nothing_changes():
+    empty = {"dryRun": False, "transitions": [], "status": {}, "nodeWrites": [], "restarts": [], "podLabels": [], "events": []}
+    assert "nothing to do" in views.render_plan(empty)

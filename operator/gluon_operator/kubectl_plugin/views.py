@@ -259,3 +259,46 @@ def render_explain(record: Mapping[str, Any]) -> str:
 
 def indent(text: str, by: str = "    ") -> str:
     return "\n".join(by + line for line in text.rstrip("\n").split("\n"))
+
+
+# ---------------------------------------------------------------- plan
+
+
+def short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= width else text[:width] + f"... ({len(text)} chars)"
+
+
+def changes_text(changes: Mapping[str, Any]) -> str:
+    """Merge-patch keys as kubectl label/annotate spells them: key=value, key- for a removal."""
+    return ", ".join(f"{key}-" if value is None else f"{key}={short(value)}" for key, value in sorted(changes.items()))
+
+
+def render_plan(plan: Mapping[str, Any]) -> str:
+    """`kubectl gluon plan`: the next reconcile's plan (gluon_operator.plan.preview), in the order the
+    operator would execute it: status, node writes, restarts, pod labels, events."""
+    out = ["The next reconcile's plan (a preview: nothing has been written)"]
+    if plan.get("dryRun"):
+        out.append("spec.dryRun is true: the operator records this plan in status and Events and writes nothing else")
+    transitions = [[t.get("node"), t.get("old") or NONE, t.get("new"), t.get("rollback") or ""] for t in plan.get("transitions") or []]
+    status = plan.get("status") or {}
+    writes = [[w.get("node"), changes_text(w.get("labels") or {}), changes_text(w.get("annotations") or {})]
+              for w in plan.get("nodeWrites") or []]
+    restarts = [[r.get("node"), r.get("why"), ", ".join(r.get("pods") or [])] for r in plan.get("restarts") or []]
+    labels_ = [[p.get("name"), p.get("flag")] for p in plan.get("podLabels") or []]
+    events = [[e.get("type"), e.get("reason"), e.get("message")] for e in plan.get("events") or []]
+    if not (transitions or status or writes or restarts or labels_ or events):
+        return "\n".join(out + ["nothing to do: the next reconcile changes nothing"]) + "\n"
+    sections = [
+        ("node transitions", ("NODE", "FROM", "TO", "ROLLBACK"), transitions),
+        ("status keys written", ("KEY", "VALUE"), [[k, "(removed)" if v is None else short(v)] for k, v in sorted(status.items())]),
+        ("node writes, in order", ("NODE", "LABELS", "ANNOTATIONS"), writes),
+        ("pod restarts, in order", ("NODE", "WHY", "PODS"), restarts),
+        ("pod flag labels", ("POD", "FLAG"), labels_),
+        ("events", ("TYPE", "REASON", "MESSAGE"), events),
+    ]
+    for title, columns, rows in sections:
+        if rows:
+            out.append(f"{title}:")
+            out.append(indent(table(columns, rows), "  "))
+    return "\n".join(out) + "\n"
