@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TOOLS := .tools/bin
 TOOLS_STAMP := .tools/.installed-stamp
+CLUSTER_BIN := .cluster/bin
 PYTEST_ARGS ?=
 
-.PHONY: test demo setup tools bench-probe clean
+.PHONY: test demo setup tools cluster bench-probe clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,11 +24,15 @@ $(TOOLS_STAMP): .ci/install-tools
 
 setup: $(STAMP)
 tools: $(TOOLS_STAMP)
+# The test control plane (etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok) from the pins in
+# localcluster/k8s; build.sh is a no-op while its stamp matches the pins (cold: minutes, see docs/controlplane.md).
+cluster:
+	localcluster/k8s/build.sh
 
-test: setup tools
+test: setup tools cluster
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
-demo: setup tools
+demo: setup tools cluster
 	@echo "== gluon-agent probe on this machine =="
 	-$(VENV)/bin/gluon-agent probe
 	@echo "== the whole rollout, simulated cluster on 127.0.0.1 (tests/demo.py) =="
@@ -37,4 +42,4 @@ bench-probe: setup
 	$(PY) bench/probe.py --json
 
 clean:
-	rm -rf $(VENV) .tools .pytest_cache
+	rm -rf $(VENV) .tools .cluster .pytest_cache

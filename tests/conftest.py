@@ -19,3 +19,44 @@ def clean_env():
     """Our environment without anything that would change what a probed interpreter imports."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLANG_AITER_MLA_GLUON")}
     return env
+
+
+# ---------------------------------------------------------------- the real control plane, one per test run
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory):
+    """etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1 (localcluster), shared by
+    every test of the run; tests keep to namespaces and nodes of their own."""
+    from gluon_localcluster import ControlPlane
+
+    with ControlPlane(tmp_path_factory.mktemp("control-plane")) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def installed(control_plane):
+    """The chart installed for real with `helm install` (release gluon-rollout in gluon-system)."""
+    from gluon_localcluster.install import install
+
+    yield install(control_plane)
+
+
+@pytest.fixture
+def admin(control_plane):
+    return control_plane.admin_client()
+
+
+@pytest.fixture
+def namespace(control_plane, request):
+    """A namespace of this test's own, deleted afterwards."""
+    import re
+    import uuid
+
+    from kubernetes import client
+
+    core = client.CoreV1Api(control_plane.admin_client())
+    name = (re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:5])
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name, _preload_content=False)

@@ -220,7 +220,7 @@ def node(name: str, labels: dict, annotations: dict | None = None) -> dict:
 
 
 def request(user=AGENT_USER, node_name="n1"):
-    return {"operation": "UPDATE", "subResource": "", "userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node_name]}}}
+    return {"operation": "UPDATE", "userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node_name]}}}
 
 
 def test_policy_lets_the_agent_write_its_own_keys_on_its_own_node():

@@ -7,7 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out="${CLUSTER_BIN:-$root/.cluster/bin}"
 source "$here/pins.env"
-stamp="$out/.pins-$(cat "$here/pins.env" "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)"
+stamp="$out/.pins-$(cat "$here/pins.env" "$here/go.mod" "$here/go.sum" "$here/build.sh" | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then exit 0; fi
 
 command -v go >/dev/null || { echo "build.sh: Go is required to build the test control plane" >&2; exit 1; }
@@ -32,6 +32,11 @@ go build -trimpath -ldflags "$(echo $kube_ldflags)" -o "$out/" \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 go build -trimpath -ldflags "$(echo $kwok_ldflags)" -o "$out/" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
 go build -trimpath -ldflags "$etcd_ldflags" -o "$out/etcd" go.etcd.io/etcd/server/v3
+# kwok's own stage definitions (the ones kwokctl feeds it), from the same module, for the launcher.
+stages="$out/../kwok-stages"; mkdir -p "$stages"
+kwok_src="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage"
+cp "$kwok_src/node/fast/node-initialize.yaml" "$kwok_src/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml" \
+   "$kwok_src"/pod/fast/pod-*.yaml "$stages/"
 rm -f "$out"/.pins-*
 {
   echo "{\"seconds\": $(( $(date +%s) - start )), \"kubernetes\": \"$KUBERNETES_VERSION\", \"etcd\": \"$ETCD_VERSION\", \"kwok\": \"$KWOK_VERSION\", \"built\": \"$date_utc\", \"go\": \"$(go env GOVERSION)\", \"sizes\": {"

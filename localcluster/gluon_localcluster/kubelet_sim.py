@@ -1,0 +1,212 @@
+"""SIMULATION of the kubelet's part for pods our webhook injected (kwok does the rest of the lifecycle).
+
+A real kubelet runs a pod's init containers before its app containers. For each injected pod bound to a
+node, this simulator runs the pod's own init containers one after the other, as processes here:
+- each container's own `command`/`args`, unmodified, with its env (values and the downward API fields a
+  kubelet resolves: spec.nodeName, status.hostIP from the node's InternalIP, metadata.*);
+- its emptyDir volumes at their mountPaths and its termination-message path, bind-mounted in a private
+  mount namespace (`unshare --mount`), so the preflight writes where it would in a container;
+- the image's own environment from `images` (e.g. a serving image's PYTHONPATH with a fake aiter and a
+  gfx950 torch: the serving image is a SIMULATION too), and the image's `python3` and `gluon-agent`.
+Then it records the preflight's termination message in the pod annotation stages.PREFLIGHT_MESSAGE, and
+kwok's preflight-aware stage reports the pod Running with that message, in one status write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gluon_agent import contract
+
+from .stages import PREFLIGHT_CONTAINER, PREFLIGHT_MESSAGE
+
+log = logging.getLogger("kubelet-sim")
+DEFAULT_TERMINATION_PATH = "/dev/termination-log"
+FLAG_FILE = "flag.env"
+
+
+@dataclass(frozen=True)
+class Image:
+    """What an image brings: environment variables (as its ENV lines) and folders put first on PATH."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    path: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InitOutcome:
+    pod: str
+    namespace: str
+    node: str
+    flag: str | None  # what the serving containers get from the flag file (None: no flag file)
+    message: str  # the preflight's termination message
+    seconds: float
+
+
+def downward(pod: dict[str, Any], node: dict[str, Any], field_path: str) -> str:
+    if field_path == "spec.nodeName":
+        return pod["spec"].get("nodeName", "")
+    if field_path in ("status.hostIP", "status.podIP"):
+        addresses = (node.get("status") or {}).get("addresses") or []
+        return next((a["address"] for a in addresses if a.get("type") == "InternalIP"), "127.0.0.1")
+    if field_path.startswith("metadata."):
+        return str(pod["metadata"].get(field_path.split(".", 1)[1], ""))
+    raise ValueError(f"downward API field {field_path!r} is not simulated")
+
+
+def container_env(container: dict[str, Any], pod: dict[str, Any], node: dict[str, Any], image: Image) -> dict[str, str]:
+    env = {"PATH": os.pathsep.join([*image.path, "/usr/local/bin", "/usr/bin", "/bin"]), "HOME": "/tmp", **image.env}
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif "fieldRef" in (item.get("valueFrom") or {}):
+            env[item["name"]] = downward(pod, node, item["valueFrom"]["fieldRef"]["fieldPath"])
+    return env
+
+
+def mount_script(binds: list[tuple[Path, str]], argv: list[str]) -> list[str]:
+    """`unshare --mount` running argv after bind-mounting each (host folder or file, container path)."""
+    steps = []
+    for source, target in binds:
+        kind = "-d" if source.is_dir() else "-f"
+        make = f"mkdir -p {shlex.quote(target)}" if source.is_dir() else f"touch {shlex.quote(target)}"
+        steps.append(f"[ {kind} {shlex.quote(target)} ] || {make}; mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+    script = " && ".join(steps + ['exec "$@"'])
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+
+
+class KubeletSim:
+    """Watches pods with the injected annotation and runs their init containers (see the module doc)."""
+
+    def __init__(self, api: Any, images: dict[str, Image], on_outcome: Callable[[InitOutcome], None] | None = None,
+                 workdir: Path | None = None, timeout: float = 120.0, parallel: int = 8) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api)
+        self.images, self.on_outcome, self.timeout = images, on_outcome, timeout
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="kubelet-sim-"))
+        self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="kubelet-sim")
+        self.started: set[str] = set()
+        self.outcomes: list[InitOutcome] = []
+        self.errors: list[str] = []
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="kubelet-sim", daemon=True)
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> "KubeletSim":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_event.set()
+        self.thread.join(10)
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------ the watch
+
+    def _watch(self) -> None:
+        from kubernetes import watch
+
+        resource_version = None
+        while not self.stop_event.is_set():
+            try:
+                if resource_version is None:
+                    listing = json.loads(self.core.list_pod_for_all_namespaces(_preload_content=False).data)
+                    resource_version = listing["metadata"]["resourceVersion"]
+                    for pod in listing["items"]:
+                        self._consider(pod)
+                stream = watch.Watch().stream(self.core.list_pod_for_all_namespaces, resource_version=resource_version,
+                                              timeout_seconds=5, allow_watch_bookmarks=True, _preload_content=False)
+                for event in stream:
+                    raw = event["raw_object"]
+                    resource_version = raw.get("metadata", {}).get("resourceVersion", resource_version)
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._consider(raw)
+                    if self.stop_event.is_set():
+                        return
+            except Exception as exc:  # 410 Gone and dropped connections: list again
+                log.debug("kubelet-sim watch: %s", exc)
+                resource_version = None
+                self.stop_event.wait(0.2)
+
+    def _consider(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        annotations = meta.get("annotations") or {}
+        if (contract.ANNOTATION_POD_INJECTED not in annotations or PREFLIGHT_MESSAGE in annotations or not spec.get("nodeName")
+                or meta.get("deletionTimestamp")):
+            return
+        with self.lock:
+            if meta["uid"] in self.started:
+                return
+            self.started.add(meta["uid"])
+        self.pool.submit(self._run_pod, pod)
+
+    # ------------------------------------------------------------ one pod
+
+    def _run_pod(self, pod: dict[str, Any]) -> None:
+        import time
+
+        meta = pod["metadata"]
+        started = time.monotonic()
+        try:
+            node = json.loads(self.core.read_node(pod["spec"]["nodeName"], _preload_content=False).data)
+            root = Path(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.dir))
+            volumes = {v["name"]: root / "volumes" / v["name"] for v in pod["spec"].get("volumes") or [] if "emptyDir" in v}
+            for folder in volumes.values():
+                folder.mkdir(parents=True)
+            message = ""
+            for container in pod["spec"].get("initContainers") or []:
+                text = self._run_container(container, pod, node, volumes, root)
+                if container["name"] == PREFLIGHT_CONTAINER:
+                    message = text
+            flag = self._flag(volumes)
+            self.core.patch_namespaced_pod(meta["name"], meta["namespace"], {"metadata": {"annotations": {PREFLIGHT_MESSAGE: message}}},
+                                           _content_type="application/merge-patch+json", _preload_content=False)
+            outcome = InitOutcome(meta["name"], meta["namespace"], pod["spec"]["nodeName"], flag, message, time.monotonic() - started)
+            self.outcomes.append(outcome)
+            if self.on_outcome:
+                self.on_outcome(outcome)
+        except Exception as exc:  # a pod deleted meanwhile, or a broken command: reported, never fatal
+            self.errors.append(f"{meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
+            log.warning("kubelet-sim: %s", self.errors[-1])
+
+    def _run_container(self, container: dict[str, Any], pod: dict[str, Any], node: dict[str, Any],
+                       volumes: dict[str, Path], root: Path) -> str:
+        image = self.images.get(container["image"])
+        if image is None:
+            raise RuntimeError(f"init container {container['name']!r}: image {container['image']!r} is not simulated")
+        termination = root / f"{container['name']}.termination-log"
+        termination.write_text("")
+        binds = [(volumes[m["name"]], m["mountPath"]) for m in container.get("volumeMounts") or [] if m["name"] in volumes]
+        binds.append((termination, container.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH))
+        argv = list(container.get("command") or []) + list(container.get("args") or [])
+        if not argv:
+            raise RuntimeError(f"init container {container['name']!r} has no command (an image entrypoint is not simulated)")
+        argv[0] = shutil.which(argv[0], path=os.pathsep.join(image.path)) or argv[0]
+        result = subprocess.run(mount_script(binds, argv), env=container_env(container, pod, node, image), capture_output=True,
+                                text=True, timeout=self.timeout, cwd=root)
+        (root / f"{container['name']}.log").write_text(result.stdout + result.stderr)
+        if result.returncode != 0:
+            raise RuntimeError(f"init container {container['name']!r} exited {result.returncode}: {result.stderr.strip()[-800:]}")
+        return termination.read_text()[:4096]
+
+    @staticmethod
+    def _flag(volumes: dict[str, Path]) -> str | None:
+        for folder in volumes.values():
+            path = folder / FLAG_FILE
+            if path.is_file():
+                line = path.read_text().strip()
+                return line.split("=", 1)[1].strip("'\"") if "=" in line else None
+        return None

@@ -1,0 +1,82 @@
+"""The operator and agents as local processes (there is no container runtime here), each with the
+credentials of its own ServiceAccount (install.Installed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gluon_agent import contract
+
+from .controlplane import free_port
+from .install import Installed
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """Our environment without what would change what a child imports or which cluster it talks to."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KUBECONFIG", "SGLANG_AITER_MLA_GLUON", "TRITON_INTERPRET")}
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Process:
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> "Process":
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a node loss would: no cleanup."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            self.proc.wait(10)  # type: ignore[union-attr]
+
+    def stop(self, timeout: float = 15) -> None:
+        if not self.alive():
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        try:
+            self.proc.wait(timeout)  # type: ignore[union-attr]
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+
+
+def operator(installed: Installed, reconcile_seconds: float = 1.0, server: str | None = None, metrics_port: int = 0,
+             **env: str) -> Process:
+    """`gluon-operator run` with the operator ServiceAccount's token and the webhook's TLS on 127.0.0.1."""
+    tls = installed.webhook_tls
+    settings = python_env(KUBECONFIG=str(installed.operator_kubeconfig(server)), GLUON_RECONCILE_SECONDS=str(reconcile_seconds),
+                          GLUON_METRICS_PORT=str(metrics_port), GLUON_METRICS_ADDR="127.0.0.1", GLUON_WATCH_TIMEOUT="60",
+                          GLUON_WEBHOOK_CERT=str(tls.cert), GLUON_WEBHOOK_KEY=str(tls.key), GLUON_WEBHOOK_ADDR="127.0.0.1",
+                          GLUON_WEBHOOK_PORT=str(installed.webhook_port), GLUON_AGENT_IMAGE=AGENT_IMAGE, **env)
+    argv = [sys.executable, "-m", "gluon_operator.cli", "run", "--standalone", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
+    return Process(argv, settings, installed.cp.dir / f"operator-{free_port()}.log").start()
+
+
+def agent(installed: Installed, node: str, host: str, simulate: Path, server: str | None = None, env: dict[str, str] | None = None,
+          *extra: Any) -> Process:
+    """`gluon-agent run` for `node` with a token bound to its DaemonSet pod, listening on `host` (the node's IP)."""
+    argv = [sys.executable, "-m", "gluon_agent", "run", "--kubeconfig", str(installed.agent_kubeconfig(node, server)),
+            "--simulate", str(simulate), "--node-name", node, "--host", host, "--port", str(contract.AGENT_PORT),
+            "--tick", "0.2", "--probe-interval", "3600", "--watch-timeout", "10", "--log-level", "INFO", *map(str, extra)]
+    return Process(argv, python_env(**(env or {})), installed.cp.dir / f"agent-{node}.log").start()
+
+
+AGENT_IMAGE = "ghcr.io/gluon-rollout/agent:localcluster"  # the agent image the webhook injects (kubelet_sim runs it)
