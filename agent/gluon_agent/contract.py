@@ -57,6 +57,10 @@ ANNOTATION_OWNED_KEYS: Final = PREFIX + "agent-owned-keys"
 ANNOTATION_SELFTEST_REQUEST: Final = PREFIX + "selftest-request"
 # Operator-owned. JSON: why the node was rolled back, with the measured numbers and thresholds.
 ANNOTATION_ROLLBACK: Final = PREFIX + "rollback"
+# Operator-owned. JSON: the node's durable rollout record (rollout, state, reason, since, changedAt,
+# fingerprint, holdout, numbers with failStreak), written in the same patch as LABEL_ENABLED/LABEL_STATE,
+# so a rollout's status need not hold every node (etcd's request limit at fleet scale).
+ANNOTATION_NODE_RECORD: Final = PREFIX + "record"
 
 # ---------------------------------------------------------------- person-owned controls
 # Node label: "true" keeps a node off the accelerated path (never enabled; disabled if it was on), as
@@ -72,7 +76,7 @@ ANNOTATION_ROLLOUT_ABORT: Final = PREFIX + "abort"
 AGENT_LABELS: Final = (LABEL_CAPABLE, LABEL_SELFTEST, LABEL_GPU_ARCH)
 AGENT_ANNOTATIONS: Final = (ANNOTATION_REPORT, ANNOTATION_OWNED_KEYS)
 # Keys the operator writes on nodes (the agent reads LABEL_ENABLED and LABEL_STATE for its decision).
-OPERATOR_NODE_KEYS: Final = (LABEL_ENABLED, LABEL_STATE, ANNOTATION_ROLLBACK)
+OPERATOR_NODE_KEYS: Final = (LABEL_ENABLED, LABEL_STATE, ANNOTATION_ROLLBACK, ANNOTATION_NODE_RECORD)
 
 # ---------------------------------------------------------------- agent metrics
 AGENT_METRIC_PREFIX: Final = "gluon_agent_"

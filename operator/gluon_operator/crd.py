@@ -18,6 +18,8 @@ def _inline(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         target = defs[schema["$ref"].split("/")[-1]]
         merged = {k: v for k, v in schema.items() if k != "$ref"}
         return _inline({**target, **merged}, defs)
+    if schema.get("x-kubernetes-int-or-string"):
+        return {k: v for k, v in schema.items() if k not in DROP and not (k == "default" and v is None)}
     if "anyOf" in schema:
         options = [o for o in schema["anyOf"] if o.get("type") != "null"]
         nullable = len(options) < len(schema["anyOf"])
@@ -34,7 +36,11 @@ def _inline(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             continue  # structural schemas cannot say it; the API server prunes unknown fields instead
         if key == "default" and value is None:
             continue
-        if key == "const":
+        if key in ("exclusiveMaximum", "exclusiveMinimum") and not isinstance(value, bool):
+            # JSON Schema 2020 (pydantic) says `exclusiveMaximum: 1`; OpenAPI v3.0 says `maximum: 1` plus `true`
+            out[key.replace("exclusive", "").lower()] = value
+            out[key] = True
+        elif key == "const":
             out["enum"] = [value]
         elif key == "properties":
             out[key] = {name: _inline(sub, defs) for name, sub in value.items()}
@@ -46,7 +52,7 @@ def _inline(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out.setdefault("type", "object")
         required = set(out.get("required", []))
         for name, sub in out["properties"].items():
-            if sub.get("type") == "object" and "properties" in sub and name not in required:
+            if sub.get("type") == "object" and "properties" in sub and name not in required and not sub.get("nullable"):
                 sub["default"] = {}  # so the API server creates it and fills in its fields' defaults
     return out
 

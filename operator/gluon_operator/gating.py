@@ -7,12 +7,13 @@ States (contract.NODE_STATES): Ineligible, Eligible, Enabling, Analyzing, Promot
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from gluon_agent import contract
+
+from .records import AgentReport, NodeRecord, RollbackRecord, read_json
 
 INELIGIBLE, ELIGIBLE, ENABLING, ANALYZING, PROMOTED, ROLLED_BACK, DISABLED = contract.NODE_STATES
 FLAG_ON_STATES = (ENABLING, ANALYZING, PROMOTED)
@@ -37,71 +38,68 @@ class Eligibility:
     fingerprint: str | None
 
 
-def parse_report(annotations: Mapping[str, str]) -> tuple[dict[str, Any] | None, str | None]:
-    raw = annotations.get(contract.ANNOTATION_REPORT)
-    if raw is None:
+def parse_report(annotations: Mapping[str, str]) -> tuple[AgentReport | None, str | None]:
+    report, problem = read_json(AgentReport, annotations.get(contract.ANNOTATION_REPORT), "the agent report annotation")
+    if report is None and problem is None:
         return None, "the agent has published no report on this node"
-    try:
-        report = json.loads(raw)
-        if not isinstance(report, dict):
-            raise ValueError("not an object")
-        return report, None
-    except ValueError as exc:
-        return None, f"the agent report annotation is not JSON ({exc})"
+    return report, problem
 
 
-def parse_rollback(annotations: Mapping[str, str]) -> dict[str, Any] | None:
-    """The operator's own rollback record on a node; unreadable counts as absent (a person edited it)."""
-    try:
-        record = json.loads(annotations.get(contract.ANNOTATION_ROLLBACK) or "null")
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+def parse_rollback(annotations: Mapping[str, str]) -> tuple[RollbackRecord | None, str | None]:
+    """The operator's own rollback record on a node: (record, None), (None, None) when absent, or
+    (None, why) when a person or a tool wrote something else there."""
+    return read_json(RollbackRecord, annotations.get(contract.ANNOTATION_ROLLBACK), "the rollback record annotation")
 
 
-def failing_paths(report: Mapping[str, Any]) -> list[str]:
-    selftest = report.get("selftest") or {}
+def failing_paths(report: AgentReport) -> list[str]:
     out = []
-    for gpu in selftest.get("gpus", []):
-        for path, result in (gpu.get("result") or {}).items():
+    for gpu in report.selftest.gpus:
+        for path, result in gpu.result.items():
             if result != "pass":
-                reasons = (gpu.get("reasons") or {}).get(path, [])
-                out.append(f"GPU {gpu.get('index')} {path} {result}" + (f" ({reasons[0]})" if reasons else ""))
+                reasons = gpu.reasons.get(path, [])
+                out.append(f"GPU {gpu.index} {path} {result}" + (f" ({reasons[0]})" if reasons else ""))
     return out
 
 
-def rolled_back_for(rollback: Mapping[str, Any] | None, fingerprint: str | None, now: float,
+def rolled_back_for(rollback: RollbackRecord | None, fingerprint: str | None, now: float,
                     retry_after: int | None) -> str | None:
     """Why the node is still barred by an earlier rollback, or None."""
-    if not rollback or rollback.get("fingerprint") != fingerprint:
+    if rollback is None or rollback.fingerprint != fingerprint:
         return None
-    at = float(rollback.get("at", 0))
-    if retry_after is not None and now >= at + retry_after:
+    if retry_after is not None and now >= rollback.at + retry_after:
         return None
-    return f"rolled back for fingerprint {fingerprint}: {rollback.get('reason', 'no reason recorded')}"
+    return f"rolled back for fingerprint {fingerprint}: {rollback.reason}"
+
+
+SKIPPED = f"skipped: node label {contract.LABEL_SKIP}=true"
 
 
 def eligibility(facts: NodeFacts, now: float, retry_after: int | None) -> Eligibility:
-    """Eligible only with a live agent, capable, both paths passing for the current fingerprint, and not
-    rolled back for that fingerprint."""
+    """Eligible only when not skipped by a person, with a live agent, capable, both paths passing for the
+    current fingerprint, and not rolled back for that fingerprint. A report or record of the wrong shape
+    makes this node alone ineligible, naming the field."""
     report, problem = parse_report(facts.annotations)
-    fingerprint = (report or {}).get("fingerprint")
+    fingerprint = report.fingerprint if report else None
+    if facts.labels.get(contract.LABEL_SKIP) == "true":
+        return Eligibility(False, SKIPPED, fingerprint)
     if not facts.agent_alive:
         return Eligibility(False, "no running, ready agent on this node", fingerprint)
     if report is None:
         return Eligibility(False, problem or "no report", None)
-    if facts.labels.get(contract.LABEL_CAPABLE) != "true" or not (report.get("probe") or {}).get("capable"):
-        missing = (report.get("probe") or {}).get("missing_for_capable") or ["capable label is not 'true'"]
+    if facts.labels.get(contract.LABEL_CAPABLE) != "true" or not report.probe.capable:
+        missing = report.probe.missing_for_capable or ["capable label is not 'true'"]
         return Eligibility(False, "not capable: " + "; ".join(missing), fingerprint)
-    selftest = report.get("selftest") or {}
     verdict = facts.labels.get(contract.LABEL_SELFTEST)
-    if verdict != "pass" or report.get("verdict") != "pass":
+    if verdict != "pass" or report.verdict != "pass":
         failing = failing_paths(report)
-        detail = "; ".join(failing) if failing else f"label {verdict}, report {report.get('verdict')}"
+        detail = "; ".join(failing) if failing else f"label {verdict}, report {report.verdict}"
         return Eligibility(False, f"self-test not passed: {detail}", fingerprint)
-    if selftest.get("fingerprint") != fingerprint:
-        return Eligibility(False, f"self-test is for fingerprint {selftest.get('fingerprint')}, node is at {fingerprint}", fingerprint)
-    barred = rolled_back_for(parse_rollback(facts.annotations), fingerprint, now, retry_after)
+    if report.selftest.fingerprint != fingerprint:
+        return Eligibility(False, f"self-test is for fingerprint {report.selftest.fingerprint}, node is at {fingerprint}", fingerprint)
+    record, unreadable = parse_rollback(facts.annotations)
+    if unreadable:
+        return Eligibility(False, unreadable, fingerprint)
+    barred = rolled_back_for(record, fingerprint, now, retry_after)
     if barred:
         return Eligibility(False, barred, fingerprint)
     return Eligibility(True, f"capable, both paths pass for fingerprint {fingerprint}", fingerprint)
@@ -165,6 +163,15 @@ class NodeStatus:
         return {"state": self.state, "reason": self.reason, "since": self.since, "fingerprint": self.fingerprint,
                 "changedAt": self.changed_at, "holdout": self.holdout, "numbers": dict(self.numbers)}
 
+    def record(self, rollout: str) -> dict[str, Any]:
+        """The node's durable record (contract.ANNOTATION_NODE_RECORD), naming its rollout."""
+        return {"rollout": rollout, **self.to_dict()}
+
+    @classmethod
+    def from_record(cls, record: NodeRecord) -> "NodeStatus":
+        return cls(record.state, record.reason, float(record.since), record.fingerprint,
+                   None if record.changedAt is None else float(record.changedAt), record.holdout, record.numbers)
+
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "NodeStatus":
         raw = raw or {}
@@ -195,15 +202,15 @@ def move(prev: NodeStatus, state: str, reason: str, now: float, **changes: Any) 
 
 
 def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdict | None, now: float,
-            rollback_cleared: bool, recorded_rollback: Mapping[str, Any] | None = None) -> Step:
+            rollback_cleared: bool, recorded_rollback: RollbackRecord | None = None) -> Step:
     """Automatic transitions. Eligible -> Enabling is the planner's choice (see plan_enables).
     `recorded_rollback`: the node's rollback annotation when it still bars the node. A flag-on node that
     carries one was rolled back by a reconcile whose status write was lost (labels and record are written
     first, in one patch): the record, not the stale status, is the truth."""
     s = prev.state
     if s in FLAG_ON_STATES and recorded_rollback is not None and not rollback_cleared:
-        return Step(move(prev, ROLLED_BACK, str(recorded_rollback.get("reason") or "rolled back (recorded on the node)"), now,
-                         changed_at=float(recorded_rollback.get("at") or now), numbers=recorded_rollback.get("numbers") or {}))
+        return Step(move(prev, ROLLED_BACK, recorded_rollback.reason, now, changed_at=float(recorded_rollback.at or now),
+                         numbers=recorded_rollback.numbers))
     if s == ROLLED_BACK:
         if not rollback_cleared:
             return Step(move(prev, ROLLED_BACK, prev.reason, now, fingerprint=el.fingerprint))

@@ -1,0 +1,222 @@
+"""The executor: carries out a Plan (plan.py) against the API, in the safe order.
+
+1. Node writes: labels and the node's record (and a rollback record) in one merge patch per node. A
+   failed write is logged and left for the next reconcile: the record on the node stays the truth.
+2. The status (only the keys that changed).
+3. Events.
+4. Pod restarts: only those the plan allows, which are of nodes whose record an earlier reconcile wrote.
+5. The pods' flag labels (best effort).
+A dry run's plan has no writes of 1, 4 or 5 (plan.dry_run_only); the executor refuses to do any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any, Mapping
+
+import kopf
+from kubernetes import client
+
+from gluon_agent import contract
+from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify, make_api_client
+
+from . import webhook
+from .metrics import METRICS
+from .plan import Plan, Restart
+from .spec import GROUP, PLURAL, VERSION
+from .world import Caches
+
+log = logging.getLogger("gluon_operator")
+
+JSON_PATCH = "application/json-patch+json"
+STALE_WRITE_SECONDS = 30.0  # see own_write_pending
+STRAY_RESTART_SECONDS = 15.0  # see restart_strays
+
+
+class Runtime:
+    """Read from the environment at operator startup (so each test run can point elsewhere)."""
+
+    api_url: str | None = None  # tests and development; in-cluster credentials otherwise
+    injection = webhook.Injection(agent_image="ghcr.io/gluon-rollout/agent:0.1.0")
+    api: client.ApiClient | None = None
+    # rollout uid -> (when, the status keys we last wrote): a reconcile waits until its watch has delivered
+    # them, so it never re-plans from a status older than its own last write.
+    written: dict[str, tuple[float, dict[str, Any]]] = {}
+    stray_restarts: dict[str, float] = {}  # node -> when its stray pods were last restarted (restart_strays)
+
+    @classmethod
+    def load(cls) -> None:
+        cls.api_url = os.environ.get("GLUON_API_URL")
+        cls.injection = webhook.Injection(
+            agent_image=os.environ.get("GLUON_AGENT_IMAGE", "ghcr.io/gluon-rollout/agent:0.1.0"),
+            mode="shell" if os.environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
+        )
+        cls.api = make_api_client(cls.api_url)
+        cls.written, cls.stray_restarts = {}, {}  # per operator run (tests start several in one process)
+
+
+def api_client() -> client.ApiClient:
+    if Runtime.api is None:
+        Runtime.load()
+    assert Runtime.api is not None
+    return Runtime.api
+
+
+def core() -> client.CoreV1Api:
+    return client.CoreV1Api(api_client())
+
+
+def custom() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client())
+
+
+async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        # Raw responses: nothing reads them, and deserializing costs time at fleet scale.
+        return await asyncio.to_thread(fn, *args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+    except Exception as exc:
+        failure = classify(exc)
+        METRICS.api_errors.labels(failure.kind).inc()
+        raise failure from exc
+
+
+# ---------------------------------------------------------------- nodes and pods
+
+
+async def patch_node(name: str, labels: Mapping[str, Any], annotations: Mapping[str, Any] | None = None) -> None:
+    body: dict[str, Any] = {"metadata": {"labels": dict(labels)}}
+    if annotations:
+        body["metadata"]["annotations"] = dict(annotations)
+    await call(core().patch_node, name, body, _content_type=MERGE_PATCH)
+
+
+async def restart_pod(namespace: str, name: str, policy: str) -> str:
+    """'restarted', 'blocked' (a PodDisruptionBudget said 429: try again later) or 'gone'."""
+    try:
+        if policy == "Evict":
+            eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+            await call(core().create_namespaced_pod_eviction, name, namespace, eviction)
+        else:
+            await call(core().delete_namespaced_pod, name, namespace)
+        return "restarted"
+    except Exception as failure:
+        status = getattr(failure, "status", None)
+        if status == 429:
+            return "blocked"
+        if status == 404:
+            return "gone"
+        raise
+
+
+async def restart_pods(restart: Restart, policy: str, logger: logging.Logger) -> None:
+    for pod in restart.pods:
+        outcome = await restart_pod(restart.namespace, pod, policy)
+        METRICS.restarts.labels(outcome).inc()
+        if outcome == "blocked":
+            logger.info("eviction of %s/%s on %s blocked by a disruption budget; retrying next reconcile", restart.namespace, pod, restart.node)
+            return  # the budget also protects this node's other pods: one at a time
+
+
+async def restart_strays(restart: Restart, policy: str, logger: logging.Logger) -> None:
+    """New pods on a flag-on node that do not run flag 1 for a passing reason restart again: pods admitted
+    while the webhook was unreachable (failurePolicy Ignore: no preflight, the template's flag), and pods
+    whose preflight got '0' from an agent that was unreachable or had not yet seen the enable (its watch
+    lags under API trouble). At most once per STRAY_RESTART_SECONDS per node: a webhook the API server can
+    never reach costs a slow retry, not a restart storm. A '0' from the stack itself is a refusal (RolledBack)."""
+    last = Runtime.stray_restarts.get(restart.node)
+    if last is not None and time.monotonic() - last < STRAY_RESTART_SECONDS:
+        return
+    logger.warning("node %s: restarting %s (not injected, or refused by a stale agent view)", restart.node, ", ".join(restart.pods))
+    await restart_pods(restart, policy, logger)
+    Runtime.stray_restarts[restart.node] = time.monotonic()  # only after it worked: a failed eviction retries next reconcile
+
+
+async def label_pod(namespace: str, name: str, flag: str, logger: logging.Logger) -> None:
+    """Best effort: a pod evicted meanwhile (404) or a transient error is retried at the next reconcile."""
+    try:
+        await call(core().patch_namespaced_pod, name, namespace, {"metadata": {"labels": {contract.LABEL_POD_FLAG: flag}}},
+                   _content_type=MERGE_PATCH)
+    except ApiFailure as failure:
+        logger.info("flag label on %s/%s not written: %s", namespace, name, failure)
+
+
+# ---------------------------------------------------------------- the status
+
+
+async def write_status(namespace: str, name: str, uid: str, status: Mapping[str, Any], fresh: Mapping[str, Any]) -> dict[str, Any]:
+    """Only what changed (an idle rollout costs no writes), each changed key replaced whole (a JSON patch:
+    a merge patch would keep stale keys inside nested objects). Our own request, not kopf's patch: kopf 1.x
+    applies a timer's patch outside the handler and a 409 there ends the timer for good (found by
+    bench/faults.py); here a failure fails this reconcile, which kopf retries. Nulls are left out, as the
+    API server prunes them from a structural schema, so what we wrote compares equal to what we read.
+    Returns the status as it now is."""
+    changed = {key: value for key, value in ((k, without_none(v)) for k, v in fresh.items()) if status.get(key) != value}
+    after = {k: v for k, v in {**status, **changed}.items() if v is not None}
+    if not changed:
+        return after
+    if status:
+        body: Any = [{"op": "remove", "path": f"/status/{key}"} if value is None else {"op": "add", "path": f"/status/{key}", "value": value}
+                     for key, value in changed.items() if value is not None or key in status]
+        content_type = JSON_PATCH
+    else:
+        body, content_type = {"status": {k: v for k, v in changed.items() if v is not None}}, MERGE_PATCH
+    if body:
+        await call(custom().patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name, body, _content_type=content_type)
+        Runtime.written[uid] = (time.monotonic(), changed)
+    return after
+
+
+def without_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [without_none(v) for v in value]
+    return value
+
+
+def own_write_pending(uid: str, status: Mapping[str, Any]) -> bool:
+    """True while the watch has not yet delivered our last status write (bounded: after STALE_WRITE_SECONDS
+    the write is assumed lost or overwritten and the reconcile goes on from what the API shows)."""
+    memo = Runtime.written.get(uid)
+    if memo is None:
+        return False
+    at, changed = memo
+    if time.monotonic() - at > STALE_WRITE_SECONDS or all(status.get(k) == v for k, v in changed.items()):
+        del Runtime.written[uid]
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- the plan
+
+
+async def execute(plan: Plan, namespace: str, name: str, uid: str, status: Mapping[str, Any], body: kopf.Body,
+                  logger: logging.Logger) -> dict[str, Any]:
+    """Carry out `plan` in the safe order (see the module docstring); returns the status as written."""
+    if plan.dry_run and plan.writes():
+        raise AssertionError(f"a dry run's plan asks for {plan.writes()} writes")  # plan.dry_run_only clears them: a bug, not input
+    for write in plan.node_writes:
+        try:
+            await patch_node(write.node, write.labels, write.annotations)
+            Caches.wrote(write.node, write.labels, write.annotations)
+        except ApiFailure as failure:  # e.g. the node was deleted: its record is unchanged, the next reconcile retries
+            logger.warning("node %s not written: %s", write.node, failure)
+    for t in plan.transitions:
+        METRICS.transitions.labels(t.old or "None", t.new).inc()
+        if t.rollback:
+            METRICS.rollbacks.labels(t.rollback).inc()
+    after = await write_status(namespace, name, uid, status, plan.status)
+    for event in plan.events:
+        (kopf.warn if event.type == "Warning" else kopf.info)(body, reason=event.reason, message=event.message)
+        logger.info("%s: %s", event.reason, event.message)
+    policy = plan.spec.strategy.restart if plan.spec else "None"
+    for restart in plan.restarts:
+        await (restart_strays if restart.why == "stray" else restart_pods)(restart, policy, logger)
+    for pod in plan.pod_labels:
+        await label_pod(pod.namespace, pod.name, pod.flag, logger)
+    if plan.statuses:
+        METRICS.observe_rollout(namespace, name, plan.statuses)
+    return after

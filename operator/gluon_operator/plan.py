@@ -1,0 +1,583 @@
+"""The reconcile as one pure function: `plan(rollout, world, verdicts, analysis, now) -> Plan`.
+
+Input: the rollout (spec, annotations, prior status), the world as the caches see it (nodes with their
+labels, annotations, `spec.unschedulable` and Ready condition; which agents run; the serving pods), the
+analysis verdicts and the time. Output: the node writes (labels and annotations, one patch per node), the
+pod restarts in order, the pod flag labels, the Events and the new status. Nothing here calls the API:
+handlers.py gathers the world (world.py), calls this, and executor.py carries the plan out in the safe order.
+
+Durable state. Each node's record (state, reason, since, changedAt, fingerprint, holdout, numbers with
+failStreak) lives on the Node in contract.ANNOTATION_NODE_RECORD, written in the same patch as its
+`enabled` and `state` labels, so the status does not have to hold every node (etcd's request limit at
+fleet scale, see `status_nodes`). A node's pods restart only when the record that says why is already on
+the node as the caches see it (an earlier reconcile wrote it): an operator killed at any point resumes
+without restarting a node twice. Records are rewritten only when a field that decides something changes
+(state, since, changedAt, fingerprint, holdout, failStreak, inconclusiveSince): a reason that changes
+wording costs no node write, so a state change costs one node write.
+
+Per node, on top of the state machine of gating.py:
+- skipped (label contract.LABEL_SKIP=true), or outside strategy.batches: ineligible; disabled if it was on.
+- held: cordoned (spec.unschedulable) or NotReady. Not enabled, its pods never evicted or deleted, and it
+  does not count against maxParallel (a held node never blocks the fleet). A flag-on held node keeps its
+  state unless it turns ineligible (then Disabled, its pods left alone while held).
+- owned by an older rollout whose node selector also matches it: left out of this rollout entirely (the
+  Conflict condition names it), so two rollouts never fight over a label.
+
+Rollout controls: spec.paused (enable nothing more), spec.dryRun (plan and report, write nothing to
+nodes or pods), strategy.approval gates granted by the rollout annotation contract.ANNOTATION_ROLLOUT_APPROVE,
+contract.ANNOTATION_ROLLOUT_ABORT (aborted while present), abort.maxFailedNodes per batch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+from gluon_agent import contract
+
+from . import gating, webhook
+from .gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, NodeStatus
+from .records import NodeRecord, read_json
+from .spec import GluonRolloutSpec, parse_spec, resolve
+
+FULL_STATUS_NODES = 500  # up to this many nodes, status.nodes lists every node (kubectl get -o yaml reads as before)
+ATTENTION_CAP = 200  # beyond it, at most this many nodes needing attention; the rest are counted, and on their Nodes
+DRY_RUN_CAP = 200  # entries of status.dryRun.plan
+CONFLICT_NAMES = 20  # nodes named in the Conflict condition's message
+FLEET = "fleet"  # the one batch without strategy.batches
+CANARY_GATE = "canary"
+DECIDING_NUMBERS = ("failStreak", "inconclusiveSince")  # record fields beside the state that the next reconcile reads
+
+
+# ---------------------------------------------------------------- the world, as plain data
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    unschedulable: bool = False
+    ready: bool | None = None  # the Ready condition; None when the node reports none (counted as ready)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A serving pod, as gating needs it (world.pod_view reads it from a Pod)."""
+
+    namespace: str
+    name: str
+    node: str
+    labels: Mapping[str, str]
+    created: float
+    ready: bool = True
+    deleting: bool = False
+    flag: str | None = None
+    preflight_reason: str | None = None
+    injected: bool = True
+    transient: bool = False
+
+    def facts(self) -> gating.PodFacts:
+        return gating.PodFacts(self.name, self.created, self.flag, self.preflight_reason, self.ready, self.deleting, self.injected,
+                               self.transient)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Another rollout's claim on nodes: its node selector and age (the older one owns an overlap)."""
+
+    namespace: str
+    name: str
+    created: float
+    node_selector: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class World:
+    nodes: Mapping[str, NodeView]
+    agents: Mapping[str, bool]  # node -> its agent pod runs and is ready
+    pods: Mapping[tuple[str, str], Sequence[PodView]]  # (namespace, node) -> serving pods there
+    rollouts: Sequence[Claim] = ()  # every rollout, this one included
+
+
+@dataclass(frozen=True)
+class RolloutView:
+    namespace: str
+    name: str
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    generation: int | None = None
+    created: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def unix(timestamp: str | None) -> float:
+    if not timestamp:
+        return 0.0
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def iso(now: float) -> str:
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rollout_view(obj: Mapping[str, Any]) -> RolloutView:
+    meta = obj.get("metadata") or {}
+    return RolloutView(meta.get("namespace") or "", meta.get("name") or "", dict(obj.get("spec") or {}), dict(obj.get("status") or {}),
+                       dict(meta.get("annotations") or {}), meta.get("generation"), unix(meta.get("creationTimestamp")))
+
+
+def claim_of(view: RolloutView) -> Claim:
+    return Claim(view.namespace, view.name, view.created, dict(view.spec.get("nodeSelector") or {}))
+
+
+def selects_node(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """An empty node selector means every node (unlike a pod selector)."""
+    if not selector.get("matchLabels") and not selector.get("matchExpressions"):
+        return True
+    return webhook.selector_matches(selector, labels)
+
+
+# ---------------------------------------------------------------- the plan, as plain data
+
+
+@dataclass(frozen=True)
+class NodeWrite:
+    """One merge patch of a node's metadata (None removes a key)."""
+
+    node: str
+    labels: Mapping[str, str | None]
+    annotations: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Restart these pods of one node, in order, stopping at the first a disruption budget blocks.
+    why: "old" (they predate the node's persisted change) or "stray" (new, but not on the flag the node
+    has: admitted without the webhook, or refused by a stale agent view; the executor rate-limits these)."""
+
+    namespace: str
+    node: str
+    pods: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class PodLabel:
+    namespace: str
+    name: str
+    flag: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # "Normal" | "Warning"
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Transition:
+    node: str
+    old: str | None
+    new: str
+    rollback: str | None = None  # "preflight" | "analysis" when this transition rolled the node back
+
+
+@dataclass
+class Plan:
+    dry_run: bool = False
+    node_writes: list[NodeWrite] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+    pod_labels: list[PodLabel] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)  # the status keys to write (None removes one)
+    statuses: dict[str, NodeStatus] = field(default_factory=dict)  # every node's new record (analysis, metrics)
+    transitions: list[Transition] = field(default_factory=list)
+    spec: GluonRolloutSpec | None = None
+
+    def writes(self) -> int:
+        """Writes to nodes and pods this plan asks for (a dry run's is 0)."""
+        return len(self.node_writes) + sum(len(r.pods) for r in self.restarts) + len(self.pod_labels)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dryRun": self.dry_run, "nodeWrites": [asdict(w) for w in self.node_writes], "restarts": [asdict(r) for r in self.restarts],
+                "podLabels": [asdict(p) for p in self.pod_labels], "events": [asdict(e) for e in self.events],
+                "transitions": [asdict(t) for t in self.transitions], "status": self.status}
+
+
+# ---------------------------------------------------------------- the reconcile
+
+
+@dataclass
+class NodeWork:
+    """One node's working set during a plan."""
+
+    view: NodeView
+    batch: str | None  # None: outside strategy.batches
+    prior: NodeStatus
+    recorded: NodeStatus | None  # what the node's own record says (None: no record of this rollout)
+    pods: list[PodView]
+    summary: gating.PodSummary
+    held: str | None  # why the node is held (cordoned, NotReady), or None
+    status: NodeStatus
+    action: str | None = None
+
+
+def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdict], analysis: Mapping[str, Any] | None,
+         now: float) -> Plan:
+    spec, problems = parse_spec(dict(rollout.spec))
+    if problems or spec is None:
+        return invalid_plan(rollout, "; ".join(problems), now)
+    out = Plan(dry_run=spec.dryRun, spec=spec)
+    owned, conflicts = claimed_nodes(rollout, spec, world)
+    work = {name: node_work(rollout, spec, world, world.nodes[name], verdicts.get(name), now) for name in owned}
+
+    aborted = abort_record(rollout, spec, work)
+    if aborted:
+        for w in work.values():
+            if w.status.state in FLAG_ON_STATES:
+                w.status = gating.move(w.status, DISABLED, f"rollout aborted: {aborted['reason']}", now, changed_at=now)
+                w.action = "restart"
+    statuses = {n: w.status for n, w in work.items()}
+    for name in gating.choose_holdouts({n: s for n, s in statuses.items() if not work[n].held}, spec.strategy.holdoutNodes):
+        work[name].status = replace(work[name].status, holdout=True, reason="holdout: control group kept at flag 0")
+    approval = approvals(rollout, spec, now)
+    chosen, waiting = choose_enables(spec, work, approval, bool(aborted))
+    for name in chosen:
+        step = gating.enable(work[name].status, now)
+        work[name].status, work[name].action = step.status, step.action
+    approval["waitingFor"] = waiting
+    out.statuses = {n: w.status for n, w in sorted(work.items())}
+
+    for name, w in sorted(work.items()):
+        node_plan(rollout, spec, w, now, out)
+    for gate in granted_gates(approval)[len(approval["_before"]):]:
+        out.events.append(Event("Normal", "Approved", f"approval gate {gate!r} granted by annotation {contract.ANNOTATION_ROLLOUT_APPROVE}"))
+    if aborted and not rollout.status.get("aborted"):
+        out.events.append(Event("Warning", "Aborted", aborted["reason"][:1000]))
+    out.status = rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now)
+    if spec.dryRun:
+        dry_run_only(rollout, out)
+    return out
+
+
+def invalid_plan(rollout: RolloutView, message: str, now: float) -> Plan:
+    out = Plan()
+    status = rollout.status
+    if status.get("phase") != "Invalid" or status.get("invalid") != message:
+        out.events.append(Event("Warning", "InvalidSpec", message[:1000]))
+    out.status = {"phase": "Invalid", "invalid": message, "observedGeneration": rollout.generation,
+                  "conditions": gating.merge_conditions(status.get("conditions") or [], gating.conditions("Invalid", {}, message, iso(now)))}
+    return out
+
+
+def claimed_nodes(rollout: RolloutView, spec: GluonRolloutSpec, world: World) -> tuple[list[str], list[str]]:
+    """(the nodes this rollout owns, the nodes in its selector that an older rollout owns). Older: created
+    first, then by namespace/name, so every rollout computes the same owner and no label ever flaps."""
+    selector = spec.nodeSelector.model_dump()
+    me = (rollout.created, rollout.namespace, rollout.name)
+    elders = [c for c in world.rollouts if (c.created, c.namespace, c.name) < me]
+    owned, conflicts = [], []
+    for name in sorted(world.nodes):
+        labels = world.nodes[name].labels
+        if not selects_node(selector, labels):
+            continue
+        (conflicts if any(selects_node(c.node_selector, labels) for c in elders) else owned).append(name)
+    return owned, conflicts
+
+
+def recorded_status(rollout: RolloutView, view: NodeView) -> tuple[NodeStatus | None, str | None]:
+    """This rollout's record on the node (None when absent, another rollout's, or unreadable: why)."""
+    record, problem = read_json(NodeRecord, view.annotations.get(contract.ANNOTATION_NODE_RECORD), "the node record annotation")
+    if record is None or record.rollout != rollout.key:
+        return None, problem
+    return NodeStatus.from_record(record), None
+
+
+def held_reason(view: NodeView) -> str | None:
+    if view.unschedulable:
+        return "cordoned (spec.unschedulable): not enabled, its pods left alone"
+    if view.ready is False:
+        return "NotReady: not enabled, its pods left alone"
+    return None
+
+
+def batch_of(spec: GluonRolloutSpec, view: NodeView) -> str | None:
+    batches = spec.strategy.batches
+    if batches is None:
+        return FLEET
+    value = view.labels.get(batches.nodeLabel)
+    return value if value in batches.order else None
+
+
+def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: NodeView, verdict: gating.Verdict | None,
+              now: float) -> NodeWork:
+    recorded, _ = recorded_status(rollout, view)
+    fallback = (rollout.status.get("nodes") or {}).get(view.name)  # a status written before records were on nodes
+    if recorded is not None:
+        prior = recorded
+    elif isinstance(fallback, Mapping) and not fallback.get("dryRun"):
+        prior = NodeStatus.from_dict(fallback)
+    else:
+        prior = NodeStatus(since=now)
+    retry = spec.analysis.retryAfterSeconds
+    el = gating.eligibility(gating.NodeFacts(view.name, view.labels, view.annotations, bool(world.agents.get(view.name))), now, retry)
+    rollback, _ = gating.parse_rollback(view.annotations)
+    cleared = gating.rolled_back_for(rollback, el.fingerprint, now, retry) is None
+    batch, held = batch_of(spec, view), held_reason(view)
+    if el.eligible and batch is None:
+        el = gating.Eligibility(False, f"outside strategy.batches: node label {spec.strategy.batches.nodeLabel!r} is "  # type: ignore[union-attr]
+                                       f"{view.labels.get(spec.strategy.batches.nodeLabel)!r}, not in its order", el.fingerprint)  # type: ignore[union-attr]
+    if el.eligible and held and prior.state not in FLAG_ON_STATES:
+        el = gating.Eligibility(False, held, el.fingerprint)
+    selector = spec.podSelector.model_dump()
+    pods = [p for p in world.pods.get((rollout.namespace, view.name), ()) if webhook.selector_matches(selector, p.labels)]
+    summary = gating.summarize_pods([p.facts() for p in pods], prior.changed_at)
+    step = gating.advance(prior, el, summary, verdict, now, cleared, None if cleared else rollback)
+    status = step.status
+    if held and status.state in FLAG_ON_STATES:
+        status = replace(status, reason=f"{status.reason} ({held.split(':')[0]}: its pods left alone)")
+    return NodeWork(view, batch, prior, recorded, pods, summary, held, status, step.action)
+
+
+def abort_record(rollout: RolloutView, spec: GluonRolloutSpec, work: Mapping[str, NodeWork]) -> dict[str, Any] | None:
+    """A person's abort (the annotation, while present), or too many rollbacks in one batch (kept until a
+    person edits the spec: a new generation re-arms the rollout)."""
+    by_person = rollout.annotations.get(contract.ANNOTATION_ROLLOUT_ABORT)
+    if by_person is not None:
+        return {"reason": f"{contract.ANNOTATION_ROLLOUT_ABORT}: {by_person or 'no reason given'}", "byAnnotation": True}
+    previous = rollout.status.get("aborted")
+    if previous and not previous.get("byAnnotation") and previous.get("generation") == rollout.generation:
+        return dict(previous)
+    for batch, members in batches(work).items():
+        failed = sum(1 for w in members if w.status.state == ROLLED_BACK)
+        limit = resolve(spec.abort.maxFailedNodes, len(members), round_up=False)
+        if failed > limit:
+            where = "" if batch == FLEET else f"batch {batch}: "
+            return {"generation": rollout.generation, "reason": f"{where}{failed} nodes rolled back > maxFailedNodes {limit}"}
+    return None
+
+
+def batches(work: Mapping[str, NodeWork]) -> dict[str, list[NodeWork]]:
+    out: dict[str, list[NodeWork]] = {}
+    for w in work.values():
+        if w.batch is not None:
+            out.setdefault(w.batch, []).append(w)
+    return out
+
+
+def approvals(rollout: RolloutView, spec: GluonRolloutSpec, now: float) -> dict[str, Any]:
+    """status.approval: the mode, the gate waited for, the gates granted (gate, at). Keys with a leading
+    underscore are working state, not written."""
+    previous = rollout.status.get("approval") or {}
+    granted = [dict(g) for g in previous.get("granted") or [] if isinstance(g, Mapping) and isinstance(g.get("gate"), str)]
+    return {"mode": spec.strategy.approval, "waitingFor": None, "granted": granted, "_before": list(granted),
+            "_asked": rollout.annotations.get(contract.ANNOTATION_ROLLOUT_APPROVE), "_now": now}
+
+
+def granted_gates(approval: Mapping[str, Any]) -> list[str]:
+    return [g["gate"] for g in approval["granted"]]
+
+
+def gate_open(approval: dict[str, Any], gate: str) -> bool:
+    """Granted before, or granted now by the approve annotation naming exactly this gate."""
+    if any(g["gate"] == gate for g in approval["granted"]):
+        return True
+    if approval["_asked"] == gate:
+        approval["granted"] = [*approval["granted"], {"gate": gate, "at": iso(approval["_now"])}]
+        return True
+    return False
+
+
+def choose_enables(spec: GluonRolloutSpec, work: Mapping[str, NodeWork], approval: dict[str, Any], aborted: bool) -> tuple[list[str], str | None]:
+    """Batch by batch in order, each with its own canaries: at most canaryNodes until they are promoted,
+    then at most maxParallel in progress; a batch starts when the one before has nothing left to do.
+    Held nodes neither count nor get chosen. Returns (nodes to enable, the approval gate waited for)."""
+    if spec.paused or aborted:
+        return [], None
+    by_batch = batches(work)
+    order = spec.strategy.batches.order if spec.strategy.batches else [FLEET]
+    mode = spec.strategy.approval
+    for i, batch in enumerate(order):
+        members = by_batch.get(batch, [])
+        active = [w for w in members if not w.held]
+        in_progress = sum(1 for w in active if w.status.state in IN_PROGRESS)
+        candidates = sorted(w.view.name for w in active if w.status.state == ELIGIBLE and not w.status.holdout)
+        if not candidates and not in_progress:
+            continue  # done (or nothing to do): the next batch may start
+        if i > 0 and mode == "EachBatch" and not gate_open(approval, f"batch/{batch}"):
+            return [], f"batch/{batch}"
+        promoted = sum(1 for w in members if w.status.state == PROMOTED)
+        canaries = resolve(spec.strategy.canaryNodes, len(members), round_up=True)
+        if promoted < canaries:
+            limit = canaries - promoted - in_progress
+        elif i == 0 and mode != "Automatic" and candidates and not gate_open(approval, CANARY_GATE):
+            return [], CANARY_GATE
+        else:
+            limit = max(1, resolve(spec.strategy.maxParallel, len(members), round_up=True)) - in_progress
+        return candidates[: max(0, limit)], None
+    return [], None
+
+
+def core(status: NodeStatus | None) -> tuple[Any, ...] | None:
+    """The record's fields that decide something (a change is worth a node write)."""
+    if status is None:
+        return None
+    return (status.state, status.since, status.changed_at, status.fingerprint, status.holdout,
+            *(status.numbers.get(k) for k in DECIDING_NUMBERS))
+
+
+def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: float, out: Plan) -> None:
+    """This node's write, restarts, pod labels and Event."""
+    name, new, view = w.view.name, w.status, w.view
+    labels = gating.node_labels(new)
+    annotations: dict[str, str | None] = {}
+    if w.action == "rollback":
+        annotations[contract.ANNOTATION_ROLLBACK] = json.dumps({"rollout": rollout.name, "fingerprint": new.fingerprint, "at": new.since,
+                                                                "reason": new.reason, "numbers": dict(new.numbers)}, sort_keys=True)
+    if core(w.recorded) != core(new) or annotations:
+        annotations[contract.ANNOTATION_NODE_RECORD] = json.dumps(new.record(rollout.key), sort_keys=True, separators=(",", ":"))
+    if annotations or any(view.labels.get(k) != v for k, v in labels.items()):
+        out.node_writes.append(NodeWrite(name, labels, annotations))
+
+    # Restarts only against a change the node's own record already carries (written by an earlier reconcile).
+    persisted = w.recorded is not None and w.recorded.state == new.state and w.recorded.changed_at == new.changed_at
+    restarting = persisted and not w.held and spec.strategy.restart != "None"
+    if restarting and new.state in (ENABLING, DISABLED, ROLLED_BACK) and gating.restart_due(new, now, spec.strategy.restartDelaySeconds) \
+            and w.summary.old:
+        out.restarts.append(Restart(rollout.namespace, name, tuple(w.summary.old), "old"))
+    if restarting and new.state in FLAG_ON_STATES and w.summary.retry:
+        out.restarts.append(Restart(rollout.namespace, name, tuple(w.summary.retry), "stray"))
+    for pod in w.pods:
+        if pod.flag in ("0", "1") and pod.labels.get(contract.LABEL_POD_FLAG) != pod.flag:
+            out.pod_labels.append(PodLabel(pod.namespace, pod.name, pod.flag))
+
+    old = w.prior if (w.recorded is not None or (rollout.status.get("nodes") or {}).get(name)) else None
+    if old is None or old.state != new.state:
+        kind = ("preflight" if "refused" in new.numbers else "analysis") if w.action == "rollback" else None
+        out.transitions.append(Transition(name, old.state if old else None, new.state, kind))
+        warn = new.state in (ROLLED_BACK, DISABLED)
+        message = f"node {name}: {old.state if old else 'new'} -> {new.state}: {new.reason}"
+        out.events.append(Event("Warning" if warn else "Normal", new.state, message[:1000]))
+
+
+def needs_attention(status: NodeStatus) -> bool:
+    return status.state not in (PROMOTED, INELIGIBLE)
+
+
+def status_nodes(statuses: Mapping[str, NodeStatus], dry_run: bool) -> tuple[dict[str, Any], int]:
+    """(status.nodes, how many left out). Every node up to FULL_STATUS_NODES; beyond, only those needing
+    attention (not Promoted, not steadily Ineligible), at most ATTENTION_CAP: each node's full record is
+    on the Node (contract.ANNOTATION_NODE_RECORD) either way."""
+    def entry(s: NodeStatus) -> dict[str, Any]:
+        return {**s.to_dict(), "dryRun": True} if dry_run else s.to_dict()
+
+    if len(statuses) <= FULL_STATUS_NODES:
+        return {n: entry(s) for n, s in sorted(statuses.items())}, 0
+    chosen = sorted(n for n, s in statuses.items() if needs_attention(s))[:ATTENTION_CAP]
+    return {n: entry(statuses[n]) for n in chosen}, len(statuses) - len(chosen)
+
+
+def rollout_status(rollout: RolloutView, spec: GluonRolloutSpec, out: Plan, work: Mapping[str, NodeWork], aborted: dict[str, Any] | None,
+                   approval: dict[str, Any], conflicts: list[str], analysis: Mapping[str, Any] | None, now: float) -> dict[str, Any]:
+    statuses = out.statuses
+    phase = gating.phase(statuses, spec.paused, bool(aborted), False)
+    if approval["waitingFor"] and phase in ("Progressing", "Idle"):
+        phase = "AwaitingApproval"
+    if spec.dryRun:
+        phase = "DryRun"
+    fresh = gating.conditions(phase, statuses, "", iso(now))
+    fresh.append(conflict_condition(conflicts, iso(now)))
+    nodes, omitted = status_nodes(statuses, spec.dryRun)
+    return {
+        "phase": phase,
+        "counts": gating.counts(statuses),
+        "nodes": nodes,
+        "nodesOmitted": omitted or None,
+        "observedGeneration": rollout.generation,
+        "invalid": None,
+        "aborted": aborted,
+        "analysis": analysis if analysis is not None else rollout.status.get("analysis"),
+        "approval": {k: v for k, v in approval.items() if not k.startswith("_")} if spec.strategy.approval != "Automatic" or approval["granted"] else None,
+        "conflicts": {"nodes": conflicts[:CONFLICT_NAMES], "count": len(conflicts)} if conflicts else None,
+        "dryRun": None,
+        "conditions": gating.merge_conditions(rollout.status.get("conditions") or [], fresh),
+    }
+
+
+def conflict_condition(conflicts: list[str], now_iso: str) -> dict[str, Any]:
+    named = ", ".join(conflicts[:CONFLICT_NAMES]) + (f" and {len(conflicts) - CONFLICT_NAMES} more" if len(conflicts) > CONFLICT_NAMES else "")
+    return {"type": "Conflict", "status": "True" if conflicts else "False", "reason": "NodesOwnedByAnOlderRollout" if conflicts else "NoOverlap",
+            "message": f"left to an older rollout whose nodeSelector also matches: {named}" if conflicts else "no node is claimed by an older rollout",
+            "lastTransitionTime": now_iso}
+
+
+def dry_run_only(rollout: RolloutView, out: Plan) -> None:
+    """Turn the writes into a report: status.dryRun lists what would be enabled, disabled, rolled back or
+    restarted, and why; one Event when that list changes. Nothing is written to nodes or pods."""
+    enabled = {t.node: t for t in out.transitions}
+    restarts = {r.node: r for r in out.restarts}
+    entries = []
+    for name, status in out.statuses.items():
+        t, r = enabled.get(name), restarts.get(name)
+        flag_change = t is not None and (t.new in FLAG_ON_STATES) != (t.old in FLAG_ON_STATES)
+        if not flag_change and r is None and (t is None or t.new != ROLLED_BACK):
+            continue
+        action = {ENABLING: "enable", DISABLED: "disable", ROLLED_BACK: "roll back"}.get(status.state, "restart") if t else "restart"
+        entry: dict[str, Any] = {"node": name, "action": action, "from": t.old if t else status.state, "to": status.state, "reason": status.reason}
+        if r is not None:
+            entry["restart"] = list(r.pods)
+        entries.append(entry)
+    plan_entries = entries[:DRY_RUN_CAP]
+    report = {"plan": plan_entries, "more": len(entries) - len(plan_entries), "wouldWriteNodes": len(out.node_writes),
+              "wouldRestartPods": sum(len(r.pods) for r in out.restarts), "wouldLabelPods": len(out.pod_labels)}
+    out.status["dryRun"] = report
+    previous = (rollout.status.get("dryRun") or {}).get("plan")
+    out.events = [e for e in out.events if e.reason in ("Approved", "Aborted")]
+    if previous != plan_entries:
+        summary = "; ".join(f"{e['node']}: {e['action']} ({e['reason']})" for e in plan_entries[:10]) or "nothing to change"
+        out.events.append(Event("Normal", "DryRun", f"dry run, would: {summary}"[:1000]))
+    out.node_writes, out.restarts, out.pod_labels, out.transitions = [], [], [], []
+    # Keep `since` stable across dry-run reconciles (nothing is persisted), so an idle dry run writes no status.
+    before = rollout.status.get("nodes") or {}
+    for name, entry in out.status["nodes"].items():
+        old = before.get(name)
+        if isinstance(old, Mapping) and old.get("state") == entry["state"]:
+            entry["since"] = old.get("since", entry["since"])
+
+
+# ---------------------------------------------------------------- a preview from raw API objects
+
+
+def preview(rollout: dict, nodes: list[dict], pods: list[dict], now: float) -> dict:
+    """The next reconcile's plan, from raw API objects (a GluonRollout, Nodes, Pods: agent pods and serving
+    pods, as `kubectl get -o json` lists them), without running the analysis (no verdicts). JSON-able:
+    {"dryRun", "nodeWrites": [{node, labels, annotations}], "restarts": [{namespace, node, pods, why}],
+    "podLabels", "events": [{type, reason, message}], "transitions": [{node, old, new, rollback}], "status"}.
+
+    Where to read a node's facts (for `kubectl gluon status/explain`):
+    - state and reason: the rollout's status.nodes[NODE] {state, reason, since, changedAt, fingerprint,
+      holdout, numbers} while the rollout has at most 500 nodes (beyond, only nodes needing attention are
+      there, status.nodesOmitted counts the rest); always on the Node itself, in the JSON annotation
+      contract.ANNOTATION_NODE_RECORD (the same fields plus "rollout": "namespace/name"), and the label
+      contract.LABEL_STATE.
+    - flag: the Node label contract.LABEL_ENABLED ("true" | "false"); each serving pod's real flag is its
+      label contract.LABEL_POD_FLAG.
+    - effect and the analysis numbers: `numbers` of the node record (effect, ci, p_worse, threshold,
+      failStreak, ...); a rolled-back node's numbers also in contract.ANNOTATION_ROLLBACK.
+    - eligibility and self-test: the agent report contract.ANNOTATION_REPORT and labels contract.LABEL_CAPABLE,
+      contract.LABEL_SELFTEST; the record's reason says why a node is not eligible.
+    The preview sees only this rollout: overlaps with other rollouts (the Conflict condition) are not checked.
+    """
+    from . import world  # the Pod and Node readings the caches use, so the preview decides as the operator does
+
+    view = rollout_view(rollout)
+    w = world.world_from_objects(nodes, pods, [claim_of(view)])
+    return plan(view, w, {}, None, now).to_dict()

@@ -1,0 +1,198 @@
+"""Gathering the world: what the plan (plan.py) reads, from the node and pod caches (informer.py).
+
+The readings of a Node or Pod are pure functions (`node_view`, `agent_entry`, `pod_view`), shared by the
+caches and by `plan.preview` (raw objects from kubectl), so both decide alike. The caches hold only what
+the operator needs: every Node; agent pods by their label (selected by the API server); serving pods that
+some rollout's podSelector matches in its namespace (filtered here; a new selector relists the pods).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Mapping
+
+from gluon_agent import contract
+from gluon_agent.kube import ApiFailure
+
+from . import webhook
+from .informer import Informer
+from .plan import Claim, NodeView, PodView, World, unix
+from .records import PreflightVerdict, read_json
+
+log = logging.getLogger("gluon_operator.world")
+
+AGENT_LABEL = os.environ.get("GLUON_AGENT_LABEL", "app.kubernetes.io/name=gluon-rollout-agent")
+AGENT_LABEL_KEY, AGENT_LABEL_VALUE = AGENT_LABEL.split("=", 1)
+STALE_WRITE_SECONDS = 30.0  # an own node write the watch has not shown by then is taken as lost or overwritten
+
+
+# ---------------------------------------------------------------- readings of one object (pure)
+
+
+def condition_true(status: Mapping[str, Any], kind: str) -> bool | None:
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == kind:
+            return c.get("status") == "True"
+    return None
+
+
+def node_view(obj: Mapping[str, Any]) -> NodeView:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    return NodeView(meta["name"], dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}),
+                    bool(spec.get("unschedulable")), condition_true(status, "Ready"))
+
+
+def is_agent(obj: Mapping[str, Any]) -> bool:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(AGENT_LABEL_KEY) == AGENT_LABEL_VALUE
+
+
+def agent_entry(obj: Mapping[str, Any]) -> dict[str, bool] | None:
+    """node -> whether its agent pod is running and ready."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    node = spec.get("nodeName")
+    if not node or not is_agent(obj):
+        return None
+    return {node: status.get("phase") == "Running" and bool(condition_true(status, "Ready")) and not meta.get("deletionTimestamp")}
+
+
+def preflight_verdict(status: Mapping[str, Any]) -> tuple[PreflightVerdict | None, str | None]:
+    """The preflight init container's verdict (its termination message), type-checked: (verdict, None),
+    (None, None) while there is none, or (None, why) for a message of the wrong shape."""
+    for container in status.get("initContainerStatuses") or []:
+        if isinstance(container, Mapping) and container.get("name") == webhook.PREFLIGHT_CONTAINER:
+            message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+            if not message:
+                return None, None
+            verdict, problem = read_json(PreflightVerdict, message, "the preflight message")
+            return verdict, (f"{problem}: {message[:200]!r}" if problem else None)
+    return None, None
+
+
+def pod_view(obj: Mapping[str, Any]) -> PodView | None:
+    """A pod on a node as the gating needs it; a verdict of the wrong shape reads as no flag, with why."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    node = spec.get("nodeName")
+    if not node:
+        return None
+    verdict, problem = preflight_verdict(status)
+    agent = verdict.agent if verdict else None
+    transient = agent is None or agent.current is False or agent.enabled is False
+    injected = (contract.ANNOTATION_POD_INJECTED in (meta.get("annotations") or {}) or verdict is not None or problem is not None
+                or any(isinstance(c, Mapping) and c.get("name") == webhook.PREFLIGHT_CONTAINER for c in spec.get("initContainers") or []))
+    return PodView(meta.get("namespace") or "", meta.get("name") or "", node, dict(meta.get("labels") or {}), unix(meta.get("creationTimestamp")),
+                   bool(condition_true(status, "Ready")), bool(meta.get("deletionTimestamp")), verdict.flag if verdict else None,
+                   verdict.reason if verdict else problem, injected, verdict is not None and verdict.flag == "0" and transient)
+
+
+def wanted_by(selectors: Mapping[str, Iterable[Mapping[str, Any]]]) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a pod is a serving pod of some rollout: its namespace's rollouts' podSelectors."""
+    def wanted(obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        return any(webhook.selector_matches(s, labels) for s in selectors.get(meta.get("namespace") or "", ()))
+    return wanted
+
+
+def world_from_objects(nodes: list[dict], pods: list[dict], claims: list[Claim]) -> World:
+    """The world from raw objects (plan.preview): the same readings the caches make."""
+    views = {v.name: v for v in map(node_view, nodes)}
+    agents: dict[str, bool] = {}
+    serving: dict[tuple[str, str], list[PodView]] = {}
+    for pod in pods:
+        entry = agent_entry(pod)
+        if entry is not None:
+            for node, alive in entry.items():
+                agents[node] = agents.get(node, False) or alive
+            continue
+        view = pod_view(pod)
+        if view is not None:
+            serving.setdefault((view.namespace, view.node), []).append(view)
+    return World(views, agents, serving, claims)
+
+
+# ---------------------------------------------------------------- the caches
+
+
+class Caches:
+    """Three informers: nodes, agent pods (label-selected by the API server), serving pods (filtered by
+    the rollouts' pod selectors). `written` overlays our own node writes the node watch has not shown
+    yet, so a reconcile never plans from a node older than its own last write (it would re-enable past
+    maxParallel)."""
+
+    nodes: Informer | None = None
+    agents: Informer | None = None
+    pods: Informer | None = None
+    selectors: dict[str, list[dict[str, Any]]] = {}
+    pods_epoch = 0  # the pod informer's relist that reflects `selectors`
+    written: dict[str, tuple[float, dict[str, Any], dict[str, Any]]] = {}
+
+    @classmethod
+    def start(cls, core: Any, timeout: int, on_error: Callable[[ApiFailure], None]) -> None:
+        cls.close()
+        cls.written, cls.selectors = {}, {}
+
+        def serving(obj: Mapping[str, Any]) -> dict[Any, Any] | None:
+            if is_agent(obj) or not wanted_by(cls.selectors)(obj):
+                return None
+            view = pod_view(obj)
+            return {(view.namespace, view.node): view} if view is not None else None
+
+        cls.nodes = Informer("nodes", core.list_node, {"nodes": lambda o: {o["metadata"]["name"]: node_view(o)}},
+                             watch_timeout=timeout, on_error=on_error).start()
+        cls.agents = Informer("agents", core.list_pod_for_all_namespaces, {"agents": agent_entry}, label_selector=AGENT_LABEL,
+                              watch_timeout=timeout, on_error=on_error).start()
+        cls.pods = Informer("pods", core.list_pod_for_all_namespaces, {"serving": serving}, watch_timeout=timeout, on_error=on_error).start()
+        cls.pods_epoch = 0
+
+    @classmethod
+    def close(cls) -> None:
+        for informer in (cls.nodes, cls.agents, cls.pods):
+            if informer is not None:
+                informer.close()
+
+    @classmethod
+    def want_pods(cls, selectors: dict[str, list[dict[str, Any]]]) -> None:
+        """The rollouts' pod selectors by namespace; a change relists the serving pods."""
+        if selectors != cls.selectors and cls.pods is not None:
+            cls.selectors = selectors
+            cls.pods_epoch = cls.pods.resync()
+
+    @classmethod
+    def synced(cls) -> bool:
+        informers = (cls.nodes, cls.agents, cls.pods)
+        return all(i is not None and i.synced.is_set() for i in informers) and cls.pods is not None and cls.pods.listed_epoch >= cls.pods_epoch
+
+    @classmethod
+    def wrote(cls, node: str, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> None:
+        cls.written[node] = (time.monotonic(), dict(labels), dict(annotations))
+
+    @classmethod
+    def world(cls, claims: list[Claim]) -> World:
+        assert cls.nodes is not None and cls.agents is not None and cls.pods is not None
+        nodes_index, agents_index, pods_index = cls.nodes.snapshot("nodes"), cls.agents.snapshot("agents"), cls.pods.snapshot("serving")
+        nodes = {name: (nodes_index.get(name) or [None])[0] for name in nodes_index}
+        for name, (at, labels, annotations) in list(cls.written.items()):
+            view = nodes.get(name)
+            shown = view is not None and all(view.labels.get(k) == v for k, v in labels.items()) and \
+                all(view.annotations.get(k) == v for k, v in annotations.items())
+            if view is None or shown or time.monotonic() - at > STALE_WRITE_SECONDS:
+                del cls.written[name]
+                continue
+            nodes[name] = replace(view, labels=merged(view.labels, labels), annotations=merged(view.annotations, annotations))
+        agents = {node: any(values) for node in agents_index for values in [agents_index.get(node) or []]}
+        pods = {key: list(pods_index.get(key) or []) for key in pods_index}
+        return World({n: v for n, v in nodes.items() if v is not None}, agents, pods, claims)
+
+
+def merged(current: Mapping[str, str], patch: Mapping[str, Any]) -> dict[str, str]:
+    out = dict(current)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
