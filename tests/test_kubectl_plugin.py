@@ -48,14 +48,38 @@ PODS = [labelled(serving_pod("gpu-01", 0), "1"), labelled(serving_pod("gpu-01", 
 # ---------------------------------------------------------------- status
 
 
+def enabled(name: str, value: str | None) -> dict:
+    node = gpu_node(name)
+    if value is not None:
+        node["metadata"]["labels"][contract.LABEL_ENABLED] = value
+    return node
+
+
+NODES = [enabled("gpu-01", "true"), enabled("gpu-02", "false"), enabled("gpu-03", "false"), enabled("gpu-04", "true")]
+
+
 def test_status_rows_carry_state_flag_effect_reason_per_node():
-    rows = {r["node"]: r for r in views.status_rows(ROLLOUT, PODS)}
+    rows = {r["node"]: r for r in views.status_rows(ROLLOUT, NODES, PODS)}
     assert list(rows) == ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
-    assert rows["gpu-01"] == {"node": "gpu-01", "state": "Promoted", "holdout": False, "flag": "1", "effect": 2.28,
+    assert rows["gpu-01"] == {"node": "gpu-01", "state": "Promoted", "holdout": False, "flag": "1", "pods": "1", "effect": 2.28,
                               "reason": "not worse than tolerance"}
-    assert rows["gpu-02"]["flag"] == "0" and rows["gpu-02"]["effect"] == 0.858
-    assert rows["gpu-03"]["holdout"] and rows["gpu-03"]["flag"] == "-" and rows["gpu-03"]["effect"] is None
-    assert rows["gpu-04"]["flag"] == "1 x1, 0 x1, ? x1"  # a mix is shown with counts; unlabelled pods as ?
+    assert rows["gpu-02"]["flag"] == "0" and rows["gpu-02"]["pods"] == "0" and rows["gpu-02"]["effect"] == 0.858
+    assert rows["gpu-03"]["holdout"] and rows["gpu-03"]["pods"] == "-" and rows["gpu-03"]["effect"] is None
+    assert rows["gpu-04"]["flag"] == "1" and rows["gpu-04"]["pods"] == "1 x1, 0 x1, ? x1"  # a mix with counts; unlabelled as ?
+    assert views.status_rows(ROLLOUT, [], PODS)[0]["flag"] == "-"  # a node without the operator's label
+
+
+def test_status_reads_node_records_beyond_the_status():
+    """Past 500 nodes the status holds only nodes needing attention: each node's record is on the Node."""
+    body = with_status(rollout(), phase="Complete", nodes={})
+    mine, other, broken = gpu_node("gpu-10"), gpu_node("gpu-11"), gpu_node("gpu-12")
+    mine["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = json.dumps(
+        {"rollout": f"{SERVING_NS}/kimi", **record("Promoted", "not worse than tolerance", effect=2.1)})
+    other["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = json.dumps(
+        {"rollout": "elsewhere/other", **record("Promoted", "theirs")})
+    broken["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = "{not json"
+    rows = views.status_rows(body, [mine, other, broken], [])
+    assert [(r["node"], r["state"], r["effect"]) for r in rows] == [("gpu-10", "Promoted", 2.1)]
 
 
 def test_status_ignores_pods_of_other_namespaces_selectors_and_unscheduled():
@@ -65,12 +89,12 @@ def test_status_ignores_pods_of_other_namespaces_selectors_and_unscheduled():
     other_app["metadata"]["labels"]["app"] = "vllm"
     pending = labelled(serving_pod("gpu-03", 2), "1")
     del pending["spec"]["nodeName"]
-    rows = {r["node"]: r for r in views.status_rows(ROLLOUT, [other_ns, other_app, pending])}
-    assert rows["gpu-03"]["flag"] == "-"
+    rows = {r["node"]: r for r in views.status_rows(ROLLOUT, NODES, [other_ns, other_app, pending])}
+    assert rows["gpu-03"]["pods"] == "-"
 
 
 def test_status_text_has_a_header_and_aligned_columns():
-    view = views.status_view(with_status(ROLLOUT, **ROLLOUT["status"], approval={"waitingFor": "canary"}), PODS)
+    view = views.status_view(with_status(ROLLOUT, **ROLLOUT["status"], approval={"waitingFor": "canary"}), NODES, PODS)
     text = views.render_status(view)
     lines = text.splitlines()
     assert lines[0] == f"GluonRollout {SERVING_NS}/kimi: Progressing (1 Promoted, 1 Analyzing, 1 RolledBack)"
@@ -84,17 +108,18 @@ def test_status_text_has_a_header_and_aligned_columns():
 
 
 def test_status_before_the_first_reconcile_says_so():
-    text = views.render_status(views.status_view(rollout(), []))
+    text = views.render_status(views.status_view(rollout(), [], []))
     assert "no status yet" in text and "no nodes recorded yet" in text
 
 
 def test_status_json_names_paused_and_aborted():
     body = rollout(paused=True)
     body["metadata"]["annotations"] = {contract.ANNOTATION_ROLLOUT_ABORT: "bad driver"}
-    view = views.status_view(body, [])
+    view = views.status_view(body, [], [])
     assert view["paused"] is True and view["aborted"] == "bad driver"
     text = views.render_status(view)
     assert "paused" in text and "aborted: bad driver" in text
+    assert "dry run" in views.render_status(views.status_view(rollout(dryRun=True), [], []))
     json.dumps(view)  # JSON-able for --json
 
 
@@ -159,15 +184,20 @@ def test_explain_shows_the_rollback_record_and_node_conditions():
     fp = json.loads(node["metadata"]["annotations"][contract.ANNOTATION_REPORT])["fingerprint"]
     node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = json.dumps(
         {"fingerprint": fp, "at": NOW - 30, "reason": "effect x0.858 below x0.95", "numbers": {"effect": 0.858}})
+    rec = explained(node)
+    assert rec["rollback"]["reason"] == "effect x0.858 below x0.95" and rec["rollbackProblem"] is None
+    assert not rec["eligibility"]["eligible"] and "rolled back for fingerprint" in rec["eligibility"]["reason"]
     node["metadata"]["labels"][contract.LABEL_SKIP] = "true"
     node["spec"] = {"unschedulable": True}
     node["status"] = {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}
     rec = explained(node)
-    assert rec["rollback"]["reason"] == "effect x0.858 below x0.95"
-    assert not rec["eligibility"]["eligible"] and "rolled back for fingerprint" in rec["eligibility"]["reason"]
     assert rec["eligibility"]["cordoned"] and rec["eligibility"]["ready"] is False and rec["eligibility"]["skip"]
+    assert "cordoned" in rec["eligibility"]["held"]
+    assert "skip" in rec["eligibility"]["reason"]  # a person's skip label comes first
     text = views.render_explain(rec)
     assert "cordoned" in text and "NotReady" in text and "skip label set" in text and "kubectl gluon retry" in text
+    node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = "[]"
+    assert "the rollback record annotation" in views.render_explain(explained(node))  # a bad record says so
     assert "effect: 0.858" in text and "ci_low: 0.839" in text
 
 

@@ -16,12 +16,12 @@ from gluon_agent.kube import MERGE_PATCH
 
 from .. import __version__
 from ..spec import GROUP, PLURAL, VERSION
+from ..world import AGENT_LABEL
 from . import controls, views
 from .views import PluginError
 
 REQUEST_TIMEOUT = 30
-# The chart's agent pods (app.kubernetes.io/name of the agent DaemonSet), as the operator finds them.
-DEFAULT_AGENT_SELECTOR = "app.kubernetes.io/name=gluon-rollout-agent"
+DEFAULT_AGENT_SELECTOR = AGENT_LABEL  # the agent pods, as the operator finds them
 
 
 class Cluster:
@@ -122,7 +122,7 @@ def emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> Non
 
 def cmd_status(args: argparse.Namespace, cluster: Cluster) -> int:
     rollout = cluster.rollout(args.rollout)
-    emit(args, views.status_view(rollout, cluster.serving_pods()), views.render_status)
+    emit(args, views.status_view(rollout, cluster.nodes(), cluster.serving_pods()), views.render_status)
     return 0
 
 

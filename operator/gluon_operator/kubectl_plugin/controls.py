@@ -46,7 +46,7 @@ def retry(rollout: Mapping[str, Any] | None, node: Mapping[str, Any]) -> dict[st
     """Clear the node's rollback record, so the operator judges it afresh on its next reconcile."""
     name = meta(node).get("name")
     if contract.ANNOTATION_ROLLBACK not in annotations(node):
-        state = (node_records(rollout or {}).get(name) or {}).get("state")
+        state = (node_records(rollout or {}, [node]).get(name) or {}).get("state")
         raise PluginError(f"node {name!r} has no rollback record ({contract.ANNOTATION_ROLLBACK})"
                           + (f"; its state in {rollout_ref(rollout or {})} is {state}" if state else "")
                           + ": nothing to retry")
@@ -54,5 +54,5 @@ def retry(rollout: Mapping[str, Any] | None, node: Mapping[str, Any]) -> dict[st
 
 
 def rollback_summary(node: Mapping[str, Any]) -> str:
-    record = gating.parse_rollback(annotations(node))
-    return (record or {}).get("reason") or "unreadable record"
+    record, problem = gating.parse_rollback(annotations(node))
+    return record.reason if record else problem or "no record"

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gluon_agent import contract
 
-from .. import gating, webhook
+from .. import gating, plan, webhook, world
 
 NONE = "-"
 FLAG_ORDER = ("1", "0", "?")
@@ -39,9 +39,23 @@ def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
 # ---------------------------------------------------------------- selecting objects
 
 
-def node_records(rollout: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each node's durable record as the operator last wrote it in the rollout's status."""
-    return {name: dict(record or {}) for name, record in ((rollout.get("status") or {}).get("nodes") or {}).items()}
+def node_records(rollout: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]] = ()) -> dict[str, dict[str, Any]]:
+    """Each node's durable record as the operator last wrote it: this rollout's record annotation on the
+    Node (always there, contract.ANNOTATION_NODE_RECORD), else the rollout's status.nodes (which past 500
+    nodes holds only those needing attention)."""
+    out = {name: dict(record or {}) for name, record in ((rollout.get("status") or {}).get("nodes") or {}).items()}
+    view = plan.rollout_view(rollout)
+    for node in nodes:
+        status, _ = plan.recorded_status(view, world.node_view(node))
+        if status is not None:
+            out[meta(node)["name"]] = status.to_dict()
+    return out
+
+
+def node_flag(node: Mapping[str, Any] | None) -> str:
+    """The flag the operator set on the node (contract.LABEL_ENABLED): "1", "0", or "-" when unset."""
+    enabled = labels(node or {}).get(contract.LABEL_ENABLED)
+    return {"true": "1", "false": "0"}.get(enabled or "", NONE)
 
 
 def serving_pods(rollout: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -76,35 +90,40 @@ def effect_text(numbers: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------- status
 
 
-STATUS_COLUMNS = ("NODE", "STATE", "FLAG", "EFFECT", "REASON")
+STATUS_COLUMNS = ("NODE", "STATE", "FLAG", "PODS", "EFFECT", "REASON")
 
 
-def status_rows(rollout: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per node the rollout has a record of, sorted by name."""
+def status_rows(rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per node the rollout has a record of, sorted by name: its state, the flag the operator set
+    on it, the flag its serving pods really run with, the measured effect and the reason."""
     serving = serving_pods(rollout, pods)
+    by_name = {meta(n).get("name"): n for n in nodes}
     rows = []
-    for node, record in sorted(node_records(rollout).items()):
+    for node, record in sorted(node_records(rollout, nodes).items()):
         numbers = record.get("numbers") or {}
         rows.append({"node": node, "state": record.get("state") or NONE, "holdout": bool(record.get("holdout")),
-                     "flag": flag_in_use(pods_on(node, serving)), "effect": numbers.get("effect"),
-                     "reason": record.get("reason") or ""})
+                     "flag": node_flag(by_name.get(node)), "pods": flag_in_use(pods_on(node, serving)),
+                     "effect": numbers.get("effect"), "reason": record.get("reason") or ""})
     return rows
 
 
-def status_view(rollout: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def status_view(rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """`kubectl gluon status --json`: the rollout's phase, approval and counts, and the node rows."""
     status = rollout.get("status") or {}
     return {"rollout": meta(rollout).get("name"), "namespace": meta(rollout).get("namespace"),
             "phase": status.get("phase"), "paused": bool((rollout.get("spec") or {}).get("paused")),
+            "dryRun": bool((rollout.get("spec") or {}).get("dryRun")),
             "aborted": status.get("aborted") or annotations(rollout).get(contract.ANNOTATION_ROLLOUT_ABORT),
             "approval": status.get("approval"), "counts": status.get("counts") or {},
-            "nodes": status_rows(rollout, pods)}
+            "nodes": status_rows(rollout, nodes, pods)}
 
 
 def render_status(view: Mapping[str, Any]) -> str:
     counts = ", ".join(f"{n} {state}" for state, n in (view.get("counts") or {}).items() if n)
     head = [f"GluonRollout {view['namespace']}/{view['rollout']}: {view.get('phase') or 'no status yet'}"
             + (f" ({counts})" if counts else "")]
+    if view.get("dryRun"):
+        head.append("dry run: spec.dryRun is true, the operator changes no node or pod (`kubectl gluon plan` shows what it would do)")
     if view.get("paused"):
         head.append("paused: spec.paused is true (`kubectl gluon resume` resumes)")
     if view.get("aborted"):
@@ -112,7 +131,7 @@ def render_status(view: Mapping[str, Any]) -> str:
     waiting = (view.get("approval") or {}).get("waitingFor")
     if waiting:
         head.append(f"waiting for approval of {waiting!r} (`kubectl gluon promote` grants it)")
-    rows = [[r["node"], r["state"] + (" (holdout)" if r["holdout"] else ""), r["flag"],
+    rows = [[r["node"], r["state"] + (" (holdout)" if r["holdout"] else ""), r["flag"], r["pods"],
              effect_text({"effect": r["effect"]}), r["reason"]] for r in view["nodes"]]
     if not rows:
         return "\n".join(head + ["no nodes recorded yet (the operator has not reconciled this rollout)"]) + "\n"
@@ -136,21 +155,18 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 # ---------------------------------------------------------------- explain
 
 
-def node_conditions(node: Mapping[str, Any]) -> dict[str, Any]:
-    ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
-    return {"cordoned": bool((node.get("spec") or {}).get("unschedulable")),
-            "ready": None if ready is None else ready.get("status") == "True",
-            "readyReason": (ready or {}).get("reason")}
-
-
 def agent_alive(node_name: str, agent_pods: Iterable[Mapping[str, Any]]) -> bool:
-    """A running, ready, not-deleting agent pod on the node (as the operator decides it)."""
-    for pod in pods_on(node_name, agent_pods):
-        status = pod.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-        if status.get("phase") == "Running" and ready and not meta(pod).get("deletionTimestamp"):
-            return True
-    return False
+    """A running, ready, not-deleting agent pod on the node, read as the operator reads it."""
+    return any((world.agent_entry(pod) or {}).get(node_name) for pod in agent_pods)
+
+
+def raw_json(annotation: str | None) -> dict[str, Any] | None:
+    """An annotation's JSON object for display (the operator's typed reading says what is wrong with it)."""
+    try:
+        value = json.loads(annotation) if annotation else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def selftest_rows(report: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -182,21 +198,25 @@ def explain(rollout: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[
     """The whole decision record of one node: what the operator recorded, why it is (in)eligible now,
     each GPU's and path's self-test, the analysis numbers and the rollback record."""
     name = meta(node).get("name")
-    record = node_records(rollout).get(name)
-    report, report_problem = gating.parse_report(annotations(node))
+    record = node_records(rollout, [node]).get(name)
+    _, report_problem = gating.parse_report(annotations(node))
+    report = raw_json(annotations(node).get(contract.ANNOTATION_REPORT))
     retry_after = ((rollout.get("spec") or {}).get("analysis") or {}).get("retryAfterSeconds")
     alive = agent_alive(name, agent_pods)
     el = gating.eligibility(gating.NodeFacts(name, labels(node), annotations(node), alive), now, retry_after)
+    rollback, rollback_problem = gating.parse_rollback(annotations(node))
     probe = (report or {}).get("probe") or {}
     selftest = (report or {}).get("selftest") or {}
     node_labels = labels(node)
+    view = world.node_view(node)
     return {
         "node": name,
         "rollout": {"name": meta(rollout).get("name"), "namespace": meta(rollout).get("namespace")},
         "decision": record,
         "eligibility": {
             "eligible": el.eligible, "reason": el.reason, "fingerprint": el.fingerprint, "agentAlive": alive,
-            "skip": node_labels.get(contract.LABEL_SKIP) == "true", **node_conditions(node),
+            "skip": node_labels.get(contract.LABEL_SKIP) == "true", "cordoned": view.unschedulable, "ready": view.ready,
+            "held": plan.held_reason(view), "flag": node_flag(node),
             "labels": {k: v for k, v in sorted(node_labels.items()) if contract.is_ours(k)},
         },
         "probe": {"capable": probe.get("capable"), "ready": probe.get("ready"),
@@ -208,7 +228,8 @@ def explain(rollout: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[
                      "simulated": bool(selftest.get("simulated")), "problems": selftest.get("problems") or [],
                      "gpus": selftest_rows(report)} if report else None,
         "analysis": dict((record or {}).get("numbers") or {}),
-        "rollback": gating.parse_rollback(annotations(node)),
+        "rollback": rollback.model_dump() if rollback else None,
+        "rollbackProblem": rollback_problem,
         "pods": [{"name": meta(p).get("name"), "flag": labels(p).get(contract.LABEL_POD_FLAG),
                   "phase": (p.get("status") or {}).get("phase")} for p in pods_on(name, serving_pods(rollout, pods))],
     }
@@ -227,7 +248,9 @@ def render_explain(record: Mapping[str, Any]) -> str:
     out.append(f"  node:        agent {'alive' if el['agentAlive'] else 'not running or not ready'}, "
                f"{'cordoned' if el['cordoned'] else 'schedulable'}, "
                f"{'Ready' if el['ready'] else 'NotReady' if el['ready'] is False else 'Ready unknown'}"
-               + (", skip label set" if el["skip"] else ""))
+               + (", skip label set" if el["skip"] else "") + f", flag {el['flag']}")
+    if el.get("held"):
+        out.append(f"  held:        {el['held']}")
     out.append(f"  fingerprint: {el['fingerprint'] or NONE}")
     if record.get("reportProblem"):
         out.append(f"  report:      {record['reportProblem']}")
@@ -248,7 +271,7 @@ def render_explain(record: Mapping[str, Any]) -> str:
         out.append("  analysis:")
         out.extend(f"    {k}: {v}" for k, v in sorted(record["analysis"].items()))
     rollback = record.get("rollback")
-    out.append(f"  rollback:    {rollback.get('reason') if rollback else 'none recorded'}")
+    out.append(f"  rollback:    {rollback.get('reason') if rollback else record.get('rollbackProblem') or 'none recorded'}")
     if rollback:
         out.append(f"    fingerprint {rollback.get('fingerprint')}, at {when(rollback.get('at'))}; "
                    "`kubectl gluon retry NODE` clears it")
