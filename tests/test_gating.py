@@ -14,6 +14,7 @@ from gluon_agent import contract
 from gluon_operator import gating
 from gluon_operator.gating import (ANALYZING, DISABLED, ELIGIBLE, ENABLING, INELIGIBLE, PROMOTED, ROLLED_BACK, Eligibility,
                                    NodeFacts, NodeStatus, PodFacts, PodSummary, Verdict)
+from gluon_operator.records import RollbackRecord
 from tests.cluster import gpu_node
 
 NOW = 1_000_000.0
@@ -47,6 +48,26 @@ def test_missing_or_malformed_report():
     assert gating.eligibility(bare, NOW, None).reason == "the agent has published no report on this node"
     broken = NodeFacts("n1", f.labels, {contract.ANNOTATION_REPORT: "{nope"}, True)
     assert "not JSON" in gating.eligibility(broken, NOW, None).reason
+
+
+@pytest.mark.parametrize("report,field", [
+    ({"probe": "x"}, "probe: Input should be a valid dictionary"),
+    ({"selftest": {"gpus": ["x"]}}, "selftest.gpus.0: Input should be a valid dictionary"),
+    ({"probe": {"capable": "yes"}}, "probe.capable: Input should be a valid boolean"),
+    ({"fingerprint": 7}, "fingerprint: Input should be a valid string"),
+    ([1, 2], "(top level): Input should be a valid dictionary"),
+])
+def test_a_report_of_the_wrong_shape_names_the_field(report, field):
+    f = facts()
+    el = gating.eligibility(NodeFacts("n1", f.labels, {**f.annotations, contract.ANNOTATION_REPORT: json.dumps(report)}, True), NOW, None)
+    assert not el.eligible and el.reason.startswith("the agent report annotation field " + field), el.reason
+
+
+def test_skip_label_comes_first():
+    f = facts()
+    el = gating.eligibility(NodeFacts("n1", {**f.labels, contract.LABEL_SKIP: "true"}, f.annotations, True), NOW, None)
+    assert not el.eligible and el.reason == gating.SKIPPED and el.fingerprint
+    assert gating.eligibility(NodeFacts("n1", {**f.labels, contract.LABEL_SKIP: "false"}, f.annotations, True), NOW, None).eligible
 
 
 def test_rollback_bars_until_fingerprint_changes_or_retry_passes():
@@ -226,12 +247,11 @@ def test_node_status_round_trip():
 
 def test_a_rollback_recorded_on_the_node_wins_over_a_stale_status():
     """The reconcile that rolled a node back wrote its labels and record, then lost the status write."""
-    record = {"rollout": "r", "fingerprint": "fp", "at": NOW - 5, "reason": "2 consecutive failing evaluations",
-              "numbers": {"effect": 0.85}}
+    record = RollbackRecord(rollout="r", fingerprint="fp", at=NOW - 5, reason="2 consecutive failing evaluations", numbers={"effect": 0.85})
     barred = gating.Eligibility(False, "rolled back for fingerprint fp: ...", "fp")
     for state in (ENABLING, ANALYZING, PROMOTED):
         step = gating.advance(NodeStatus(state, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, False, record)
-        assert step.status.state == ROLLED_BACK and step.status.reason == record["reason"]
+        assert step.status.state == ROLLED_BACK and step.status.reason == record.reason
         assert step.status.changed_at == NOW - 5 and step.status.numbers == {"effect": 0.85} and step.action is None
     # cleared (new fingerprint, retryAfter, a person): the record no longer decides
     step = gating.advance(NodeStatus(ANALYZING, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, True, None)

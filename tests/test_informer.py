@@ -64,3 +64,36 @@ def test_list_then_watch_survives_dropped_watches_and_errors():
             assert errors[0].status == 500
         finally:
             informer.close()
+
+
+def test_an_object_an_indexer_cannot_read_is_left_out_not_fatal():
+    def strict(obj):
+        return {obj["spec"]["nodeName"].upper(): obj["metadata"]["name"]}  # fails on a pod without a node
+    informer = Informer("pods", lambda **_: None, {"strict": strict})
+    informer.replace([pod("1", "n1"), pod("2", None), pod("3", "n3")])
+    informer.apply("ADDED", pod("4", None))
+    index = informer.snapshot("strict")
+    assert sorted(index) == ["N1", "N3"] and informer.unreadable == 2
+
+
+def test_pod_cache_readings_survive_hostile_pods():
+    """issue 21: any pod anywhere could carry a preflight container with a message of the wrong shape."""
+    from gluon_operator import world
+
+    hostile = {"metadata": {"name": "x", "namespace": "tenant", "creationTimestamp": "2026-12-01T00:00:00Z"}, "spec": {"nodeName": "n1"},
+               "status": {"initContainerStatuses": [{"name": "gluon-preflight", "state": {"terminated": {"message": '{"agent": "x", "flag": 3}'}}},
+                                                    "junk"]}}
+    view = world.pod_view(hostile)
+    assert view is not None and view.flag is None and "the preflight message field" in view.preflight_reason
+    assert world.agent_entry(hostile) is None
+
+
+def test_label_selectors_for_the_api_server():
+    from gluon_operator.world import label_selector
+
+    assert label_selector({"matchLabels": {"b": "2", "a": "1"}}) == "a=1,b=2"
+    assert label_selector({"matchExpressions": [{"key": "k", "operator": "In", "values": ["y", "x"]}, {"key": "j", "operator": "Exists"},
+                                                {"key": "m", "operator": "NotIn", "values": ["z"]}, {"key": "d", "operator": "DoesNotExist"}]}) \
+        == "k in (x,y),j,m notin (z),!d"
+    assert label_selector({"matchExpressions": [{"key": "k", "operator": "Near"}]}) == ""  # not a selector: its rollout is Invalid
+    assert label_selector("nonsense") == ""  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from .metrics import METRICS
 from .plan import Claim, plan, rollout_view, unix
 from .records import NodeRecord, read_json
 from .spec import GROUP, PLURAL, VERSION
-from .world import Caches
+from .world import Caches, label_selector
 
 log = logging.getLogger("gluon_operator")
 
@@ -104,8 +104,10 @@ def claims(index: kopf.Index) -> list[Claim]:
     return [Claim(namespace, r["name"], r["created"], r["nodeSelector"]) for namespace in index for r in index.get(namespace) or []]
 
 
-def pod_selectors(index: kopf.Index) -> dict[str, list[dict[str, Any]]]:
-    return {namespace: [r["podSelector"] for r in index.get(namespace) or []] for namespace in index}
+def pod_informers(index: kopf.Index) -> set[tuple[str, str]]:
+    """(namespace, label selector) of every rollout with a usable pod selector."""
+    return {(namespace, label_selector(r["podSelector"])) for namespace in index for r in index.get(namespace) or []
+            if label_selector(r["podSelector"])}
 
 
 # ---------------------------------------------------------------- the reconcile
@@ -142,14 +144,15 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
     if own_write_pending(uid, status):
         logger.debug("waiting for the watch to deliver our last status write")
         return
-    Caches.want_pods(pod_selectors(rollout_index))
-    if not Caches.synced():
+    Caches.want_pods(pod_informers(rollout_index))
+    pods = (namespace, label_selector(spec.get("podSelector") or {}))
+    if not Caches.synced(pods if pods[1] else None):
         logger.info("waiting for the node and pod caches to fill")
         return
     now = time.time()
     view = rollout_view(body)
     verdicts, summary = finished_analysis(uid, logger)
-    planned = plan(view, Caches.world(claims(rollout_index)), verdicts, summary, now)
+    planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
     after = await execute(planned, namespace, name, uid, status, body, logger)
     if planned.spec is not None and uid not in Analyses.tasks and analysis_due(planned.spec, after, now):
         start_analysis(uid, namespace, name, planned.spec, planned.statuses, now, logger)

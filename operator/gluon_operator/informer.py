@@ -7,7 +7,7 @@ object added (aiotoggles.ToggleSet): startup work grows with the square of the o
 nodes (about 8 000 nodes and pods) the operator spent minutes in that wait (py-spy, bench/scale.py).
 Here one thread per kind lists once (raw JSON, no model classes), then watches from that resourceVersion,
 relisting on 410 Gone or any error, with back-off. No single object can fail a list or a watch: an
-object an indexer cannot read is left out of that index (logged and counted), the rest goes on.
+object an indexer cannot read is left out of that index (logged and counted in `unreadable`).
 """
 
 from __future__ import annotations
@@ -73,9 +73,6 @@ class Informer:
         self.lock = threading.Lock()
         self._keys: dict[str, dict[str, list[Any]]] = {}  # object uid -> {index: the keys it fed}
         self._thread: threading.Thread | None = None
-        self.epoch = 0  # bumped by resync(): a list started at epoch e reflects every resync up to e
-        self.listed_epoch = -1
-        self._response: Any = None
         self.unreadable = 0  # objects an indexer could not read
 
     # ------------------------------------------------------------ the cache
@@ -128,34 +125,14 @@ class Informer:
 
     def close(self) -> None:
         self.stop.set()
-        self._end_watch()
-
-    def resync(self) -> int:
-        """Relist soon (what the indexers keep has changed); returns the epoch whose list reflects it
-        (compare with `listed_epoch`)."""
-        with self.lock:
-            self.epoch += 1
-            epoch = self.epoch
-        self._end_watch()
-        return epoch
-
-    def _end_watch(self) -> None:
-        response = self._response
-        if response is not None:
-            try:
-                response.close()  # the watch loop sees the stream end and relists (see _run)
-            except Exception as exc:  # already closed
-                log.debug("%s informer: closing the watch: %r", self.name, exc)
 
     def _selector(self) -> dict[str, Any]:
         return {"label_selector": self.label_selector} if self.label_selector else {}
 
     def _list(self) -> str:
-        epoch = self.epoch
         response = self.list_call(_preload_content=False, _request_timeout=(REQUEST_TIMEOUT[0], 120), **self._selector())
         body = json.loads(response.data)
         self.replace(body.get("items") or [])
-        self.listed_epoch = epoch
         self.synced.set()
         return body["metadata"]["resourceVersion"]
 
@@ -163,16 +140,10 @@ class Informer:
         """Until the server ends the watch (returns the last version) or says 410 (returns None)."""
         response = self.list_call(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
                                   _preload_content=False, _request_timeout=(REQUEST_TIMEOUT[0], self.watch_timeout + 30), **self._selector())
-        self._response = response
-        epoch = self.listed_epoch  # a resync() since that list (even before this watch began) ends it
         try:
-            if self.epoch != epoch:
-                return None
             for line in response:
                 if self.stop.is_set():
                     return version
-                if self.epoch != epoch:
-                    return None
                 if not line.strip():
                     continue
                 event = json.loads(line)
@@ -184,14 +155,9 @@ class Informer:
                 version = (obj.get("metadata") or {}).get("resourceVersion") or version
                 if kind != "BOOKMARK":
                     self.apply(kind, obj)
-        except Exception:
-            if self.epoch != epoch or self.stop.is_set():
-                return None  # we closed it: resync() or close()
-            raise
         finally:
-            self._response = None
             response.release_conn()
-        return None if self.epoch != epoch else version
+        return version
 
     def _run(self) -> None:
         failures, version = 0, None

@@ -228,6 +228,7 @@ class NodeWork:
     held: str | None  # why the node is held (cordoned, NotReady), or None
     status: NodeStatus
     action: str | None = None
+    known: bool = True  # False: the node is new to this rollout (no record, no status entry)
 
 
 def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdict], analysis: Mapping[str, Any] | None,
@@ -321,12 +322,13 @@ def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: 
               now: float) -> NodeWork:
     recorded, _ = recorded_status(rollout, view)
     fallback = (rollout.status.get("nodes") or {}).get(view.name)  # a status written before records were on nodes
+    known = True
     if recorded is not None:
         prior = recorded
     elif isinstance(fallback, Mapping) and not fallback.get("dryRun"):
         prior = NodeStatus.from_dict(fallback)
     else:
-        prior = NodeStatus(since=now)
+        prior, known = NodeStatus(since=now), False
     retry = spec.analysis.retryAfterSeconds
     el = gating.eligibility(gating.NodeFacts(view.name, view.labels, view.annotations, bool(world.agents.get(view.name))), now, retry)
     rollback, _ = gating.parse_rollback(view.annotations)
@@ -344,7 +346,7 @@ def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: 
     status = step.status
     if held and status.state in FLAG_ON_STATES:
         status = replace(status, reason=f"{status.reason} ({held.split(':')[0]}: its pods left alone)")
-    return NodeWork(view, batch, prior, recorded, pods, summary, held, status, step.action)
+    return NodeWork(view, batch, prior, recorded, pods, summary, held, status, step.action, known)
 
 
 def abort_record(rollout: RolloutView, spec: GluonRolloutSpec, work: Mapping[str, NodeWork]) -> dict[str, Any] | None:
@@ -459,7 +461,7 @@ def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: fl
         if pod.flag in ("0", "1") and pod.labels.get(contract.LABEL_POD_FLAG) != pod.flag:
             out.pod_labels.append(PodLabel(pod.namespace, pod.name, pod.flag))
 
-    old = w.prior if (w.recorded is not None or (rollout.status.get("nodes") or {}).get(name)) else None
+    old = w.prior if w.known else None
     if old is None or old.state != new.state:
         kind = ("preflight" if "refused" in new.numbers else "analysis") if w.action == "rollback" else None
         out.transitions.append(Transition(name, old.state if old else None, new.state, kind))
@@ -494,7 +496,8 @@ def rollout_status(rollout: RolloutView, spec: GluonRolloutSpec, out: Plan, work
     if spec.dryRun:
         phase = "DryRun"
     fresh = gating.conditions(phase, statuses, "", iso(now))
-    fresh.append(conflict_condition(conflicts, iso(now)))
+    if conflicts or any(c.get("type") == "Conflict" for c in rollout.status.get("conditions") or []):
+        fresh.append(conflict_condition(conflicts, iso(now)))  # present once a conflict was seen
     nodes, omitted = status_nodes(statuses, spec.dryRun)
     return {
         "phase": phase,

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from gluon_agent import contract
 
-Number = StrictInt | StrictFloat
+Number = float  # JSON numbers; a string of digits is read as its number, anything else is an error naming the field
 
 
 class Lenient(BaseModel):

@@ -2,12 +2,13 @@
 
 The readings of a Node or Pod are pure functions (`node_view`, `agent_entry`, `pod_view`), shared by the
 caches and by `plan.preview` (raw objects from kubectl), so both decide alike. The caches hold only what
-the operator needs: every Node; agent pods by their label (selected by the API server); serving pods that
-some rollout's podSelector matches in its namespace (filtered here; a new selector relists the pods).
+the operator needs: every Node; agent pods by their label; and, per rollout, the pods its podSelector
+selects in its namespace (both selected by the API server, so no other pod is listed or watched).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -87,13 +88,18 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
                    verdict.reason if verdict else problem, injected, verdict is not None and verdict.flag == "0" and transient)
 
 
-def wanted_by(selectors: Mapping[str, Iterable[Mapping[str, Any]]]) -> Callable[[Mapping[str, Any]], bool]:
-    """Whether a pod is a serving pod of some rollout: its namespace's rollouts' podSelectors."""
-    def wanted(obj: Mapping[str, Any]) -> bool:
-        meta = obj.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        return any(webhook.selector_matches(s, labels) for s in selectors.get(meta.get("namespace") or "", ()))
-    return wanted
+def label_selector(selector: Mapping[str, Any]) -> str:
+    """A LabelSelector as the API's labelSelector query string (so the API server filters the pods); ""
+    for one that is not a valid selector (its rollout is Invalid and reads no pods)."""
+    try:
+        terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+        for expr in selector.get("matchExpressions") or []:
+            key, op, values = expr["key"], expr["operator"], ",".join(sorted(expr.get("values") or []))
+            terms.append({"In": f"{key} in ({values})", "NotIn": f"{key} notin ({values})", "Exists": key,
+                          "DoesNotExist": f"!{key}"}[op])
+    except (AttributeError, KeyError, TypeError):
+        return ""
+    return ",".join(terms)
 
 
 def world_from_objects(nodes: list[dict], pods: list[dict], claims: list[Claim]) -> World:
@@ -116,63 +122,66 @@ def world_from_objects(nodes: list[dict], pods: list[dict], claims: list[Claim])
 # ---------------------------------------------------------------- the caches
 
 
+PodsKey = tuple[str, str]  # (namespace, label selector)
+
+
 class Caches:
-    """Three informers: nodes, agent pods (label-selected by the API server), serving pods (filtered by
-    the rollouts' pod selectors). `written` overlays our own node writes the node watch has not shown
-    yet, so a reconcile never plans from a node older than its own last write (it would re-enable past
-    maxParallel)."""
+    """The informers: every Node; agent pods (label-selected by the API server); and per rollout pod
+    selector, that namespace's pods it selects (selected by the API server), so nothing else is held.
+    `written` overlays our own node writes the node watch has not shown yet, so a reconcile never plans
+    from a node older than its own last write (it would re-enable past maxParallel)."""
 
     nodes: Informer | None = None
     agents: Informer | None = None
-    pods: Informer | None = None
-    selectors: dict[str, list[dict[str, Any]]] = {}
-    pods_epoch = 0  # the pod informer's relist that reflects `selectors`
+    pods: dict[PodsKey, Informer] = {}
+    core: Any = None
+    timeout = 300
+    on_error: Callable[[ApiFailure], None] | None = None
     written: dict[str, tuple[float, dict[str, Any], dict[str, Any]]] = {}
 
     @classmethod
     def start(cls, core: Any, timeout: int, on_error: Callable[[ApiFailure], None]) -> None:
         cls.close()
-        cls.written, cls.selectors = {}, {}
-
-        def serving(obj: Mapping[str, Any]) -> dict[Any, Any] | None:
-            if is_agent(obj) or not wanted_by(cls.selectors)(obj):
-                return None
-            view = pod_view(obj)
-            return {(view.namespace, view.node): view} if view is not None else None
-
+        cls.core, cls.timeout, cls.on_error, cls.written, cls.pods = core, timeout, on_error, {}, {}
         cls.nodes = Informer("nodes", core.list_node, {"nodes": lambda o: {o["metadata"]["name"]: node_view(o)}},
                              watch_timeout=timeout, on_error=on_error).start()
         cls.agents = Informer("agents", core.list_pod_for_all_namespaces, {"agents": agent_entry}, label_selector=AGENT_LABEL,
                               watch_timeout=timeout, on_error=on_error).start()
-        cls.pods = Informer("pods", core.list_pod_for_all_namespaces, {"serving": serving}, watch_timeout=timeout, on_error=on_error).start()
-        cls.pods_epoch = 0
 
     @classmethod
     def close(cls) -> None:
-        for informer in (cls.nodes, cls.agents, cls.pods):
+        for informer in (cls.nodes, cls.agents, *cls.pods.values()):
             if informer is not None:
                 informer.close()
 
     @classmethod
-    def want_pods(cls, selectors: dict[str, list[dict[str, Any]]]) -> None:
-        """The rollouts' pod selectors by namespace; a change relists the serving pods."""
-        if selectors != cls.selectors and cls.pods is not None:
-            cls.selectors = selectors
-            cls.pods_epoch = cls.pods.resync()
+    def want_pods(cls, wanted: Iterable[PodsKey]) -> None:
+        """Start a pod informer for each (namespace, selector) some rollout has; stop those none has."""
+        wanted = set(wanted)
+        for key in set(cls.pods) - wanted:
+            cls.pods.pop(key).close()
+        for namespace, selector in wanted - set(cls.pods):
+            def serving(obj: Mapping[str, Any]) -> dict[Any, Any] | None:
+                view = pod_view(obj)
+                return {view.node: view} if view is not None else None
+            cls.pods[(namespace, selector)] = Informer(
+                f"pods {namespace} {selector}", functools.partial(cls.core.list_namespaced_pod, namespace), {"serving": serving},
+                label_selector=selector, watch_timeout=cls.timeout, on_error=cls.on_error).start()
 
     @classmethod
-    def synced(cls) -> bool:
-        informers = (cls.nodes, cls.agents, cls.pods)
-        return all(i is not None and i.synced.is_set() for i in informers) and cls.pods is not None and cls.pods.listed_epoch >= cls.pods_epoch
+    def synced(cls, pods: PodsKey | None = None) -> bool:
+        informers = [cls.nodes, cls.agents] + ([cls.pods.get(pods)] if pods else [])
+        return all(i is not None and i.synced.is_set() for i in informers)
 
     @classmethod
     def wrote(cls, node: str, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> None:
         cls.written[node] = (time.monotonic(), dict(labels), dict(annotations))
 
     @classmethod
-    def world(cls, claims: list[Claim]) -> World:
-        assert cls.nodes is not None and cls.agents is not None and cls.pods is not None
-        nodes_index, agents_index, pods_index = cls.nodes.snapshot("nodes"), cls.agents.snapshot("agents"), cls.pods.snapshot("serving")
+    def world(cls, claims: list[Claim], pods: PodsKey | None = None) -> World:
+        """What the caches see, with our own node writes not yet shown; the serving pods of `pods` only."""
+        assert cls.nodes is not None and cls.agents is not None
+        nodes_index, agents_index = cls.nodes.snapshot("nodes"), cls.agents.snapshot("agents")
         nodes = {name: (nodes_index.get(name) or [None])[0] for name in nodes_index}
         for name, (at, labels, annotations) in list(cls.written.items()):
             view = nodes.get(name)
@@ -182,9 +191,13 @@ class Caches:
                 del cls.written[name]
                 continue
             nodes[name] = replace(view, labels=merged(view.labels, labels), annotations=merged(view.annotations, annotations))
-        agents = {node: any(values) for node in agents_index for values in [agents_index.get(node) or []]}
-        pods = {key: list(pods_index.get(key) or []) for key in pods_index}
-        return World({n: v for n, v in nodes.items() if v is not None}, agents, pods, claims)
+        agents = {node: any(agents_index.get(node) or []) for node in agents_index}
+        serving: dict[tuple[str, str], list[PodView]] = {}
+        informer = cls.pods.get(pods) if pods else None
+        if informer is not None and pods is not None:
+            index = informer.snapshot("serving")
+            serving = {(pods[0], node): list(index.get(node) or []) for node in index}
+        return World({n: v for n, v in nodes.items() if v is not None}, agents, serving, claims)
 
 
 def merged(current: Mapping[str, str], patch: Mapping[str, Any]) -> dict[str, str]:
