@@ -1,11 +1,17 @@
 """`kubectl gluon`: the pure parts (the status table, the explain record, the patches each control sends,
-rollout selection, error wording, argument parsing) over objects as the agent and operator write them."""
+rollout selection, error wording, argument parsing) over objects as the agent and operator write them;
+then every command end to end against the real API server (localcluster) with the real operator running."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import time
 import tomllib
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -14,7 +20,9 @@ from hypothesis import strategies as st
 from gluon_agent import contract
 from gluon_operator.kubectl_plugin import cli, controls, views
 from gluon_operator.kubectl_plugin.views import PluginError
+from gluon_operator.spec import GROUP, PLURAL, VERSION
 from tests.cluster import AGENT_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 2_000_000_000.0
@@ -350,3 +358,173 @@ def test_plan_text_lists_each_part_in_execution_order():
 def test_an_empty_plan_says_nothing_changes():
     empty = {"dryRun": False, "transitions": [], "status": {}, "nodeWrites": [], "restarts": [], "podLabels": [], "events": []}
     assert "nothing to do" in views.render_plan(empty)
+
+
+# ---------------------------------------------------------------- end to end, on the real API server
+
+
+E2E_NODES = {"plug-a": {}, "plug-b": {}, "plug-c": {"fallback": "fail"}}
+
+
+@pytest.fixture(scope="module")
+def live(control_plane, installed):
+    """Three kwok GPU nodes with agent reports (plug-c fails its fallback self-test), their agent pods from
+    the real DaemonSet, a namespace, and the real operator process; a rollout is created per test."""
+    from kubernetes import client
+
+    from gluon_localcluster import fleet
+    from gluon_localcluster.processes import operator as start_operator
+
+    core = client.CoreV1Api(control_plane.admin_client())
+    namespace = f"plugin-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    for index, (name, traits) in enumerate(E2E_NODES.items(), start=310):
+        node = fleet.gpu_node(name, index, **traits)
+        node["metadata"]["labels"]["gluon-plugin-e2e"] = namespace
+        core.create_node(node)
+    for name in E2E_NODES:
+        installed.agent_pod(name)
+    # The operator of this checkout (the harness strips PYTHONPATH, which would leave the venv's install)
+    checkout = os.pathsep.join(str(ROOT / part) for part in ("agent", "operator", "localcluster"))
+    operator = start_operator(installed, reconcile_seconds=0.5, PYTHONPATH=checkout)
+    try:
+        yield SimpleNamespace(cp=control_plane, core=core, custom=client.CustomObjectsApi(control_plane.admin_client()),
+                              namespace=namespace, operator=operator, kubeconfig=str(control_plane.kubeconfig))
+    finally:
+        operator.stop()
+        for name in E2E_NODES:
+            core.delete_node(name)
+        core.delete_namespace(namespace, _preload_content=False)
+
+
+def gluon(live, capsys, *args: str) -> tuple[int, str, str]:
+    """`kubectl gluon ARGS` with the admin kubeconfig, in the live namespace."""
+    capsys.readouterr()
+    rc = cli.main(["--kubeconfig", live.kubeconfig, "-n", live.namespace, *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def gluon_json(live, capsys, *args: str):
+    rc, out, err = gluon(live, capsys, *args, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def create_rollout(live, name: str, **spec) -> dict:
+    from gluon_localcluster import fleet
+
+    body = fleet.rollout(name, live.namespace, nodeSelector={"matchLabels": {"gluon-plugin-e2e": live.namespace}}, **spec)
+    return live.custom.create_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, body)
+
+
+def read_rollout(live, name: str) -> dict:
+    return live.custom.get_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, name)
+
+
+def until(live, capsys, name: str, check, what: str, timeout: float = 60):
+    """Polls `kubectl gluon status NAME --json` until check(view) holds."""
+    last = {}
+
+    def seen():
+        last["view"] = gluon_json(live, capsys, "status", name)
+        return last["view"] if check(last["view"]) else None
+    try:
+        return wait_for(seen, timeout=timeout, interval=0.5, what=what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last status: {json.dumps(last.get('view'))[:3000]}\noperator log:\n{live.operator.tail()}") from None
+
+
+def states(view) -> dict[str, str]:
+    return {r["node"]: r["state"] for r in view["nodes"]}
+
+
+def test_e2e_missing_rollout_and_node_are_named(live, capsys):
+    rc, _, err = gluon(live, capsys, "status", "nope")
+    assert rc == 1 and f"GluonRollout 'nope' in namespace '{live.namespace}' not found" in err
+    rc, _, err = gluon(live, capsys, "status")
+    assert rc == 1 and f"no GluonRollout in namespace '{live.namespace}'" in err
+    create_rollout(live, "only", paused=True)
+    rc, _, err = gluon(live, capsys, "explain", "no-such-node", "-r", "only")
+    assert rc == 1 and "node 'no-such-node' not found" in err
+    rc, _, err = gluon(live, capsys, "retry", "plug-c")
+    assert rc == 1 and "node 'plug-c' has no rollback record" in err
+    live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "only")
+
+
+def test_e2e_every_command_against_the_operator(live, capsys):
+    create_rollout(live, "kimi", strategy={"canaryNodes": 0, "maxParallel": 2, "approval": "AfterCanary"})
+    # status: the operator judged every node; two are eligible and wait for a person at the canary gate
+    view = until(live, capsys, "kimi", lambda v: (v.get("approval") or {}).get("waitingFor") == "canary"
+                 and states(v) == {"plug-a": "Eligible", "plug-b": "Eligible", "plug-c": "Ineligible"}, "the canary gate")
+    failing = next(r for r in view["nodes"] if r["node"] == "plug-c")
+    assert "fallback fail" in failing["reason"] and failing["flag"] == "0"
+    rc, text, _ = gluon(live, capsys, "status")  # the only rollout in the namespace
+    assert rc == 0 and "waiting for approval of 'canary'" in text and text.count("plug-") == 3
+
+    # explain: the whole record of the failing node, from the real Node and agent pod
+    record = gluon_json(live, capsys, "explain", "plug-c")
+    assert record["eligibility"]["agentAlive"] and not record["eligibility"]["eligible"]
+    assert record["decision"]["state"] == "Ineligible"
+    assert {g["result"] for g in record["selftest"]["gpus"] if g["path"] == "fallback"} == {"fail"}
+    rc, text, _ = gluon(live, capsys, "explain", "plug-c")
+    assert rc == 0 and re.search(r"\n\s+0\s+fallback\s+fail\s", text) and "simulated fail" in text
+
+    # plan: a preview that writes nothing
+    versions = {n: live.core.read_node(n).metadata.resource_version for n in E2E_NODES}
+    before = read_rollout(live, "kimi")["metadata"]["resourceVersion"]
+    preview = gluon_json(live, capsys, "plan")
+    assert preview["status"].get("approval", {}).get("waitingFor", "canary") == "canary" and not preview["restarts"]
+    assert {n: live.core.read_node(n).metadata.resource_version for n in E2E_NODES} == versions
+    assert read_rollout(live, "kimi")["metadata"]["resourceVersion"] == before
+    rc, text, _ = gluon(live, capsys, "plan", "kimi")
+    assert rc == 0 and "nothing has been written" in text
+
+    # promote: grants the gate; the operator enables both eligible nodes
+    rc, text, _ = gluon(live, capsys, "promote")
+    assert rc == 0 and "promoted" in text
+    assert read_rollout(live, "kimi")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_APPROVE] == "canary"
+    view = until(live, capsys, "kimi", lambda v: {states(v)["plug-a"], states(v)["plug-b"]} <= {"Enabling", "Analyzing"}
+                 and all(r["flag"] == "1" for r in v["nodes"] if r["node"] != "plug-c"), "the canary enabled")
+    assert [g["gate"] for g in view["approval"]["granted"]] == ["canary"]
+    assert live.core.read_node("plug-a").metadata.labels[contract.LABEL_ENABLED] == "true"
+    rc, _, err = gluon(live, capsys, "promote")
+    assert rc == 1 and "is not waiting for approval" in err
+
+    # pause and resume
+    assert gluon(live, capsys, "pause")[0] == 0
+    assert read_rollout(live, "kimi")["spec"]["paused"] is True
+    until(live, capsys, "kimi", lambda v: v["phase"] == "Paused", "phase Paused")
+    assert gluon(live, capsys, "resume")[0] == 0
+    until(live, capsys, "kimi", lambda v: v["phase"] != "Paused" and not v["paused"], "resumed")
+
+    # abort: flag-on nodes are disabled; resume lifts it
+    rc, _, _ = gluon(live, capsys, "abort", "--reason", "plugin e2e")
+    assert rc == 0 and read_rollout(live, "kimi")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT] == "plugin e2e"
+    # (without serving pods a Disabled node has nothing to restart and is Eligible again at once)
+    view = until(live, capsys, "kimi", lambda v: v["phase"] == "Aborted" and all(
+        r["flag"] == "0" and r["state"] in ("Disabled", "Eligible") for r in v["nodes"] if r["node"] != "plug-c"), "aborted")
+    assert f"aborted: {contract.ANNOTATION_ROLLOUT_ABORT}: plugin e2e" in views.render_status(view)
+    assert live.core.read_node("plug-a").metadata.labels[contract.LABEL_ENABLED] == "false"
+    assert gluon(live, capsys, "resume")[0] == 0
+    assert contract.ANNOTATION_ROLLOUT_ABORT not in (read_rollout(live, "kimi")["metadata"].get("annotations") or {})
+    until(live, capsys, "kimi", lambda v: v["phase"] != "Aborted", "abort lifted")
+    live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "kimi")
+
+
+def test_e2e_retry_clears_a_rollback_so_the_node_is_judged_again(live, capsys):
+    create_rollout(live, "retry", strategy={"canaryNodes": 0, "maxParallel": 2})
+    until(live, capsys, "retry", lambda v: states(v).get("plug-a") in ("Enabling", "Analyzing"), "plug-a enabled")
+    # The operator's rollback record for plug-a's fingerprint, as its executor writes one
+    report = json.loads(live.core.read_node("plug-a").metadata.annotations[contract.ANNOTATION_REPORT])
+    record = {"rollout": "retry", "fingerprint": report["fingerprint"], "at": time.time(), "reason": "effect x0.80 below x0.95",
+              "numbers": {"effect": 0.8}}
+    live.core.patch_node("plug-a", {"metadata": {"annotations": {contract.ANNOTATION_ROLLBACK: json.dumps(record)}}})
+    until(live, capsys, "retry", lambda v: states(v)["plug-a"] == "RolledBack", "plug-a rolled back")
+    explained_now = gluon_json(live, capsys, "explain", "plug-a", "-r", "retry")
+    assert explained_now["rollback"]["reason"] == "effect x0.80 below x0.95" and not explained_now["eligibility"]["eligible"]
+    rc, text, _ = gluon(live, capsys, "retry", "plug-a", "-r", "retry")
+    assert rc == 0 and "rollback record cleared (was: effect x0.80 below x0.95)" in text
+    assert contract.ANNOTATION_ROLLBACK not in (live.core.read_node("plug-a").metadata.annotations or {})
+    until(live, capsys, "retry", lambda v: states(v)["plug-a"] != "RolledBack", "plug-a judged again")
+    live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "retry")

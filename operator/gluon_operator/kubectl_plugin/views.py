@@ -115,6 +115,7 @@ def status_view(rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], 
             "dryRun": bool((rollout.get("spec") or {}).get("dryRun")),
             "aborted": status.get("aborted") or annotations(rollout).get(contract.ANNOTATION_ROLLOUT_ABORT),
             "approval": status.get("approval"), "counts": status.get("counts") or {},
+            "invalid": status.get("invalid"), "nodesOmitted": status.get("nodesOmitted"),
             "nodes": status_rows(rollout, nodes, pods)}
 
 
@@ -122,6 +123,8 @@ def render_status(view: Mapping[str, Any]) -> str:
     counts = ", ".join(f"{n} {state}" for state, n in (view.get("counts") or {}).items() if n)
     head = [f"GluonRollout {view['namespace']}/{view['rollout']}: {view.get('phase') or 'no status yet'}"
             + (f" ({counts})" if counts else "")]
+    if view.get("invalid"):
+        head.append(f"invalid spec: {view['invalid']}")
     if view.get("dryRun"):
         head.append("dry run: spec.dryRun is true, the operator changes no node or pod (`kubectl gluon plan` shows what it would do)")
     if view.get("paused"):
