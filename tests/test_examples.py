@@ -1,6 +1,6 @@
 """examples/: the GluonRollout parses with the operator's own spec model and no semantic problem, the
-serving Deployment validates against Kubernetes' schemas, the rollout selects its pods, and the webhook's
-injection applies to its template in both modes."""
+serving Deployment validates against Kubernetes' schemas, the rollout selects its pods, the webhook's
+injection applies to its template in both modes, and the real API server accepts both (dry run)."""
 
 from __future__ import annotations
 
@@ -70,3 +70,25 @@ def test_the_webhook_injects_into_its_template(mode):
     preflight = next(c for c in spec["initContainers"] if c["name"] == webhook.PREFLIGHT_CONTAINER)
     assert preflight["image"] == serving["image"]  # the preflight checks the serving image's own stack
     kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}, "1.37", strict=True)
+
+
+def test_both_apply_to_the_real_api_server(control_plane, installed, namespace):
+    """Server-side dry runs against kube-apiserver with the chart's CRD: its schema, defaulting and the
+    Deployment's validation, as `kubectl apply --dry-run=server` would check them."""
+    from kubernetes import client
+
+    from gluon_operator.spec import PLURAL
+
+    admin = control_plane.admin_client()
+    rollout, deployment = load(ROLLOUT), load(DEPLOYMENT)
+    rollout["metadata"]["namespace"] = deployment["metadata"]["namespace"] = namespace
+    created = client.CustomObjectsApi(admin).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rollout, dry_run="All")
+    assert created["spec"]["strategy"]["approval"] == "AfterCanary" and created["spec"]["strategy"]["maxParallel"] == "10%"
+    apps = client.AppsV1Api(admin)
+    made = apps.create_namespaced_deployment(namespace, deployment, dry_run="All")
+    assert made.spec.template.spec.containers[0].env[0].value == "0"
+    # The schema is really enforced: the same rollout with a typo is refused by the API server.
+    broken = {**rollout, "spec": {**rollout["spec"], "strategy": {**rollout["spec"]["strategy"], "maxParallel": "ten"}}}
+    with pytest.raises(client.ApiException) as refused:
+        client.CustomObjectsApi(admin).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, broken, dry_run="All")
+    assert refused.value.status == 422 and "maxParallel" in refused.value.body
