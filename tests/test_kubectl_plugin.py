@@ -528,3 +528,28 @@ def test_e2e_retry_clears_a_rollback_so_the_node_is_judged_again(live, capsys):
     assert contract.ANNOTATION_ROLLBACK not in (live.core.read_node("plug-a").metadata.annotations or {})
     until(live, capsys, "retry", lambda v: states(v)["plug-a"] != "RolledBack", "plug-a judged again")
     live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "retry")
+
+
+def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp_path):
+    """kubectl's own plugin lookup: an executable `kubectl-gluon` on PATH is `kubectl gluon` (the console
+    script pip installs is such an executable; here a shim runs this checkout's module)."""
+    import subprocess
+    import sys
+
+    from gluon_localcluster.binaries import binary
+
+    create_rollout(live, "viakubectl", paused=True)
+    shim = tmp_path / "kubectl-gluon"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m gluon_operator.kubectl_plugin \"$@\"\n")
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster"))}
+    kubectl = binary("kubectl")
+    run = lambda *args: subprocess.run([kubectl, "gluon", *args, "--kubeconfig", live.kubeconfig, "-n", live.namespace],  # noqa: E731
+                                       capture_output=True, text=True, env=env, timeout=60)
+    shown = run("status", "viakubectl")
+    assert shown.returncode == 0, shown.stderr
+    assert f"GluonRollout {live.namespace}/viakubectl" in shown.stdout and "paused" in shown.stdout
+    missing = run("explain", "no-such-node", "-r", "viakubectl")
+    assert missing.returncode == 1 and "node 'no-such-node' not found" in missing.stderr
+    live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "viakubectl")
