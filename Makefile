@@ -35,8 +35,8 @@ test: setup tools cluster
 demo: setup tools cluster
 	@echo "== gluon-agent probe on this machine =="
 	-$(VENV)/bin/gluon-agent probe
-	@echo "== the whole rollout, simulated cluster on 127.0.0.1 (tests/demo.py) =="
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m tests.demo --out out/demo
+	@echo "== the whole rollout on a real control plane on 127.0.0.1 (localcluster/gluon_localcluster/demo.py) =="
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m gluon_localcluster.demo --out out/demo
 
 bench-probe: setup
 	$(PY) bench/probe.py --json

@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.faultsim import ROLLOUT_SCENARIOS, SCENARIO_FAULTS, SCENARIOS, check, run_kernel_faults, run_rollout  # noqa: E402
+from gluon_localcluster.faultsim import ROLLOUT_SCENARIOS, SCENARIO_FAULTS, SCENARIOS, check, run_kernel_faults, run_rollout  # noqa: E402
 
 
 def faults_for(scenario: str, kills: int) -> dict[str, Any]:

@@ -166,3 +166,26 @@ def test_restore_previous_verdict():
     assert restore(node(), "fp") == (None, None, None)
     verdict, _, problem = restore(node(annotations={contract.ANNOTATION_REPORT: "{not json"}), "fp")
     assert verdict is None and "not our JSON report" in problem
+
+
+@pytest.mark.parametrize("probe, label", [
+    ({"capable": True}, "true"),
+    ({"capable": False}, "false"),
+    ({"capable": False, "import_crash": "aiter... import fails with RuntimeError: x, not ImportError"}, contract.CAPABLE_IMPORT_CRASH),
+])
+def test_capable_label_says_import_crash_louder_than_false(probe, label):
+    d = decisions.desired_state(probe | {"gpus": []}, "pending", {})
+    assert d.labels[contract.LABEL_CAPABLE] == label and label in contract.CAPABLE_VALUES
+
+
+def test_import_crash_metric():
+    from gluon_agent.metrics import AgentMetrics
+
+    m = AgentMetrics()
+    m.observe_probe({"capable": False, "import_crash": "boom", "sglang": {"version": "0.5.19"}}, "fp")
+    assert m.registry.get_sample_value(contract.M_AGENT_IMPORT_CRASH) == 1
+    assert m.registry.get_sample_value(contract.M_AGENT_INFO + "_info", {
+        "fingerprint": "fp", "arch": "none", "gpus": "0", "aiter": "None", "triton": "None", "torch": "None",
+        "hip": "None", "driver": "None", "sglang": "0.5.19"}) == 1
+    m.observe_probe({"capable": True}, "fp")
+    assert m.registry.get_sample_value(contract.M_AGENT_IMPORT_CRASH) == 0

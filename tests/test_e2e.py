@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gluon_agent import contract
-from tests import demo
+from gluon_localcluster import demo
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,11 @@ def test_labels_on_nodes(result):
 
 def test_relative_workdir_is_made_absolute(tmp_path, monkeypatch):
     """`make demo` passes out/demo: the simulated serving image's PYTHONPATH must not depend on a cwd."""
-    from tests.simcluster import SimCluster
+    import os
+
+    from gluon_localcluster.simcluster import SERVING_IMAGE, SimCluster
 
     monkeypatch.chdir(tmp_path)
     cluster = SimCluster(workdir=Path("out/demo"))
-    assert cluster.dir.is_absolute() and cluster.image_stack.is_absolute()
+    image = cluster.images()[SERVING_IMAGE]
+    assert cluster.dir.is_absolute() and all(Path(p).is_absolute() for p in image.env["PYTHONPATH"].split(os.pathsep))

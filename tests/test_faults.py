@@ -3,7 +3,7 @@ restarted while the API injects 500s, 409s and dropped watches; self-tests whose
 
 from __future__ import annotations
 
-from tests import faultsim
+from gluon_localcluster import faultsim
 
 # What the demo fleet must end in (tests/test_e2e.py checks the same fleet without faults).
 EXPECTED = {

@@ -28,7 +28,7 @@ def test_verdict_exhaustive(enabled, import_ok, cga_ok, archs, fp8):
     v = decide(Facts(enabled, import_ok, "3.6.0", cga_ok, archs, fp8))
     arch_ok = bool(archs) and all(a == "gfx950" for a in archs)
     assert v.capable == (import_ok and cga_ok and arch_ok and fp8)
-    assert v.ready == (v.capable and enabled)
+    assert v.ready == (enabled and import_ok and cga_ok)  # SGLang's own decision: no arch or fp8 check
     expected = []
     if not import_ok:
         expected.append(IMPORT)
@@ -41,8 +41,10 @@ def test_verdict_exhaustive(enabled, import_ok, cga_ok, archs, fp8):
     if not fp8:
         expected.append("fp8 e4m3fn (torch.float8_e4m3fn unusable on this device)")
     assert v.missing_for_capable == expected
-    assert v.missing_for_ready == ([] if enabled else ["SGLANG_AITER_MLA_GLUON=0"]) + expected
-    assert ("ready" in v.summary) == v.ready
+    sglang_decides = [m for m in expected if m in (IMPORT, CGA.format("3.6.0"))]
+    assert v.missing_for_ready == ([] if enabled else ["SGLANG_AITER_MLA_GLUON=0"]) + sglang_decides
+    assert ("ready" in v.summary) == (v.ready and v.capable)
+    assert ("cannot run it" in v.summary) == (v.ready and not v.capable)
 
 
 def test_verdict_unknown_triton_version():
@@ -128,6 +130,12 @@ def test_aiter_import_exceptions(clean_env, gfx950_torch, tmp_path, kind, error)
     assert report["import_ok"] is False
     assert report["import_error"] == error
     assert report["missing_for_ready"] == [IMPORT]
+    # SGLang catches only ImportError: anything else stops its serving process, a finding of its own
+    if kind == "importerror":
+        assert report["import_crash"] is None
+    else:
+        assert report["import_crash"].startswith(f"{IMPORT} fails with {error}, not ImportError")
+        assert "serving process fails to start" in report["summary"]
     assert report["triton_cga_layout_ok"] is True  # other facts survive the failed import
 
 
@@ -138,6 +146,7 @@ def test_aiter_import_abort(clean_env, gfx950_torch, tmp_path):
     assert report["checks"]["aiter"]["status"] == "signal"
     assert [g["arch"] for g in report["gpus"]] == ["gfx950", "gfx950"]
     assert report["missing_for_ready"] == [IMPORT]
+    assert "killed by SIGABRT" in report["import_crash"]  # SGLang's process would die the same way
 
 
 def test_aiter_import_hang_is_bounded(clean_env, gfx950_torch, tmp_path):
@@ -154,7 +163,8 @@ def test_no_gpu_real_torch(clean_env):
     assert report["torch_version"].startswith("2.")
     assert report["gpus"] == []
     assert report["fp8_e4m3fn_ok"] is True  # e4m3fn round trip on the CPU
-    assert report["missing_for_ready"] == ["GPU arch gfx950 (no GPU visible)"]
+    assert report["missing_for_capable"] == ["GPU arch gfx950 (no GPU visible)"]
+    assert report["ready"] and report["missing_for_ready"] == []  # SGLang would try Gluon here (and fail)
 
 
 def test_probes_a_foreign_bare_interpreter(tmp_path, clean_env):
@@ -166,12 +176,15 @@ def test_probes_a_foreign_bare_interpreter(tmp_path, clean_env):
     assert report["torch_version"] is None and report["triton_version"] is None
     assert report["import_error"] == "ModuleNotFoundError: No module named 'aiter'"
     assert report["torch_error"].startswith("ModuleNotFoundError")
-    assert report["missing_for_ready"] == [
+    assert report["missing_for_ready"] == [IMPORT, CGA.format("unknown")]
+    assert report["missing_for_capable"] == [
         IMPORT,
         CGA.format("unknown"),
         "GPU arch gfx950 (no GPU visible)",
         "fp8 e4m3fn (torch.float8_e4m3fn unusable on this device)",
     ]
+    assert report["import_crash"] is None  # ModuleNotFoundError is an ImportError: SGLang falls back
+    assert report["sglang"]["version"] is None
 
 
 def test_missing_interpreter_is_reported(clean_env):

@@ -19,7 +19,7 @@ from tests.apiserver import ApiServerThread
 from tests.cluster import (NODES, PODS, ROLLOUTS, SERVING_NS, ReplicaController, agent_pod, declare_rollouts, gpu_node,
                            rollout)
 from gluon_agent.sources import simulated_node
-from tests.fake_sglang import FakeSglang, NodeModel
+from gluon_localcluster.fake_sglang import FakeSglang, NodeModel
 from tests.helpers import free_port, prometheus, running_agent, wait_for
 from tests.test_operator import OPERATOR_ENV, status
 

@@ -19,7 +19,7 @@ from gluon_agent.selftest import plan, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
-from tests.fakes.stacks import AITER_STACK
+from tests.fakes.stacks import AITER_STACK, child_env, fresh_fake_aiter
 
 CAPABLE_PROBE = {"capable": True, "gpus": [], "torch_version": "t", "triton_version": "x"}
 
@@ -167,20 +167,14 @@ def test_portable_kernel_rejects_non_mla_shapes():
 
 @pytest.fixture
 def fake_aiter(monkeypatch):
-    monkeypatch.syspath_prepend(str(AITER_STACK))
-    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
-        monkeypatch.delitem(sys.modules, name)
-    import aiter._fake
-
-    aiter._fake.CALLS.clear()
-    return aiter._fake.CALLS
+    return fresh_fake_aiter(monkeypatch)
 
 
 @pytest.mark.parametrize("capturing", [False, True])
 def test_aiter_gluon_adapter_calls_like_sglang(fake_aiter, capturing):
     p = make_problem([5, 130, 7])
     out = p.new_output(plan.POISON)
-    BACKEND_SETS["aiter"]["accelerated"].run(p, out, Call(max_kv_len=130, capturing=capturing))
+    BACKEND_SETS["aiter"]["accelerated"].run(p, out, Call(max_kv_len=4096 if capturing else 130, capturing=capturing))
     (call,) = fake_aiter
     assert call["kernel"] == "mla_gluon"
     assert call["q_nope"].shape == (3, 12, 512) and call["q_pe"].shape == (3, 12, 64)
@@ -192,28 +186,9 @@ def test_aiter_gluon_adapter_calls_like_sglang(fake_aiter, capturing):
     assert call["page_table"] is p.kv_indices and call["seq_info"] is p.kv_indptr
     assert call["use_2d_view"] is False and call["k_pe"] is None and call["kv_pe_offset"] == 512
     assert type(call["kv_scale"]) is float and call["kv_scale"] == p.kv_scale
-    assert call["sm_scale"] == p.sm_scale
-    assert call["min_kv_seq_len"] == (1 if capturing else 130)  # SGLang's eager vs capture choice
-    assert rel_l2(out, reference_of(p)) < 1e-2
-
-
-def test_aiter_zero_pad_adapter_pads_and_slices(fake_aiter):
-    p = make_problem([9, 1])
-    out = p.new_output(plan.POISON)
-    BACKEND_SETS["aiter"]["fallback"].run(p, out, Call(max_kv_len=9))
-    (call,) = fake_aiter
-    assert call["kernel"] == "mla_decode_fwd"
-    q16 = call["q"]
-    assert q16.shape == (2, 16, D_QK) and q16.dtype == torch.bfloat16
-    assert torch.equal(q16[:, :12], p.q) and not q16[:, 12:].any()  # zero padding, not repetition
-    assert call["kv_buffer"].shape == (p.kv.shape[0], 1, 1, D_QK)
-    assert call["o"].shape == (2, 16, D_LATENT)
-    assert call["qo_indptr"].tolist() == [0, 1, 2] and call["kv_last_page_lens"].tolist() == [1, 1]
-    assert call["kv_indptr"] is p.kv_indptr and call["kv_indices"] is p.kv_indices
-    assert call["max_seqlen_q"] == 1 and call["page_size"] == 1 and call["nhead_kv"] == 1
-    assert call["kv_scale"].dtype == torch.float32 and float(call["kv_scale"]) == pytest.approx(p.kv_scale)
-    assert call["q_scale"] is None and call["sm_scale"] == p.sm_scale
-    assert torch.equal(out, call["o"][:, :12])  # sliced back to the real heads
+    assert call["sm_scale"] == p.sm_scale and call["return_lse"] is False
+    # SGLang's _resolve_mla_gluon_min_kv_seq_len: the context capacity under capture, else max(seq_lens)
+    assert call["min_kv_seq_len"] == (4096 if capturing else 130)
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
@@ -301,10 +276,11 @@ def test_backend_choice():
 
 
 def test_crash_hang_and_garbage_are_reported_per_device_and_path(clean_env):
-    env = dict(clean_env)
-    env["PYTHONPATH"] = str(AITER_STACK)
+    env = child_env(clean_env, AITER_STACK)
     env["FAKE_AITER_MODE"] = "1:abort:mla_gluon,2:hang:mla_decode_fwd,3:garbage:mla_gluon"
-    report = runner.run_selftest(CAPABLE_PROBE, cpu_interpret=True, cpu_devices=4, timeout=25, env=env, seed=5)
+    report = runner.run_selftest(dict(CAPABLE_PROBE, sglang={"version": "0.5.20", "flag0_route": "persistent",
+                                                               "mtp_through_gluon": True}),
+                                 cpu_interpret=True, cpu_devices=4, timeout=40, env=env, seed=5)
     gpus = report["gpus"]
     assert report["backend_set"] == "aiter"
     assert [g["result"] for g in gpus] == [
@@ -316,9 +292,12 @@ def test_crash_hang_and_garbage_are_reported_per_device_and_path(clean_env):
     abort = gpus[1]["paths"]["accelerated"]["reasons"][0]
     assert abort.startswith("child killed by SIGABRT during case single-token (aiter-gluon)")
     hang = gpus[2]["paths"]["fallback"]["reasons"][0]
-    assert hang.startswith("child timed out after 25 s (killed) during case single-token (aiter-zero-pad)")
+    assert hang.startswith("child timed out after 40 s (killed) during case single-token (aiter-zero-pad)")
     garbage = gpus[3]["paths"]["accelerated"]["reasons"]
-    assert {r.split(":")[0] for r in garbage if "relative L2 error" in r} == {c.name for c in plan.CPU_CASES}
+    all_cases = plan.CPU_CASES + plan.mtp_cases(plan.MTP_Q_LENS, on_gpu=False)
+    assert {r.split(":")[0] for r in garbage if "relative L2 error" in r} == {c.name for c in all_cases}
+    # the serving SGLang has PR #37601: both paths run the MTP cases
+    assert [c["case"] for c in gpus[0]["paths"]["fallback"]["child"]["cases"]] == [c.name for c in all_cases]
     assert report["result"] == "error"
     assert report["thresholds"]["rel_l2_max"] == plan.REL_L2_MAX
 
@@ -328,21 +307,22 @@ def run_cli(*args, env):
 
 
 def test_cli_cpu_interpret_json(clean_env):
-    done = run_cli("selftest", "--cpu-interpret", "--json", env=clean_env)
+    done = run_cli("selftest", "--cpu-interpret", "--json", "--mtp-q-lens", "3", env=child_env(clean_env))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["mode"] == "cpu-interpret" and report["result"] == "pass"
     assert report["backends"] == {"accelerated": "triton-native", "fallback": "triton-zero-pad-16"}
     (gpu,) = report["gpus"]
     cases = gpu["paths"]["accelerated"]["child"]["cases"]
-    assert [c["case"] for c in cases] == [c.name for c in plan.CPU_CASES]
+    assert [c["case"] for c in cases] == [c.name for c in plan.CPU_CASES] + ["mtp-q3"]
+    assert cases[-1]["q_len"] == 3
     assert all(c["rel_l2"] < plan.REL_L2_MAX for c in cases)
     assert len(report["fingerprint"]) == 16 and report["fingerprint_parts"]["kernel"]
 
 
 def test_cli_reports_failure_exit_code(clean_env):
-    env = dict(clean_env, PYTHONPATH=str(AITER_STACK), FAKE_AITER_MODE="*:garbage:mla_decode_fwd")
-    done = run_cli("selftest", "--cpu-interpret", "--backends", "aiter", env=env)
+    env = dict(child_env(clean_env, AITER_STACK), FAKE_AITER_MODE="*:garbage:mla_decode_fwd")
+    done = run_cli("selftest", "--cpu-interpret", "--backends", "aiter", "--mtp-q-lens", "", env=env)
     assert done.returncode == 1
     assert "self-test FAIL" in done.stdout and "fallback=fail" in done.stdout
 
@@ -370,7 +350,8 @@ def slow_probe(seconds: float, report: dict):
 
 def test_children_import_while_the_probe_runs(clean_env):
     """The probe as a callable: the children exist (importing) while it runs; results are unchanged."""
-    report = runner.run_selftest(slow_probe(4.0, {"capable": False, "gpus": []}), cpu_interpret=True, env=clean_env, seed=3)
+    report = runner.run_selftest(slow_probe(4.0, {"capable": False, "gpus": []}), cpu_interpret=True,
+                                 env=child_env(clean_env), seed=3, mtp_q_lens=())
     (gpu,) = report["gpus"]
     assert report["result"] == "pass" and gpu["result"] == {"accelerated": "pass", "fallback": "pass"}
     assert gpu["paths"]["accelerated"]["child_seconds"] > 4.0  # started before the probe's 4 s were over
@@ -379,7 +360,8 @@ def test_children_import_while_the_probe_runs(clean_env):
 
 def test_a_wrong_device_guess_cancels_the_early_children(clean_env, monkeypatch):
     monkeypatch.setattr(runner, "guess_devices", lambda cpu_interpret, cpu_devices: ["cpu", "cpu", "cpu"])
-    report = runner.run_selftest(slow_probe(0.5, {"capable": False, "gpus": []}), cpu_interpret=True, env=clean_env, seed=4)
+    report = runner.run_selftest(slow_probe(0.5, {"capable": False, "gpus": []}), cpu_interpret=True,
+                                 env=child_env(clean_env), seed=4, mtp_q_lens=())
     assert len(report["gpus"]) == 1 and report["result"] == "pass"
     assert not isolation._live_groups  # no child left behind
 

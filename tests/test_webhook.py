@@ -13,6 +13,8 @@ import uuid
 
 import jsonpatch
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kopf.testing import KopfRunner
 
 from gluon_agent import contract
@@ -51,12 +53,14 @@ def test_mutation_injects_and_is_idempotent():
     install, preflight = spec["initContainers"]
     assert install["image"] == CONFIG.agent_image and install["command"] == ["gluon-agent", "preflight", "--install", "/gluon"]
     assert preflight["image"] == "lmsysorg/sglang:v0.5-rocm"  # the serving container's own image
-    assert "python3 -m gluon_agent.preflight" in preflight["command"][2] and preflight["command"][2].endswith("exit 0")
-    assert {e["name"] for e in preflight["env"]} == {"HOST_IP", "NODE_NAME"}
-    for container in spec["containers"]:
-        flags = [e for e in container["env"] if e["name"] == contract.FLAG_ENV]
-        assert flags == [{"name": contract.FLAG_ENV, "valueFrom": {"fileKeyRef": {
-            "volumeName": webhook.VOLUME, "path": "flag.env", "key": contract.FLAG_ENV, "optional": False}}}]
+    assert preflight["command"] == ["/bin/sh", "-c", webhook.preflight_script(CONFIG.deadline_s)]
+    # the serving container's env reaches the preflight (less the flag); ours comes last
+    assert [e["name"] for e in preflight["env"]] == ["HF_HOME", "HOST_IP", "NODE_NAME"]
+    serving, sidecar = spec["containers"]
+    flags = [e for e in serving["env"] if e["name"] == contract.FLAG_ENV]
+    assert flags == [{"name": contract.FLAG_ENV, "valueFrom": {"fileKeyRef": {
+        "volumeName": webhook.VOLUME, "path": "flag.env", "key": contract.FLAG_ENV, "optional": False}}}]
+    assert sidecar == pod["spec"]["containers"][1]  # another image: the preflight did not check it
     assert {"name": "HF_HOME", "value": "/m"} in spec["containers"][0]["env"]  # the user's other env stays
     assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
     assert webhook.mutation(mutated, "kimi", CONFIG) is None  # re-invocation changes nothing
@@ -172,3 +176,208 @@ def test_webhook_over_tls(webhook_url):
 
     other = review(url, context, sglang_pod(labels={"app": "vllm"}))
     assert other["response"]["allowed"] is True and "patch" not in other["response"]
+
+
+# ---------------------------------------------------------------- hardening: odd pods, names, the serving container (pure)
+
+ROLLOUTS_HERE = {SERVING_NS: [{"name": "kimi", "podSelector": {"matchLabels": {"app": "sglang"}}}]}
+
+
+def admit(pod: dict, config: webhook.Injection = CONFIG) -> webhook.Admission:
+    return webhook.admit(pod, SERVING_NS, ROLLOUTS_HERE, config)
+
+
+def test_env_null_is_read_as_empty_and_injected():
+    pod = sglang_pod()
+    pod["spec"]["containers"][0]["env"] = None
+    pod["spec"]["containers"][0]["volumeMounts"] = None
+    answer = admit(pod)
+    assert answer.outcome == "injected" and answer.warnings == ()
+    serving = apply(pod, answer.changes)["spec"]["containers"][0]
+    assert [e["name"] for e in serving["env"]] == [contract.FLAG_ENV]
+
+
+@pytest.mark.parametrize("spoil,why", [
+    (lambda pod: pod["spec"]["containers"][0].pop("image"), "the serving container 'sglang' has no image to run the preflight in"),
+    (lambda pod: pod["spec"]["containers"][0].update(env="HF_HOME=/m"), "spec.containers[0].env is not a list of objects"),
+    (lambda pod: pod["spec"]["containers"][0].update(command="python3 -m sglang"), "spec.containers[0].command is not a list of strings"),
+    (lambda pod: pod["spec"].update(containers=None), "the pod has no containers"),
+    (lambda pod: pod["spec"].update(containers=["sglang"]), "spec.containers is not a list of objects"),
+    (lambda pod: pod["spec"].update(volumes={"name": "x"}), "spec.volumes is not a list of objects"),
+    (lambda pod: pod["metadata"].update(annotations=["x"]), "metadata.annotations is not an object"),
+    (lambda pod: pod.pop("spec"), "the pod has no spec"),
+])
+def test_odd_pods_are_admitted_unchanged_with_a_warning(spoil, why):
+    pod = sglang_pod()
+    spoil(pod)
+    answer = admit(pod)
+    assert answer.outcome == "not-injected" and answer.changes is None
+    assert answer.warnings == (f"gluon-rollout did not inject: {why}",)
+
+
+def test_an_internal_error_is_admitted_with_a_warning():
+    broken = {SERVING_NS: [{"name": "kimi", "podSelector": {"matchExpressions": [{"operator": "In"}]}}]}  # no key
+    answer = webhook.admit(sglang_pod(), SERVING_NS, broken, CONFIG)
+    assert answer.outcome == "error" and answer.changes is None
+    assert answer.warnings[0].startswith("gluon-rollout did not inject (internal error, pod admitted as it is): KeyError")
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=12)
+
+
+def pod_fields():
+    """Pods whose every field the webhook reads may hold any JSON value."""
+    container = st.fixed_dictionaries({"name": st.sampled_from(["sglang", "istio-proxy"]) | JSON},
+                                      optional={k: JSON | st.just([]) for k in ("image", "env", "envFrom", "volumeMounts", "command")})
+    spec = st.fixed_dictionaries({"containers": st.lists(container | JSON, max_size=3) | JSON},
+                                 optional={"initContainers": JSON, "volumes": JSON})
+    meta = st.fixed_dictionaries({"labels": st.just({"app": "sglang"}) | JSON},
+                                 optional={"annotations": st.dictionaries(st.sampled_from([
+                                     contract.ANNOTATION_POD_INJECTED, contract.ANNOTATION_POD_SERVING_CONTAINER,
+                                     contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER]), JSON) | JSON})
+    return st.fixed_dictionaries({"metadata": meta}, optional={"spec": spec | JSON})
+
+
+@settings(max_examples=400, deadline=None)
+@given(pod=pod_fields(), shell=st.booleans())
+def test_admit_never_raises_and_never_denies(pod, shell):
+    config = webhook.Injection(agent_image="a", mode="shell") if shell else CONFIG
+    answer = admit(pod, config)
+    assert answer.outcome in webhook.OUTCOMES
+    assert (answer.changes is None) == (answer.outcome != "injected")
+    assert all(w.startswith("gluon-rollout did not inject") for w in answer.warnings)
+    if answer.outcome == "error":  # a shape admit() does not check is a bug to find here, not in a cluster
+        pytest.fail(answer.warnings[0])
+    if answer.outcome == "injected":
+        assert webhook.mutation(apply(pod, answer.changes), "kimi", config) is None  # idempotent
+
+
+@pytest.mark.parametrize("where", ["initContainers", "volumes"])
+def test_a_user_object_with_our_name_is_kept_and_warned_about(where):
+    pod = sglang_pod()
+    name = webhook.PREFLIGHT_CONTAINER if where == "initContainers" else webhook.VOLUME
+    pod["spec"][where] = pod["spec"].get(where, []) + [{"name": name, "image": "mine"} if where == "initContainers" else {"name": name, "emptyDir": {}}]
+    answer = admit(pod)
+    assert answer.outcome == "not-injected" and answer.changes is None  # never removed, never reused
+    assert name in answer.warnings[0] and "a name the injection uses" in answer.warnings[0]
+
+
+def test_our_own_earlier_injection_is_no_clash():
+    pod = sglang_pod()
+    mutated = apply(pod, admit(pod).changes)
+    assert admit(mutated).outcome == "unchanged"
+
+
+def pod_with(containers: list[dict], annotations: dict | None = None) -> dict:
+    pod = sglang_pod()
+    pod["spec"]["containers"] = containers
+    pod["metadata"]["annotations"] = annotations or {}
+    return pod
+
+
+PROXY = {"name": "istio-proxy", "image": "istio/proxyv2:1.24"}
+SGLANG = {"name": "sglang", "image": "lmsysorg/sglang:v0.5-rocm", "command": ["python3", "-m", "sglang.launch_server"]}
+TOOLS = {"name": "tools", "image": "busybox"}
+
+
+@pytest.mark.parametrize("containers,annotations,serving", [
+    ([PROXY, SGLANG], {}, "sglang"),  # Istio's proxy first (holdApplicationUntilProxyStarts)
+    ([TOOLS, SGLANG], {contract.ANNOTATION_POD_SERVING_CONTAINER: "sglang"}, "sglang"),
+    ([TOOLS, SGLANG], {contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER: "sglang"}, "sglang"),
+    ([TOOLS, SGLANG], {contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER: "gone"}, "tools"),  # kubectl's: a hint only
+    ([SGLANG, TOOLS], {}, "sglang"),
+])
+def test_the_serving_container_is_found_by_name(containers, annotations, serving):
+    pod = pod_with(containers, annotations)
+    spec = apply(pod, admit(pod).changes)["spec"]
+    image = {c["name"]: c["image"] for c in containers}[serving]
+    assert spec["initContainers"][1]["image"] == image
+    flagged = [c["name"] for c in spec["containers"] if any(e["name"] == contract.FLAG_ENV for e in c.get("env", []))]
+    assert flagged == [serving]  # only the image the preflight checked gets the flag
+
+
+def test_an_annotation_naming_no_container_is_a_warning():
+    answer = admit(pod_with([PROXY, SGLANG], {contract.ANNOTATION_POD_SERVING_CONTAINER: "sglang-main"}))
+    assert answer.outcome == "not-injected"
+    assert "names no container of this pod (it has istio-proxy, sglang)" in answer.warnings[0]
+
+
+def test_shell_mode_leaves_a_sidecar_without_a_command_alone():
+    shell = webhook.Injection(agent_image="a", mode="shell")
+    pod = pod_with([PROXY, SGLANG])
+    spec = apply(pod, admit(pod, shell).changes)["spec"]
+    assert spec["containers"][0] == PROXY and spec["containers"][1]["command"][2] == webhook.SHELL_WRAPPER
+
+
+def test_the_preflight_sees_the_serving_containers_env_and_mounts():
+    serving = {**SGLANG, "env": [{"name": "PYTHONPATH", "value": "/models/code"}, {"name": "HOST_IP", "value": "spoofed"},
+                                 {"name": contract.FLAG_ENV, "value": "1"}],
+               "envFrom": [{"configMapRef": {"name": "serving-env"}}],
+               "volumeMounts": [{"name": "models", "mountPath": "/models", "mountPropagation": "HostToContainer"}]}
+    pod = pod_with([serving])
+    preflight = apply(pod, admit(pod).changes)["spec"]["initContainers"][1]
+    assert preflight["env"][0] == {"name": "PYTHONPATH", "value": "/models/code"}
+    assert [e["name"] for e in preflight["env"]] == ["PYTHONPATH", "HOST_IP", "NODE_NAME"]
+    assert preflight["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"  # ours, not the spoof
+    assert preflight["envFrom"] == serving["envFrom"]
+    assert preflight["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True},
+                                         {"name": webhook.VOLUME, "mountPath": webhook.MOUNT}]
+
+
+# ---------------------------------------------------------------- the admission server's body limit (kopf + aiohttp, no API server)
+
+
+def test_reviews_over_aiohttps_1_mib_default_are_read():
+    """A review the API server can send (its request bodies go to 3 MiB) reaches the handler; a body past
+    any API server's is refused unread and counted."""
+    import asyncio
+
+    import aiohttp
+
+    from gluon_operator.admission import REVIEW_LIMIT, AdmissionServer
+    from gluon_operator.metrics import METRICS
+
+    seen: list[int] = []
+
+    async def fn(review, **_):
+        seen.append(len(json.dumps(review)))
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": review["request"]["uid"], "allowed": True}}
+
+    def too_large() -> float:
+        return METRICS.registry.get_sample_value(contract.M_ROLLOUT_WEBHOOK_REVIEWS + "_total", {"outcome": webhook.TOO_LARGE})
+
+    async def main():
+        server = AdmissionServer(addr="127.0.0.1", port=free_port(), insecure=True)
+        serving = server(fn)
+        config = await serving.__anext__()
+        try:
+            async with aiohttp.ClientSession() as session:
+                big = {"request": {"uid": "u1", "object": {"pad": "x" * (3 * 1024 * 1024)}}}
+                async with session.post(config["url"].rstrip("/") + "/inject", json=big) as answer:
+                    assert answer.status == 200 and (await answer.json())["response"]["uid"] == "u1"
+                before = too_large()
+                huge = {"request": {"uid": "u2", "object": {"pad": "x" * REVIEW_LIMIT}}}
+                async with session.post(config["url"].rstrip("/") + "/inject", json=huge) as answer:
+                    assert answer.status == 413
+                assert too_large() == before + 1
+        finally:
+            await serving.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert seen and seen[0] > 3 * 1024 * 1024
+
+
+def test_odd_and_large_pods_are_allowed_over_tls(webhook_url):
+    """Through kopf's real admission path: allowed, unchanged, with the warning (not 500, not 413)."""
+    url, context = webhook_url
+    no_image = sglang_pod()
+    no_image["spec"]["containers"][0].pop("image")
+    answer = review(url, context, no_image)["response"]
+    assert answer["allowed"] is True and "patch" not in answer and "status" not in answer
+    assert answer["warnings"] == ["gluon-rollout did not inject: the serving container 'sglang' has no image to run the preflight in"]
+    large = sglang_pod()
+    large["metadata"]["annotations"] = {"example.com/blob": "x" * (1536 * 1024)}  # etcd's 1.5 MiB object limit
+    mutated = patched(large, review(url, context, large))
+    assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"

@@ -21,6 +21,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def q_lens(text: str) -> tuple[int, ...]:
+    try:
+        return runner.plan.parse_q_lens(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     report = probe(python=args.python, timeout=args.timeout)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_table(report))
@@ -34,6 +41,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         cpu_interpret=args.cpu_interpret,
         timeout=args.timeout,
         timing=not args.no_timing,
+        mtp_q_lens=args.mtp_q_lens,
     )
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else runner.format_table(result))
     return 0 if result["result"] == "pass" else 1
@@ -79,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the portable kernel under TRITON_INTERPRET=1 on tiny CPU shapes (no GPU needed)")
     s.add_argument("--no-timing", action="store_true", help="skip the timing and copy-ceiling steps")
     s.add_argument("--timeout", type=positive_float, default=runner.DEFAULT_TIMEOUT_S, help="seconds per child")
+    s.add_argument("--mtp-q-lens", type=q_lens, default=runner.plan.MTP_Q_LENS, metavar="N,N,...",
+                   help="q lengths of the speculative-decoding (MTP) cases, e.g. 2,3,4 (default); '' for none")
     s.set_defaults(func=cmd_selftest)
 
     r = sub.add_parser("run", help="the node daemon: probe, self-test, publish labels and report, serve metrics")

@@ -13,10 +13,25 @@ PREFIX: Final = "gluonrollout.io/"
 # SGLang's switch for the accelerated path (SGLang PR #34647). Not ours: SGLang reads it.
 FLAG_ENV: Final = "SGLANG_AITER_MLA_GLUON"
 
+# ---------------------------------------------------------------- self-test child environment (ours)
+# The device index the runner gives each self-test child (fakes of aiter key their failure modes on it).
+ENV_SELFTEST_DEVICE_INDEX: Final = "GLUON_SELFTEST_DEVICE_INDEX"
+# Test-only switches for fake devices on the CPU (never set in a deployment; the chart has no way to):
+# "INDEX:crash[:PATH]" / "INDEX:hang[:PATH]" (comma-separated) make that device's children (of that path)
+# abort or hang at their first case; "INDEX:GIB" in the second gives that fake device only GIB GiB free, as
+# if another process held it.
+ENV_SELFTEST_FAKE_FAULT: Final = "GLUON_SELFTEST_FAKE_FAULT"
+ENV_SELFTEST_FAKE_FREE_GIB: Final = "GLUON_SELFTEST_FAKE_FREE_GIB"
+
 # ---------------------------------------------------------------- node labels, agent-owned
 # "true" when the probe found the stack and hardware able to run the Gluon path (gfx950, the aiter
 # import, Triton's Gluon cga_layout API, fp8 e4m3fn), whatever the env flag says. "false" otherwise.
 LABEL_CAPABLE: Final = PREFIX + "capable"
+# Its third value: the aiter Gluon import raises something other than ImportError (or dies). SGLang
+# catches only ImportError, so with the flag on the serving process would fail to start: louder than
+# "false", never to be enabled.
+CAPABLE_IMPORT_CRASH: Final = "import-crash"
+CAPABLE_VALUES: Final = ("true", "false", CAPABLE_IMPORT_CRASH)
 # The self-test verdict for this node's current fingerprint, worst over GPUs and paths.
 LABEL_SELFTEST: Final = PREFIX + "selftest"
 SELFTEST_VALUES: Final = ("pass", "fail", "error", "pending", "deferred")
@@ -46,6 +61,14 @@ LABEL_POD_FLAG: Final = PREFIX + "flag"
 # ---------------------------------------------------------------- pod annotation, webhook-owned
 # Set by the mutating webhook on pods it injected: the GluonRollout whose selector matched.
 ANNOTATION_POD_INJECTED: Final = PREFIX + "injected"
+
+# ---------------------------------------------------------------- pod annotation, person-owned
+# The container that serves (its image is the one the preflight checks, and only containers of that
+# image get the flag). Default: Kubernetes' own default-container annotation below, then the first
+# container that is not a well-known sidecar (webhook.KNOWN_SIDECARS).
+ANNOTATION_POD_SERVING_CONTAINER: Final = PREFIX + "serving-container"
+# Not ours (kubectl's, read only): the container `kubectl logs/exec` pick by default.
+FOREIGN_ANNOTATION_DEFAULT_CONTAINER: Final = "kubectl.kubernetes.io/default-container"
 
 # ---------------------------------------------------------------- node annotations
 # Agent-owned. JSON: probe, self-test results, fingerprint, time, agent version.
@@ -82,6 +105,8 @@ OPERATOR_NODE_KEYS: Final = (LABEL_ENABLED, LABEL_STATE, ANNOTATION_ROLLBACK, AN
 AGENT_METRIC_PREFIX: Final = "gluon_agent_"
 M_AGENT_INFO: Final = AGENT_METRIC_PREFIX + "probe"  # info metric: versions, arch
 M_AGENT_CAPABLE: Final = AGENT_METRIC_PREFIX + "capable"
+# 1 while the aiter Gluon import raises a non-ImportError (or dies): SGLang would fail to start with the flag on.
+M_AGENT_IMPORT_CRASH: Final = AGENT_METRIC_PREFIX + "aiter_import_crash"
 M_AGENT_SELFTEST_RESULT: Final = AGENT_METRIC_PREFIX + "selftest_result"
 M_AGENT_CASE_ERROR: Final = AGENT_METRIC_PREFIX + "selftest_case_rel_error"
 M_AGENT_KERNEL_SECONDS: Final = AGENT_METRIC_PREFIX + "kernel_seconds"
@@ -105,10 +130,15 @@ M_ROLLOUT_ANALYSIS_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "analysis_errors"  # 
 M_ROLLOUT_QUERY_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "query_seconds"
 M_ROLLOUT_API_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "api_errors"  # counter
 M_ROLLOUT_RESTARTS: Final = ROLLOUT_METRIC_PREFIX + "pod_restarts"  # counter
+# Admission reviews the webhook answered, by outcome (webhook.OUTCOMES); every one is allowed.
+M_ROLLOUT_WEBHOOK_REVIEWS: Final = ROLLOUT_METRIC_PREFIX + "webhook_reviews"  # counter
 
 # ---------------------------------------------------------------- agent HTTP
 AGENT_PORT: Final = 9477
 DECISION_PATH: Final = "/v1/decision"
+# The preflight asks http://$HOST_IP:AGENT_PORT/DECISION_PATH unless this env var gives a whole URL
+# (an agent on another port; tests).
+ENV_PREFLIGHT_AGENT_URL: Final = "GLUON_AGENT_URL"
 
 
 def is_ours(key: str) -> bool:

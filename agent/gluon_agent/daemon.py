@@ -8,6 +8,7 @@ import json
 import logging
 import random
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -95,6 +96,8 @@ def node_report(node: str, probe: Mapping[str, Any], fp: str, selftest: Mapping[
             "ready": probe.get("ready"),
             "missing_for_capable": probe.get("missing_for_capable", []),
             "summary": probe.get("summary"),
+            "import_crash": probe.get("import_crash"),
+            "sglang": probe.get("sglang"),
             "simulated": bool(probe.get("simulated")),
         },
         "selftest": selftest,
@@ -360,6 +363,11 @@ class Agent:
 
 class Handler(BaseHTTPRequestHandler):
     agent: Agent  # set on the subclass made in serve()
+    timeout = 10.0  # per connection (socket timeout): an idle or silent client is dropped; probes take ms
+    server_version = "gluon-agent"  # no Python version in the Server header
+
+    def version_string(self) -> str:
+        return self.server_version
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)
@@ -391,11 +399,22 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-def serve(agent: Agent) -> ThreadingHTTPServer:
-    handler = type("BoundHandler", (Handler,), {"agent": agent})
-    server = ThreadingHTTPServer((agent.config.host, agent.config.port), handler)
-    server.daemon_threads = True
-    return server
+class AgentHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 dropped a kubelet probe in a scrape burst
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (a probe timing out, a scraper restarting) is routine, not a traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            log.debug("http: %s went away: %s", client_address, error)
+            return
+        log.warning("http: error serving %s", client_address, exc_info=True)
+
+
+def serve(agent: Agent, idle_timeout: float = Handler.timeout) -> ThreadingHTTPServer:
+    handler = type("BoundHandler", (Handler,), {"agent": agent, "timeout": idle_timeout})
+    return AgentHTTPServer((agent.config.host, agent.config.port), handler)
 
 
 def install_signal_handlers(agent: Agent) -> None:

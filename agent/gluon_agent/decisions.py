@@ -35,9 +35,16 @@ def gpu_arch_label(gpus: list[Mapping[str, Any]]) -> str:
     return archs.pop() if len(archs) == 1 else "mixed"
 
 
+def capable_label(probe_report: Mapping[str, Any]) -> str:
+    """"true" / "false", or "import-crash" when the aiter import would stop SGLang with the flag on."""
+    if probe_report.get("import_crash"):
+        return contract.CAPABLE_IMPORT_CRASH
+    return "true" if probe_report.get("capable") else "false"
+
+
 def desired_state(probe_report: Mapping[str, Any], verdict: str, report: Mapping[str, Any]) -> Desired:
     labels = {
-        contract.LABEL_CAPABLE: "true" if probe_report.get("capable") else "false",
+        contract.LABEL_CAPABLE: capable_label(probe_report),
         contract.LABEL_SELFTEST: verdict,
         contract.LABEL_GPU_ARCH: gpu_arch_label(probe_report.get("gpus", [])),
     }

@@ -1,6 +1,7 @@
 """The software fingerprint a self-test verdict belongs to. Stdlib only.
 
-Any change (driver, ROCm/HIP, torch, Triton, aiter, GPU arch or identity, our portable kernel) makes
+Any change (driver, ROCm/HIP, torch, Triton, aiter, the serving SGLang's version, GPU arch or identity,
+our portable kernel) makes
 a new fingerprint: old verdicts no longer count and the agent tests again.
 """
 
@@ -26,6 +27,7 @@ def fingerprint_parts(probe_report: dict[str, Any]) -> dict[str, Any]:
         "torch": probe_report.get("torch_version"),
         "triton": probe_report.get("triton_version"),
         "aiter": probe_report.get("aiter_version"),
+        "sglang": (probe_report.get("sglang") or {}).get("version"),  # its decode routes decide the fallback
         "gpus": [[g.get("arch"), g.get("name"), g.get("uuid")] for g in probe_report.get("gpus", [])],
         "kernel": kernel_source_hash(),
     }

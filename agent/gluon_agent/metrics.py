@@ -16,6 +16,8 @@ class AgentMetrics:
         r = self.registry
         self.info = Info(contract.M_AGENT_INFO, "Probe facts: versions, GPU arch, fingerprint", registry=r)
         self.capable = Gauge(contract.M_AGENT_CAPABLE, "1 when the probe found the node capable of the Gluon path", registry=r)
+        self.import_crash = Gauge(contract.M_AGENT_IMPORT_CRASH, "1 when the aiter Gluon import raises a non-ImportError "
+                                  "(SGLang would fail to start with the flag on)", registry=r)
         self.result = Gauge(contract.M_AGENT_SELFTEST_RESULT, "1 for the current self-test result of each GPU and path", ["gpu", "path", "result"], registry=r)
         self.case_error = Gauge(contract.M_AGENT_CASE_ERROR, "Relative L2 error against the fp32 reference per case", ["gpu", "path", "backend", "case"], registry=r)
         self.kernel_seconds = Gauge(contract.M_AGENT_KERNEL_SECONDS, "Median kernel time per timed case", ["gpu", "path", "backend", "case"], registry=r)
@@ -41,8 +43,10 @@ class AgentMetrics:
             "torch": str(probe.get("torch_version")),
             "hip": str(probe.get("hip_version")),
             "driver": str(probe.get("driver_version")),
+            "sglang": str((probe.get("sglang") or {}).get("version")),
         })
         self.capable.set(1 if probe.get("capable") else 0)
+        self.import_crash.set(1 if probe.get("import_crash") else 0)
 
     def observe_selftest(self, report: Mapping[str, Any]) -> None:
         for gauge in (self.result, self.case_error, self.kernel_seconds, self.bandwidth, self.speedup):

@@ -1,4 +1,4 @@
-"""`gluon-agent preflight`: runs as an init container *in the serving image* (stdlib only, any python3).
+"""`gluon-agent preflight`: runs as an init container *in the serving image* (stdlib only, python3 >= 3.8).
 
 Two steps, two init containers (the webhook injects both):
   1. `--install DIR` (agent image): copy this stdlib-only code into the shared emptyDir and write the
@@ -16,19 +16,23 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from . import contract
-from .probe import probe
+from .probe import REQUIRED_ARCH, Facts, missing_for_capable, probe
 
 FLAG_FILE_NAME = "flag.env"
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LIMIT = 4096  # the kubelet keeps at most this much of a termination message
 # The modules the preflight needs in a foreign image: all stdlib-only.
-PORTABLE_MODULES = ("__init__.py", "contract.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py")
+DEFAULT_DEADLINE_S = 80.0  # the webhook passes its own (its shell's deadline less a grace)
+PROBE_MARGIN_S = 2.0  # of the deadline, kept for writing the verdict after the probe
+ANSWER_LIMIT = 64 * 1024  # the agent's decision is a few hundred bytes
+PORTABLE_MODULES = ("__init__.py", "contract.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py", "sglang_routes.py")
 
 
 def flag_line(value: str) -> str:
@@ -51,31 +55,89 @@ def install(target: Path) -> None:
     write_atomically(target / FLAG_FILE_NAME, flag_line("0"))
 
 
-def ask_agent(url: str, timeout: float) -> dict[str, Any]:
+class Deadline:
+    """One deadline for the whole preflight (the shell around it enforces a later one from outside)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+
+def fetch_json(url: str, timeout: float) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http to the node's agent
-        return json.loads(response.read())
+        body = response.read(ANSWER_LIMIT + 1)
+    if len(body) > ANSWER_LIMIT:
+        raise ValueError(f"the answer is longer than {ANSWER_LIMIT} bytes")
+    return json.loads(body)
 
 
-def decide(agent_url: str | None, agent_timeout: float, probe_timeout: float) -> dict[str, Any]:
+def ask_agent(url: str, timeout: float) -> dict[str, Any]:
+    """The agent's decision within `timeout` seconds in all. A socket timeout bounds each read only, so an
+    agent trickling a byte at a time would hold a plain read for ever: the request runs in a daemon
+    thread that is abandoned at the deadline."""
+    outcome: dict[str, Any] = {}
+
+    def fetch() -> None:
+        try:
+            outcome["answer"] = fetch_json(url, timeout)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=fetch, name="ask-agent", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError(f"no whole answer within {timeout:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    answer = outcome["answer"]
+    if not isinstance(answer, dict):
+        raise ValueError(f"the answer is a JSON {type(answer).__name__}, not an object")
+    return answer
+
+
+def stack_problems(report: Mapping[str, Any]) -> list[str]:
+    """What this image's software lacks, in the probe's own words. The GPUs are the agent's part (its
+    self-test ran on them): an init container is given no GPU by the device plugin, so the probe here
+    sees none, and that must not refuse a healthy stack."""
+    facts = Facts(
+        enabled_by_env=True,
+        import_ok=bool(report.get("import_ok")),
+        triton_version=report.get("triton_version"),
+        triton_cga_layout_ok=bool(report.get("triton_cga_layout_ok")),
+        gpu_archs=(REQUIRED_ARCH,),
+        fp8_e4m3fn_ok=bool(report.get("fp8_e4m3fn_ok")),
+    )
+    return missing_for_capable(facts)
+
+
+def decide(agent_url: str | None, agent_timeout: float, probe_timeout: float, deadline: Deadline) -> dict[str, Any]:
     """The verdict: flag '1' only when the agent says so and this image's stack is capable."""
     started = time.monotonic()
     verdict: dict[str, Any] = {"flag": "0", "agent": None, "probe": None}
     if not agent_url:
-        return verdict | {"reason": "no agent address (HOST_IP unset)"}
+        return {**verdict, "reason": "no agent address (HOST_IP unset)"}
     try:
-        answer = ask_agent(agent_url, agent_timeout)
+        answer = ask_agent(agent_url, min(agent_timeout, deadline.left()))
     except Exception as exc:  # noqa: BLE001 - unreachable, slow, 503 or garbage: all mean '0'
-        return verdict | {"reason": f"agent at {agent_url} did not answer: {type(exc).__name__}: {exc}"}
+        return {**verdict, "reason": f"agent at {agent_url} did not answer: {type(exc).__name__}: {exc}"}
     # current/enabled let the operator tell "the agent had not seen the enable yet" (retry) from a refusal
     verdict["agent"] = {k: answer.get(k) for k in ("flag", "reason", "state", "node", "fingerprint", "current", "enabled")}
-    report = probe(timeout=probe_timeout)
+    budget = min(probe_timeout, deadline.left() - PROBE_MARGIN_S)
+    if budget <= 0:
+        return {**verdict, "reason": f"the preflight's deadline of {deadline.seconds:g} s left no time to probe this image"}
+    report = probe(timeout=budget)
     verdict["probe"] = {k: report.get(k) for k in ("capable", "summary", "missing_for_capable", "triton_version", "aiter_version")}
     verdict["seconds"] = round(time.monotonic() - started, 3)
     if answer.get("flag") != "1":
-        return verdict | {"reason": f"agent says 0: {answer.get('reason')}"}
-    if not report.get("capable"):
-        return verdict | {"reason": "this image's stack is not capable: " + "; ".join(report.get("missing_for_capable", []))}
-    return verdict | {"flag": "1", "reason": f"agent says 1 ({answer.get('reason')}) and this image is capable"}
+        return {**verdict, "reason": f"agent says 0: {answer.get('reason')}"}
+    problems = stack_problems(report)
+    if problems:
+        return {**verdict, "reason": "this image's stack is not capable: " + "; ".join(problems)}
+    return {**verdict, "flag": "1", "reason": f"agent says 1 ({answer.get('reason')}) and this image is capable"}
 
 
 def termination_message(verdict: dict[str, Any]) -> str:
@@ -85,9 +147,10 @@ def termination_message(verdict: dict[str, Any]) -> str:
     return text
 
 
-def run(flag_dir: Path, agent_url: str | None, agent_timeout: float, probe_timeout: float, termination_log: Path) -> dict[str, Any]:
+def run(flag_dir: Path, agent_url: str | None, agent_timeout: float, probe_timeout: float, termination_log: Path,
+        deadline_s: float = DEFAULT_DEADLINE_S) -> dict[str, Any]:
     try:
-        verdict = decide(agent_url, agent_timeout, probe_timeout)
+        verdict = decide(agent_url, agent_timeout, probe_timeout, Deadline(deadline_s))
     except Exception as exc:  # noqa: BLE001 - a surprise is '0' too
         verdict = {"flag": "0", "reason": f"preflight failed: {type(exc).__name__}: {exc}"}
     try:
@@ -103,7 +166,11 @@ def run(flag_dir: Path, agent_url: str | None, agent_timeout: float, probe_timeo
 
 
 def default_agent_url() -> str | None:
+    if os.environ.get(contract.ENV_PREFLIGHT_AGENT_URL):
+        return os.environ[contract.ENV_PREFLIGHT_AGENT_URL]
     host = os.environ.get("HOST_IP")
+    if host and ":" in host:  # an IPv6 node address (status.hostIP on an IPv6 cluster) needs brackets in a URL
+        host = f"[{host}]"
     return f"http://{host}:{contract.AGENT_PORT}{contract.DECISION_PATH}" if host else None
 
 
@@ -115,11 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--agent-timeout", type=float, default=3.0)
     parser.add_argument("--probe-timeout", type=float, default=60.0)
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
+    parser.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds for the whole preflight")
     args = parser.parse_args(argv)
     if args.install:
         install(Path(args.install))
         return 0
-    run(Path(args.flag_dir), args.agent_url, args.agent_timeout, args.probe_timeout, Path(args.termination_log))
+    run(Path(args.flag_dir), args.agent_url, args.agent_timeout, args.probe_timeout, Path(args.termination_log), args.deadline)
     return 0
 
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from .contract import FLAG_ENV
 from .isolation import ChildOutcome, run_isolated
 from .probe_child import CHECKS, RESULT_MARKER
+from .sglang_routes import decode_routes
 
 SCHEMA_VERSION = 1
 REQUIRED_ARCH = "gfx950"  # mla_gluon asserts gfx950 (MI350X/MI355X)
@@ -95,18 +96,32 @@ def missing_for_capable(facts: Facts) -> list[str]:
     return missing
 
 
+def missing_for_ready(facts: Facts) -> list[str]:
+    """What SGLang's own probe (aiter_mla_gluon._gluon_fn) lacks: the env flag, the import, cga_layout.
+    SGLang checks neither the GPU arch nor fp8; those stay in missing_for_capable."""
+    missing = [] if facts.enabled_by_env else [MISSING_ENV]
+    if not facts.import_ok:
+        missing.append(MISSING_IMPORT)
+    if not facts.triton_cga_layout_ok:
+        missing.append(f"Triton Gluon cga_layout (have {facts.triton_version or 'unknown'}, need >= {CGA_MIN_TRITON})")
+    return missing
+
+
 def decide(facts: Facts) -> Verdict:
-    """Capable: the stack and hardware can run the Gluon path. Ready: SGLang would take it now."""
+    """Capable: the stack and hardware can run the Gluon path. Ready: SGLang would take it now (its
+    own decision: env, import, cga_layout)."""
     for_capable = missing_for_capable(facts)
-    for_ready = ([] if facts.enabled_by_env else [MISSING_ENV]) + for_capable
+    for_ready = missing_for_ready(facts)
     capable = not for_capable
-    ready = capable and facts.enabled_by_env
-    if ready:
+    ready = not for_ready
+    if ready and capable:
         summary = f"Gluon MLA h12+fp8 ready (Triton={facts.triton_version})"
+    elif ready:
+        summary = "SGLang would take the Gluon MLA path, but this node cannot run it (" + "; ".join(for_capable) + ")"
     elif capable:
         summary = f"Gluon MLA h12+fp8 capable but disabled by {MISSING_ENV}"
     else:
-        summary = "Gluon MLA h12+fp8 disabled; fallback to zero-pad mla_decode_fwd (" + "; ".join(for_ready) + ")"
+        summary = "Gluon MLA h12+fp8 disabled; fallback to zero-pad mla_decode_fwd (" + "; ".join(for_ready + [m for m in for_capable if m not in for_ready]) + ")"
     return Verdict(capable, ready, for_capable, for_ready, summary)
 
 
@@ -152,6 +167,17 @@ def import_failure(run: CheckRun) -> str | None:
     return f"import child {run.detail}"
 
 
+def import_crash(run: CheckRun) -> str | None:
+    """Why SGLang's serving process would not start with the flag on, or None. SGLang's _gluon_fn catches
+    only ImportError: another exception, an abort or a hang in the import stops it (louder than "not
+    capable": the flag must never be turned on here)."""
+    if run.status == "ok" and (run.result.get("import_ok") or run.result.get("import_error_is_importerror", True)):
+        return None
+    failure = import_failure(run)
+    return (f"{MISSING_IMPORT} fails with {failure}, not ImportError: SGLang catches only ImportError, so with "
+            f"{FLAG_ENV} on its serving process fails to start")
+
+
 def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: float) -> dict[str, Any]:
     meta, aiter, triton, torch = (runs[n].result for n in ("meta", "aiter", "triton", "torch"))
     gpus = torch.get("gpus", [])
@@ -164,6 +190,7 @@ def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: flo
         fp8_e4m3fn_ok=bool(torch.get("fp8_e4m3fn_ok")),
     )
     verdict = decide(facts)
+    crash = None if facts.import_ok else import_crash(runs["aiter"])
     return {
         "schema_version": SCHEMA_VERSION,
         "python": python,
@@ -174,6 +201,7 @@ def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: flo
         "enabled_by_env": flag.enabled,
         "import_ok": facts.import_ok,
         "import_error": None if facts.import_ok else import_failure(runs["aiter"]),
+        "import_crash": crash,
         "aiter_version": meta.get("aiter_version") or aiter.get("aiter_module_version"),
         "triton_version": facts.triton_version,
         "triton_cga_layout_ok": facts.triton_cga_layout_ok,
@@ -189,7 +217,8 @@ def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: flo
         "ready": verdict.ready,
         "missing_for_capable": verdict.missing_for_capable,
         "missing_for_ready": verdict.missing_for_ready,
-        "summary": verdict.summary,
+        "summary": verdict.summary if crash is None else f"{verdict.summary}. {crash}",
+        "sglang": dict(decode_routes(runs["sglang"].result), check=runs["sglang"].status),
         "checks": {n: {"status": r.status, "seconds": round(r.seconds, 3), "detail": r.detail} for n, r in runs.items()},
         "probe_seconds": round(seconds, 3),
     }
@@ -230,11 +259,22 @@ def format_table(report: dict[str, Any]) -> str:
         ("driver", report["driver_version"] or "unknown"),
         ("gpus", gpu_text),
         ("fp8 e4m3fn", yes(report["fp8_e4m3fn_ok"])),
+        ("sglang", _sglang_text(report.get("sglang") or {})),
         ("capable", yes(report["capable"])),
         ("ready", yes(report["ready"])),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-    lines += [f"{'missing'.ljust(width)}  {m}" for m in report["missing_for_ready"]]
+    missing = report["missing_for_ready"] + [m for m in report["missing_for_capable"] if m not in report["missing_for_ready"]]
+    lines += [f"{'missing'.ljust(width)}  {m}" for m in missing]
+    if report.get("import_crash"):
+        lines.append(f"{'IMPORT CRASH'.ljust(width)}  {report['import_crash']}")
     lines.append(report["summary"])
     return "\n".join(lines)
+
+
+def _sglang_text(routes: dict[str, Any]) -> str:
+    if not routes.get("version") and routes.get("flag0_route") == "unknown":
+        return "not installed"
+    mtp = {True: "yes", False: "no", None: "unknown"}[routes.get("mtp_through_gluon")]
+    return f"{routes.get('version')} flag-0 route {routes.get('flag0_route')}, q_len>1 through Gluon {mtp}"

@@ -8,12 +8,20 @@ that starts with RESULT_MARKER: imported packages may print anything before it.
 import inspect
 import json
 import os
+import re
 import sys
 
 RESULT_MARKER = "GLUON_PROBE_RESULT "
 AITER_DISTS = ("amd-aiter", "aiter")
 TRITON_DISTS = ("triton", "pytorch-triton-rocm", "triton-rocm")
 TORCH_DISTS = ("torch",)
+SGLANG_DISTS = ("sglang",)
+SGLANG_ATTENTION = ("srt", "layers", "attention")
+# sgl-project/sglang PR #37438's init-time guard in aiter_backend.py (at 003c5589): persistent MLA is
+# turned off only when Gluon is selected.
+FLAG0_GUARD = re.compile(r"if\s+prefer_mla_gluon_decode\(\s*head_pad_mode\s*=")
+# PR #37601: mla_gluon_decode(..., qlen: int = 1) routes q_len > 1 through mla_gluon.
+MTP_QLEN = re.compile(r"def\s+mla_gluon_decode\([^)]*\bqlen\b", re.S)
 
 
 def describe(exc):
@@ -61,7 +69,8 @@ def check_aiter():
     try:
         from aiter.ops.triton.gluon.mla_gluon import mla_gluon  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
-        return {"import_ok": False, "import_error": describe(exc)}
+        # SGLang catches only ImportError: anything else stops its serving process with the flag on
+        return {"import_ok": False, "import_error": describe(exc), "import_error_is_importerror": isinstance(exc, ImportError)}
     aiter = sys.modules.get("aiter")
     return {"import_ok": True, "import_error": None, "aiter_module_version": getattr(aiter, "__version__", None)}
 
@@ -132,7 +141,41 @@ def check_torch():
     return facts
 
 
-CHECKS = {"meta": check_meta, "aiter": check_aiter, "triton": check_triton, "torch": check_torch}
+def read_text(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_sglang():
+    """The installed SGLang's version and the source of its aiter decode routes, read as text: importing
+    sglang would take seconds and initialise half of it."""
+    facts = {"sglang_version": dist_version(SGLANG_DISTS), "source_found": False}
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("sglang")  # a top-level find_spec runs no package code
+    except BaseException as exc:  # noqa: BLE001
+        facts["sglang_error"] = describe(exc)
+        return facts
+    roots = list(getattr(spec, "submodule_search_locations", None) or []) if spec else []
+    for root in roots:
+        attention = os.path.join(root, *SGLANG_ATTENTION)
+        backend = read_text(os.path.join(attention, "aiter_backend.py"))
+        if backend is None:
+            continue
+        gluon = read_text(os.path.join(attention, "aiter_mla_gluon.py"))
+        facts.update(source_found=True, source_dir=attention, gluon_module=gluon is not None,
+                     flag0_persistent_guard=bool(FLAG0_GUARD.search(backend)),
+                     mtp_qlen=bool(gluon and MTP_QLEN.search(gluon)))
+        break
+    return facts
+
+
+CHECKS = {"meta": check_meta, "aiter": check_aiter, "triton": check_triton, "torch": check_torch,
+          "sglang": check_sglang}
 
 
 def main(argv):

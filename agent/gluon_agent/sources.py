@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from .fingerprint import fingerprint, fingerprint_parts
 from .probe import probe
+from .sglang_routes import decode_routes
 from .selftest import runner
 
 
@@ -90,8 +91,10 @@ def simulated_path(backend: str, result: str, tbps: float) -> dict[str, Any]:
 
 
 def simulated_node(capable: bool = True, accelerated: str = "pass", fallback: str = "pass", speedup: float = 2.3,
-                   driver: str = "6.12.12", gpus: int = 8, selftest_seconds: float = 0.0) -> dict[str, Any]:
-    """A SIMULATION file's content for one node: its probe facts and its self-test outcome."""
+                   driver: str = "6.12.12", gpus: int = 8, selftest_seconds: float = 0.0,
+                   sglang: str = "0.5.19") -> dict[str, Any]:
+    """A SIMULATION file's content for one node: its probe facts and its self-test outcome. `sglang` is the
+    serving image's SGLang version (its decode routes as the probe reports them for that release)."""
     arch = "gfx950" if capable else "gfx942"
     missing = [] if capable else [f"GPU arch gfx950 (have {arch})"]
     worst = "pass" if accelerated == fallback == "pass" else min((accelerated, fallback), key=("error", "fail", "deferred", "pass").index)
@@ -99,7 +102,8 @@ def simulated_node(capable: bool = True, accelerated: str = "pass", fallback: st
         "probe": {
             "capable": capable, "ready": capable, "missing_for_capable": missing, "missing_for_ready": missing,
             "summary": "SIMULATION", "driver_version": driver, "hip_version": "7.0.51831", "torch_version": "2.9.0+rocm7.0",
-            "triton_version": "3.7.0", "aiter_version": "0.1.6",
+            "triton_version": "3.7.0", "aiter_version": "0.1.6", "import_crash": None,
+            "sglang": decode_routes({"sglang_version": sglang}),
             "gpus": [{"index": i, "arch": arch, "name": "AMD Instinct MI355X (simulated)", "uuid": f"sim-{i}"} for i in range(gpus)],
         },
         "selftest": {

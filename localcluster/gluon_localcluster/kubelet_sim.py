@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -91,27 +92,35 @@ class KubeletSim:
     """Watches pods with the injected annotation and runs their init containers (see the module doc)."""
 
     def __init__(self, api: Any, images: dict[str, Image], on_outcome: Callable[[InitOutcome], None] | None = None,
-                 workdir: Path | None = None, timeout: float = 120.0, parallel: int = 8) -> None:
+                 workdir: Path | None = None, timeout: float = 120.0, parallel: int = 8,
+                 readiness: dict[str, str] | None = None) -> None:
+        """`readiness`: label selector -> HTTP path probed on the pod's first container port at its node's
+        address, once a second, as the kubelet's readiness probe would (kwok alone reports every pod Ready)."""
         from kubernetes import client
 
         self.core = client.CoreV1Api(api)
         self.images, self.on_outcome, self.timeout = images, on_outcome, timeout
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="kubelet-sim-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.pool = ThreadPoolExecutor(parallel, thread_name_prefix="kubelet-sim")
         self.started: set[str] = set()
         self.outcomes: list[InitOutcome] = []
         self.errors: list[str] = []
         self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="kubelet-sim", daemon=True)
+        self.readiness = readiness or {}
+        self.threads = [threading.Thread(target=self._watch, name="kubelet-sim", daemon=True),
+                        threading.Thread(target=self._probe_loop, name="kubelet-sim-probes", daemon=True)]
         self.lock = threading.Lock()
 
     def __enter__(self) -> "KubeletSim":
-        self.thread.start()
+        for thread in self.threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop_event.set()
-        self.thread.join(10)
+        for thread in self.threads:
+            thread.join(10)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------ the watch
@@ -153,11 +162,46 @@ class KubeletSim:
             self.started.add(meta["uid"])
         self.pool.submit(self._run_pod, pod)
 
+    # ------------------------------------------------------------ readiness probes
+
+    def _probe_loop(self) -> None:
+        while not self.stop_event.wait(1.0):
+            for selector, path in self.readiness.items():
+                try:
+                    self._probe(selector, path)
+                except Exception as exc:
+                    log.debug("kubelet-sim probes: %s", exc)
+
+    def _probe(self, selector: str, path: str) -> None:
+        import urllib.request
+
+        pods = json.loads(self.core.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False).data)["items"]
+        addresses = {}
+        for pod in pods:
+            node_name = pod["spec"].get("nodeName")
+            status = pod.get("status") or {}
+            if not node_name or status.get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if node_name not in addresses:
+                addresses[node_name] = downward(pod, json.loads(self.core.read_node(node_name, _preload_content=False).data), "status.hostIP")
+            port = (pod["spec"]["containers"][0].get("ports") or [{}])[0].get("containerPort")
+            try:
+                with urllib.request.urlopen(f"http://{addresses[node_name]}:{port}{path}", timeout=1) as response:
+                    ready = response.status == 200
+            except OSError:
+                ready = False
+            conditions = {c["type"]: c.get("status") for c in status.get("conditions") or []}
+            wanted = "True" if ready else "False"
+            if conditions.get("Ready") != wanted:
+                now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                patch = {"status": {"conditions": [{"type": kind, "status": wanted, "lastTransitionTime": now}
+                                                   for kind in ("Ready", "ContainersReady")]}}
+                self.core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], patch,
+                                                      _content_type="application/strategic-merge-patch+json", _preload_content=False)
+
     # ------------------------------------------------------------ one pod
 
     def _run_pod(self, pod: dict[str, Any]) -> None:
-        import time
-
         meta = pod["metadata"]
         started = time.monotonic()
         try:

@@ -21,6 +21,7 @@ import kopf
 from gluon_agent import contract
 
 from . import gating, webhook
+from .admission import AdmissionServer
 from .evaluation import analyse, analysis_due
 from .executor import Runtime, core, execute, own_write_pending, patch_node
 from .metrics import METRICS
@@ -70,12 +71,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     cert, key = os.environ.get("GLUON_WEBHOOK_CERT"), os.environ.get("GLUON_WEBHOOK_KEY")
     if cert and key:
-        settings.admission.server = kopf.WebhookServer(
+        settings.admission.server = AdmissionServer(
             addr=os.environ.get("GLUON_WEBHOOK_ADDR", "0.0.0.0"), port=int(env_float("GLUON_WEBHOOK_PORT", 9443)),
             certfile=cert, pkeyfile=key,
         )
     else:  # no certificate (tests, local runs): a plain-HTTP server on loopback that nothing calls
-        settings.admission.server = kopf.WebhookServer(addr="127.0.0.1", port=None, insecure=True)
+        settings.admission.server = AdmissionServer(addr="127.0.0.1", port=None, insecure=True)
     settings.admission.managed = None  # the chart owns the MutatingWebhookConfiguration
     port = int(env_float("GLUON_METRICS_PORT", 8080))
     if port:
@@ -186,18 +187,13 @@ async def cleanup(namespace: str, name: str, status: Mapping[str, Any], meta: Ma
 @kopf.on.mutate("pods", id="inject", operations=["CREATE"], ignore_failures=True)
 def inject(body: kopf.Body, patch: kopf.Patch, namespace: str | None, rollout_index: kopf.Index,
            warnings: list[str], logger: logging.Logger, **_: Any) -> None:
-    namespace = namespace or body.get("metadata", {}).get("namespace")
-    labels = body.get("metadata", {}).get("labels") or {}
-    matched = [r for r in (rollout_index.get(namespace) or []) if webhook.selector_matches(r["podSelector"], labels)]
-    if not matched:
-        return
-    rollout = sorted(r["name"] for r in matched)[0]
-    try:
-        changes = webhook.mutation(dict(body), rollout, Runtime.injection)
-    except webhook.NotInjectable as exc:
-        warnings.append(f"gluon-rollout did not inject: {exc}")
-        return
-    for key, value in (changes or {}).items():
+    """Never raises (kopf answers a handler's exception with allowed=false): webhook.admit decides."""
+    admission = webhook.admit(dict(body), namespace, rollout_index, Runtime.injection)
+    METRICS.webhook_reviews.labels(admission.outcome).inc()
+    for warning in admission.warnings:
+        logger.warning(warning)
+        warnings.append(warning)
+    for key, value in (admission.changes or {}).items():
         if key == "spec":
             for field, content in value.items():
                 patch.spec[field] = content

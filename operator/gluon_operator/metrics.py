@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from gluon_agent import contract
 
+from . import webhook
+
 ROLLBACK_REASONS = ("analysis", "preflight")
 VERDICT_RESULTS = ("pass", "fail", "inconclusive")
 
@@ -25,6 +27,11 @@ class OperatorMetrics:
         self.query_seconds = Histogram(contract.M_ROLLOUT_QUERY_SECONDS, "Prometheus query latency", registry=r)
         self.api_errors = Counter(contract.M_ROLLOUT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
         self.restarts = Counter(contract.M_ROLLOUT_RESTARTS, "Serving pod restarts by outcome", ["outcome"], registry=r)
+        # ---- the admission webhook: every review it answered, by outcome (all are allowed)
+        self.webhook_reviews = Counter(contract.M_ROLLOUT_WEBHOOK_REVIEWS, "Admission reviews answered, by outcome",
+                                       ["outcome"], registry=r)
+        for outcome in webhook.OUTCOMES:
+            self.webhook_reviews.labels(outcome)
         self._server_started = False
         # Labelled counters exist at 0 from the start, so increase() sees their first event (a series that
         # appears at 1 hides it: the usual Prometheus pitfall with lazily created children).

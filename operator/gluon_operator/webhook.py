@@ -2,15 +2,16 @@
 
 For a pod matching a GluonRollout: an emptyDir, an init container in the agent image that installs the
 stdlib-only preflight and writes the safe default flag ('0'), an init container in the serving
-container's own image that decides the flag, and SGLANG_AITER_MLA_GLUON in every app container, read
-from the flag file: `fileKeyRef` (Kubernetes >= 1.35) or, in `shell` mode, a shell wrapper that sources
-the file before exec-ing the original command. Idempotent: mutating a mutated pod changes nothing.
+container's own image that decides the flag, and SGLANG_AITER_MLA_GLUON in the containers of that image,
+read from the flag file: `fileKeyRef` (Kubernetes >= 1.35) or, in `shell` mode, a shell wrapper that
+sources the file before exec-ing the original command. Idempotent: mutating a mutated pod changes nothing.
+Every review is allowed: a pod we cannot inject starts as its template says, with a warning (`admit`).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from gluon_agent import contract
@@ -20,7 +21,20 @@ MOUNT = "/gluon"
 INSTALL_CONTAINER = "gluon-install"
 PREFLIGHT_CONTAINER = "gluon-preflight"
 FLAG_FILE = "flag.env"
+TERMINATION_LOG = "/dev/termination-log"
 SMALL = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
+# Sidecars that mesh, secret and proxy injectors put into `containers` (Istio puts its proxy first under
+# holdApplicationUntilProxyStarts): never the serving container unless an annotation names one.
+KNOWN_SIDECARS = frozenset({"istio-proxy", "linkerd-proxy", "vault-agent", "cloud-sql-proxy", "oauth2-proxy", "envoy"})
+# Env the preflight container sets itself: the serving container's own values of these are not copied.
+PREFLIGHT_OWN_ENV = ("HOST_IP", "NODE_NAME", contract.FLAG_ENV)
+PYTHON_FLOOR = (3, 8)  # the oldest python3 the preflight runs on (SGLang's ROCm images ship 3.10 and 3.12)
+TOO_OLD_EXIT = 86  # the launcher's exit status for a python3 below PYTHON_FLOOR
+DEADLINE_GRACE_S = 10  # of the shell's deadline, kept back from Python's: interpreter start, the verdict
+# What became of a review (M_ROLLOUT_WEBHOOK_REVIEWS counts them): admit()'s outcomes, each of which
+# admits the pod, and TOO_LARGE, a body refused unread (admission.AdmissionServer).
+TOO_LARGE = "too-large"
+OUTCOMES = ("injected", "unchanged", "unmatched", "not-injected", "error", TOO_LARGE)
 
 
 @dataclass(frozen=True)
@@ -28,54 +42,199 @@ class Injection:
     agent_image: str
     mode: Literal["fileKeyRef", "shell"] = "fileKeyRef"
     image_pull_policy: str = "IfNotPresent"
+    deadline_s: int = 90  # the whole preflight, enforced by its shell (Python's own is DEADLINE_GRACE_S less)
 
 
 class NotInjectable(ValueError):
     """The pod cannot carry the flag safely (it keeps the value its template has)."""
 
 
-def strip(pod_spec: dict[str, Any]) -> dict[str, Any]:
-    """The spec without anything an earlier injection added (so re-injection is a no-op)."""
-    spec = copy.deepcopy(pod_spec)
-    spec["volumes"] = [v for v in spec.get("volumes", []) if v.get("name") != VOLUME]
-    spec["initContainers"] = [c for c in spec.get("initContainers", []) if c.get("name") not in (INSTALL_CONTAINER, PREFLIGHT_CONTAINER)]
-    for container in spec.get("containers", []):
-        container["env"] = [e for e in container.get("env", []) if e.get("name") != contract.FLAG_ENV]
-        container["volumeMounts"] = [m for m in container.get("volumeMounts", []) if m.get("name") != VOLUME]
+# ---------------------------------------------------------------- the pod's shape, checked before use
+
+
+def listed(value: Any, where: str) -> list[Any]:
+    """A list field of the pod (null reads as empty, as the API server reads it), of objects."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise NotInjectable(f"{where} is not a list of objects")
+    return value
+
+
+def checked_spec(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the pod's spec with every field we read or write type-checked; nulls become empty lists."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise NotInjectable("the pod has no spec")
+    spec = copy.deepcopy(spec)
+    for key in ("volumes", "initContainers"):
+        spec[key] = listed(spec.get(key), f"spec.{key}")
+    spec["containers"] = listed(spec.get("containers"), "spec.containers")
+    if not spec["containers"]:
+        raise NotInjectable("the pod has no containers")
+    for i, container in enumerate(spec["containers"]):
+        where = f"spec.containers[{i}]"
+        if not isinstance(container.get("name"), str):
+            raise NotInjectable(f"{where} has no name")
+        for key in ("env", "volumeMounts", "envFrom"):
+            container[key] = listed(container.get(key), f"{where}.{key}")
+        command = container.get("command")
+        if command is not None and not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
+            raise NotInjectable(f"{where}.command is not a list of strings")
+    return spec
+
+
+def metadata_map(pod: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """metadata.labels or metadata.annotations, type-checked (null reads as empty)."""
+    meta = pod.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise NotInjectable("metadata is not an object")
+    value = meta.get(key) or {}
+    if not isinstance(value, dict):
+        raise NotInjectable(f"metadata.{key} is not an object")
+    return value
+
+
+def annotations_of(pod: Mapping[str, Any]) -> dict[str, Any]:
+    return metadata_map(pod, "annotations")
+
+
+# ---------------------------------------------------------------- which container serves
+
+
+def serving_container(containers: list[dict[str, Any]], annotations: Mapping[str, Any]) -> dict[str, Any]:
+    """Named by our annotation (strictly), else by kubectl's default-container annotation when it names one
+    of the pod's containers, else the first container that is not a well-known sidecar."""
+    by_name = {c["name"]: c for c in containers}
+    wanted = annotations.get(contract.ANNOTATION_POD_SERVING_CONTAINER)
+    if wanted is not None:
+        if wanted not in by_name:
+            raise NotInjectable(f"annotation {contract.ANNOTATION_POD_SERVING_CONTAINER}={wanted!r} names no container "
+                                f"of this pod (it has {', '.join(sorted(by_name))})")
+        return by_name[wanted]
+    default = annotations.get(contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER)
+    if default in by_name:
+        return by_name[default]
+    for container in containers:
+        if container["name"] not in KNOWN_SIDECARS:
+            return container
+    raise NotInjectable(f"every container is a known sidecar: name the serving one with {contract.ANNOTATION_POD_SERVING_CONTAINER}")
+
+
+def wired(containers: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
+    """The containers that get the flag: those of the image the preflight checked, and no others."""
+    return [c for c in containers if c.get("image") == image]
+
+
+def reserved_name_clash(spec: Mapping[str, Any], annotations: Mapping[str, Any]) -> str | None:
+    """Our names in a pod we never injected belong to the user: they are never removed or reused."""
+    if contract.ANNOTATION_POD_INJECTED in annotations:
+        return None  # an earlier injection (a reinvocation, or a pod re-created from an injected one)
+    for container in spec["initContainers"]:
+        if container.get("name") in (INSTALL_CONTAINER, PREFLIGHT_CONTAINER):
+            return f"the pod already has an init container named {container.get('name')!r}"
+    if any(v.get("name") == VOLUME for v in spec["volumes"]):
+        return f"the pod already has a volume named {VOLUME!r}"
+    for container in spec["containers"]:
+        for mount in container["volumeMounts"]:
+            if mount.get("name") == VOLUME or mount.get("mountPath") == MOUNT:
+                return f"container {container['name']!r} already mounts {mount.get('name')!r} at {mount.get('mountPath')!r}"
+    return None
+
+
+# ---------------------------------------------------------------- the mutation
+
+
+def strip(spec: dict[str, Any], image: str) -> dict[str, Any]:
+    """The checked spec without anything an earlier injection added (so re-injection is a no-op)."""
+    spec["volumes"] = [v for v in spec["volumes"] if v.get("name") != VOLUME]
+    spec["initContainers"] = [c for c in spec["initContainers"] if c.get("name") not in (INSTALL_CONTAINER, PREFLIGHT_CONTAINER)]
+    for container in spec["containers"]:
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m.get("name") != VOLUME]
         wrapped = container.pop("command", None)
         if wrapped and wrapped[:2] == ["/bin/sh", "-c"] and len(wrapped) > 3 and wrapped[2] == SHELL_WRAPPER:
             container["command"] = wrapped[4:]  # the original command after "$0" placeholder
         elif wrapped is not None:
             container["command"] = wrapped
+    for container in wired(spec["containers"], image):
+        container["env"] = [e for e in container["env"] if e.get("name") != contract.FLAG_ENV]
     return spec
 
 
 SHELL_WRAPPER = f'. {MOUNT}/{FLAG_FILE} && export {contract.FLAG_ENV} && exec "$@"'
+# Runs under any python, 2.7 included: a python3 below the floor exits TOO_OLD_EXIT instead of failing
+# somewhere in our code with an error that would read as transient.
+LAUNCHER = (f"import sys; sys.version_info < {PYTHON_FLOOR} and sys.exit({TOO_OLD_EXIT}); import runpy; "
+            "runpy.run_module('gluon_agent.preflight', run_name='__main__', alter_sys=True)")
+
+
+def python_deadline(deadline_s: int) -> int:
+    """Python's own deadline: the shell's less a grace for the interpreter's start and the verdict."""
+    return max(deadline_s * 2 // 3, deadline_s - DEADLINE_GRACE_S)
+
+
+def preflight_script(deadline_s: int, mount: str = MOUNT, termination_log: str = TERMINATION_LOG) -> str:
+    """The preflight container's POSIX sh program (dash, bash, busybox). It keeps the image's PYTHONPATH and
+    adds ours in front (only `gluon_agent` lives there), and bounds the whole run with a watchdog of its
+    own rather than `timeout`, whose syntax differs between coreutils and older busybox. Whatever Python
+    does (hangs, dies, refuses to start), the flag ends '0' unless Python wrote '1', and the termination
+    message says why. `agent.asked: false` marks a stack refusal the agent had no part in: not transient."""
+    refusal = '"final": true, "agent": {"asked": false}, "reason": '
+    lines = [
+        f"PYTHONPATH={mount}/lib${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH",
+        f"rm -f {mount}/deadline-passed",
+        f"say() {{ printf '%s' \"$1\" > {termination_log}; printf '%s\\n' \"$1\"; }}",
+        f"refuse() {{ printf \"%s='0'\\n\" {contract.FLAG_ENV} > {mount}/{FLAG_FILE}; say \"{{\\\"flag\\\": \\\"0\\\", $1}}\"; exit 0; }}",
+        f"py=$(command -v python3 || command -v python) || refuse '{refusal}\"the serving image has no python3 on PATH\"'",
+        f"\"$py\" -c \"{LAUNCHER}\" --flag-dir {mount} --termination-log {termination_log} --deadline {python_deadline(deadline_s)} &",
+        "pid=$!",
+        f"( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep {deadline_s} & s=$!; wait $s; : > {mount}/deadline-passed; kill -KILL $pid ) 2>/dev/null &",
+        "dog=$!",
+        "wait $pid; status=$?",
+        "kill $dog 2>/dev/null",
+        "[ \"$status\" = 0 ] && exit 0",
+        f"[ \"$status\" = {TOO_OLD_EXIT} ] && refuse \"{refusal.replace(chr(34), chr(92) + chr(34))}\\\"the serving image's python "
+        f"($(\"$py\" -V 2>&1 | tr -cd 'A-Za-z0-9. +-')) is older than {'.'.join(map(str, PYTHON_FLOOR))}, which the preflight needs\\\"\"",
+        f"[ -e {mount}/deadline-passed ] && refuse '\"reason\": \"the preflight passed its deadline of {deadline_s} s and was killed\"'",
+        "refuse \"\\\"reason\\\": \\\"the preflight exited with status $status\\\"\"",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def downward(name: str, field: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field}}}
 
 
-def init_containers(serving_image: str, config: Injection) -> list[dict[str, Any]]:
+def preflight_environment(serving: Mapping[str, Any]) -> dict[str, Any]:
+    """The serving container's own env, envFrom and mounts (read-only), so the preflight sees the stack as
+    it will serve: a PYTHONPATH set in the pod spec, or a stack on a mounted volume. The image's ENV
+    reaches the preflight by itself: same image, same process environment."""
+    env = [e for e in serving["env"] if e.get("name") not in PREFLIGHT_OWN_ENV]
+    mounts = [{k: v for k, v in m.items() if k != "mountPropagation"} | {"readOnly": True} for m in serving["volumeMounts"]]
+    out: dict[str, Any] = {"env": env + [downward("HOST_IP", "status.hostIP"), downward("NODE_NAME", "spec.nodeName")],
+                           "volumeMounts": mounts + [{"name": VOLUME, "mountPath": MOUNT}]}
+    if serving["envFrom"]:
+        out["envFrom"] = copy.deepcopy(serving["envFrom"])
+    return out
+
+
+def init_containers(serving: Mapping[str, Any], config: Injection) -> list[dict[str, Any]]:
     security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    mount = [{"name": VOLUME, "mountPath": MOUNT}]
     return [
         {
             "name": INSTALL_CONTAINER,
             "image": config.agent_image,
             "imagePullPolicy": config.image_pull_policy,
             "command": ["gluon-agent", "preflight", "--install", MOUNT],
-            "volumeMounts": mount,
+            "volumeMounts": [{"name": VOLUME, "mountPath": MOUNT}],
             "resources": SMALL,
             "securityContext": security,
         },
         {
             "name": PREFLIGHT_CONTAINER,
-            "image": serving_image,
-            "command": ["/bin/sh", "-c", f"PYTHONPATH={MOUNT}/lib python3 -m gluon_agent.preflight --flag-dir {MOUNT}; exit 0"],
-            "env": [downward("HOST_IP", "status.hostIP"), downward("NODE_NAME", "spec.nodeName")],
-            "volumeMounts": mount,
+            "image": serving["image"],
+            "command": ["/bin/sh", "-c", preflight_script(config.deadline_s)],
+            **preflight_environment(serving),
             "resources": SMALL,
             "terminationMessagePolicy": "File",
             "securityContext": security,
@@ -91,13 +250,13 @@ def flag_env(config: Injection) -> dict[str, Any]:
 
 
 def wire_container(container: dict[str, Any], config: Injection) -> None:
-    container["env"] = container.get("env", []) + [flag_env(config)]
+    container["env"] = container["env"] + [flag_env(config)]
     if config.mode == "shell":
         command = container.get("command")
         if not command:
-            raise NotInjectable(f"container {container.get('name')!r} has no command: shell mode needs it to wrap (use fileKeyRef)")
+            raise NotInjectable(f"container {container['name']!r} has no command: shell mode needs it to wrap (use fileKeyRef)")
         container["command"] = ["/bin/sh", "-c", SHELL_WRAPPER, "sh"] + command
-        container["volumeMounts"] = container.get("volumeMounts", []) + [{"name": VOLUME, "mountPath": MOUNT, "readOnly": True}]
+        container["volumeMounts"] = container["volumeMounts"] + [{"name": VOLUME, "mountPath": MOUNT, "readOnly": True}]
 
 
 def tidy(spec: dict[str, Any]) -> dict[str, Any]:
@@ -106,20 +265,25 @@ def tidy(spec: dict[str, Any]) -> dict[str, Any]:
         if not spec.get(key):
             spec.pop(key, None)
     for container in spec.get("containers", []):
-        for key in ("env", "volumeMounts"):
+        for key in ("env", "volumeMounts", "envFrom"):
             if not container.get(key):
                 container.pop(key, None)
     return spec
 
 
 def mutated_spec(pod: Mapping[str, Any], config: Injection) -> dict[str, Any]:
-    spec = strip(pod.get("spec", {}))
-    containers = spec.get("containers") or []
-    if not containers:
-        raise NotInjectable("the pod has no containers")
-    spec["volumes"] = spec.get("volumes", []) + [{"name": VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
-    spec["initContainers"] = spec.get("initContainers", []) + init_containers(containers[0]["image"], config)
-    for container in containers:
+    spec, annotations = checked_spec(pod), annotations_of(pod)
+    clash = reserved_name_clash(spec, annotations)
+    if clash:
+        raise NotInjectable(f"{clash} (a name the injection uses)")
+    serving = serving_container(spec["containers"], annotations)
+    image = serving.get("image")
+    if not isinstance(image, str) or not image:
+        raise NotInjectable(f"the serving container {serving['name']!r} has no image to run the preflight in")
+    spec = strip(spec, image)
+    spec["volumes"] = spec["volumes"] + [{"name": VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    spec["initContainers"] = spec["initContainers"] + init_containers(serving, config)
+    for container in wired(spec["containers"], image):
         wire_container(container, config)
     return tidy(spec)
 
@@ -127,14 +291,43 @@ def mutated_spec(pod: Mapping[str, Any], config: Injection) -> dict[str, Any]:
 def mutation(pod: Mapping[str, Any], rollout: str, config: Injection) -> dict[str, Any] | None:
     """Top-level fields to replace on the pod, or None when it already carries exactly this injection."""
     spec = mutated_spec(pod, config)
-    annotations = dict(pod.get("metadata", {}).get("annotations") or {})
+    original = pod.get("spec") or {}
     changes: dict[str, Any] = {}
-    if spec != pod.get("spec", {}):
-        changes["spec"] = {k: spec[k] for k in ("volumes", "initContainers", "containers") if spec.get(k) != pod.get("spec", {}).get(k)}
-    if annotations.get(contract.ANNOTATION_POD_INJECTED) != rollout:
+    if spec != original:
+        changes["spec"] = {k: spec[k] for k in ("volumes", "initContainers", "containers") if spec.get(k) != original.get(k)}
+    if annotations_of(pod).get(contract.ANNOTATION_POD_INJECTED) != rollout:
         changes["metadata"] = {"annotations": {contract.ANNOTATION_POD_INJECTED: rollout}}
     return changes or None
 
+
+# ---------------------------------------------------------------- the admission decision
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What to answer a review with. It is always allowed: a pod we cannot (or fail to) inject starts
+    as its template says, which is why the template should carry SGLANG_AITER_MLA_GLUON=0."""
+
+    outcome: str  # one of OUTCOMES
+    changes: dict[str, Any] | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+
+def admit(pod: Mapping[str, Any], namespace: str | None, rollouts: Mapping[Any, Any], config: Injection) -> Admission:
+    """The webhook's whole decision for a pod CREATE. `rollouts`: namespace -> the indexed rollouts there
+    ({"name", "podSelector"}). Never raises: an admission handler's exception is a denial in kopf."""
+    try:
+        labels = metadata_map(pod, "labels")
+        namespace = namespace or (pod.get("metadata") or {}).get("namespace")
+        matched = sorted(r["name"] for r in rollouts.get(namespace) or [] if selector_matches(r["podSelector"], labels))
+        if not matched:
+            return Admission("unmatched")
+        changes = mutation(pod, matched[0], config)
+        return Admission("injected" if changes else "unchanged", changes)
+    except NotInjectable as exc:
+        return Admission("not-injected", None, (f"gluon-rollout did not inject: {exc}",))
+    except Exception as exc:  # noqa: BLE001 - a pod shape nobody foresaw (or our bug) must not deny a pod
+        return Admission("error", None, (f"gluon-rollout did not inject (internal error, pod admitted as it is): {type(exc).__name__}: {exc}",))
 
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     """Kubernetes label selector semantics (matchLabels AND matchExpressions); empty matches nothing here."""

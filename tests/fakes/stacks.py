@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 FAKES = Path(__file__).parent
 AITER_STACK = FAKES / "aiter_stack"
+AGENT_SOURCE = FAKES.parents[1] / "agent"  # this checkout's gluon_agent, ahead of any installed copy
+
+
+def fresh_fake_aiter(monkeypatch) -> list:
+    """The fake aiter importable in this process, freshly imported, its call record empty."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(AITER_STACK))
+    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import aiter._fake
+
+    aiter._fake.CALLS.clear()
+    return aiter._fake.CALLS
+
+
+def child_env(env: dict[str, str], *paths: Path) -> dict[str, str]:
+    """`env` for a child that imports gluon_agent (self-test workers): `paths`, then this checkout's agent."""
+    return dict(env, PYTHONPATH=os.pathsep.join(str(p) for p in (*paths, AGENT_SOURCE)))
 
 AITER_FAILURES = {
     "importerror": "raise ImportError('libmla_gluon.so: cannot open shared object file')",
@@ -102,3 +122,43 @@ def failing_aiter(root: Path, kind: str) -> Path:
             "aiter/ops/triton/gluon/mla_gluon.py": body + "\n",
         },
     )
+
+
+# SIMULATION of SGLang installs in a serving image, as far as the probe reads them: the package metadata
+# and the text of the two attention files whose code decides the decode routes. The snippets are the
+# lines the probe looks for (sgl-project/sglang aiter_backend.py at 003c5589, aiter_mla_gluon.py at
+# 2ee4570a); everything else of SGLang is absent.
+SGLANG_INIT_PS_OFF_ALWAYS = """
+            if self.head_pad_mode == "zero" and self.kv_cache_dtype == fp8_dtype:
+                _use_mla_ps_kernel = False
+                fast_mode = False
+                intra_batch_mode = False
+                log_mla_gluon_capability(logger)
+"""
+SGLANG_INIT_PS_OFF_FOR_GLUON = """
+            if self.head_pad_mode == "zero" and self.kv_cache_dtype == fp8_dtype:
+                if prefer_mla_gluon_decode(
+                    head_pad_mode=self.head_pad_mode,
+                    num_head=self.num_head,
+                    kv_cache_dtype=self.kv_cache_dtype,
+                ):
+                    _use_mla_ps_kernel = False
+"""
+SGLANG_GLUON_DECODE = {
+    False: "def mla_gluon_decode(\n    *,\n    q,\n    k_buffer,\n    min_kv_seq_len: int,\n    kv_scale: float = 1.0,\n) -> Optional[torch.Tensor]:\n    pass\n",
+    True: "def mla_gluon_decode(\n    *,\n    q,\n    k_buffer,\n    min_kv_seq_len: int,\n    kv_scale: float = 1.0,\n    qlen: int = 1,\n) -> Optional[torch.Tensor]:\n    pass\n",
+}
+
+
+def sglang_image(root: Path, version: str, gluon: bool = True, flag0_guard: bool = True, mtp: bool = False) -> Path:
+    """A SIMULATION of an SGLang install: `version` in its metadata; the Gluon module (PR #34647) or not,
+    PR #37438's guard or not, PR #37601's qlen or not."""
+    attention = "sglang/srt/layers/attention/"
+    files = {
+        "sglang/__init__.py": "raise RuntimeError('SIMULATION: the probe must not import sglang')\n",
+        f"sglang-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n",
+        attention + "aiter_backend.py": "# SIMULATION\n" + (SGLANG_INIT_PS_OFF_FOR_GLUON if flag0_guard else SGLANG_INIT_PS_OFF_ALWAYS),
+    }
+    if gluon:
+        files[attention + "aiter_mla_gluon.py"] = "# SIMULATION\n" + SGLANG_GLUON_DECODE[mtp]
+    return write_tree(root, files)

@@ -32,8 +32,9 @@ PROGRESS_MARKER = "GLUON_SELFTEST_PROGRESS "  # child stdout line naming the ste
 @dataclass(frozen=True)
 class Case:
     name: str
-    lengths: tuple[int, ...]
+    lengths: tuple[int, ...]  # KV tokens per sequence, its q_len new ones included
     timed: bool = False
+    q_len: int = 1
 
 
 GPU_CASES = (
@@ -48,6 +49,14 @@ GPU_CASES = (
 GPU_GRAPH_BATCH = 4
 GPU_GRAPH_LENGTHS = (32768, 8192, 1024)  # captured at the first (largest), replayed at all three
 
+# Speculative decoding's verify step (MTP): q_len query tokens per sequence, causal among themselves.
+# aiter's only bf16-q / fp8-KV 16-head kernel pads q_len up to 4 and no further (hsa/gfx950/mla/mla_asm.csv),
+# so 2..4 is what Kimi-K3 serves with; longer ones are refused there, as SGLang would find out in serving.
+MTP_Q_LENS = (2, 3, 4)
+MTP_MAX_Q_LEN = 16
+GPU_MTP_LENGTHS = (129, 4097, 9000)  # 3 sequences: 17 splits at every q_len 2..4, one compile (16 would be another)
+CPU_MTP_LENGTHS = (5, 33)
+
 # Tiny shapes for TRITON_INTERPRET=1 on the CPU (the interpreter's block is 16 tokens).
 CPU_CASES = (
     Case("single-token", (1, 1)),
@@ -57,6 +66,34 @@ CPU_CASES = (
 )
 
 
+def mtp_cases(q_lens: Iterable[int], on_gpu: bool) -> tuple[Case, ...]:
+    lengths = GPU_MTP_LENGTHS if on_gpu else CPU_MTP_LENGTHS
+    return tuple(Case(f"mtp-q{n}", lengths, q_len=n) for n in q_lens)
+
+
+def parse_q_lens(text: str) -> tuple[int, ...]:
+    """"2,3,4" -> (2, 3, 4); an empty string is no MTP cases. Each between 2 and MTP_MAX_Q_LEN."""
+    values = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if not part.isdigit() or not 2 <= int(part) <= MTP_MAX_Q_LEN:
+            raise ValueError(f"MTP q_len {part!r} in {text!r}: each must be an integer from 2 to {MTP_MAX_Q_LEN}")
+        values.append(int(part))
+    return tuple(sorted(set(values)))
+
+
+def mtp_plan(backend_set: str, routes: dict[str, Any] | None, q_lens: Iterable[int]) -> dict[str, dict[str, Any]]:
+    """Which paths run the q_len > 1 cases, and why. The fallback's route for them is mla_decode_fwd in every
+    SGLang (its verify step); the accelerated path's is mla_gluon only where SGLang has PR #37601, else that
+    SGLang serves q_len > 1 with the fallback's kernel even at flag 1. The portable kernel stands in for
+    both and runs them on both."""
+    q_lens = tuple(q_lens)
+    gluon = backend_set != "aiter" or bool((routes or {}).get("mtp_through_gluon"))
+    accelerated = {"q_lens": list(q_lens) if gluon else [],
+                   "reason": "" if gluon else "the serving SGLang routes q_len > 1 through mla_decode_fwd, not mla_gluon "
+                   "(no PR #37601): the fallback's q_len > 1 cases cover that route"}
+    return {"accelerated": accelerated, "fallback": {"q_lens": list(q_lens), "reason": ""}}
+
+
 @dataclass
 class CaseResult:
     case: str
@@ -64,6 +101,7 @@ class CaseResult:
     batch: int
     kv_lens: list[int]
     seconds: float
+    q_len: int = 1
     unwritten: int = 0
     nonfinite: int = 0
     rel_l2: float | None = None
@@ -160,6 +198,15 @@ def speed_gate(backend_set: str, speedup_by_case: dict[str, float]) -> str | Non
     if mean < minimum:
         return f"accelerated path is not faster: geometric-mean speedup {mean:.3f} < {minimum}"
     return None
+
+
+def gpu_failures(gpus: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each GPU path that did not pass, with its first reason: which GPU failed, and why."""
+    return [
+        {"gpu": gpu["index"], "device": gpu["device"], "path": path, "result": result,
+         "reason": (gpu["paths"][path]["reasons"] or [""])[0]}
+        for gpu in gpus for path, result in gpu["result"].items() if result != "pass"
+    ]
 
 
 WORST_FIRST = ("error", "fail", "deferred", "pending", "pass")

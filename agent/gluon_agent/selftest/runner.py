@@ -18,13 +18,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .. import contract
 from ..fingerprint import fingerprint, fingerprint_parts
 from ..isolation import ChildOutcome, run_isolated
+from ..sglang_routes import flag0_failure
 from . import plan
 
 PATHS = ("accelerated", "fallback")
 DEFAULT_TIMEOUT_S = 300.0
-DEVICE_INDEX_ENV = "GLUON_SELFTEST_DEVICE_INDEX"
+DEVICE_INDEX_ENV = contract.ENV_SELFTEST_DEVICE_INDEX
 SCHEMA_VERSION = 1
 
 
@@ -88,7 +90,9 @@ def run_device(device: str, index: int, spec_source: SpecSource, python: str, en
                 return None
             if path == "fallback":
                 accelerated_done.wait()
-            return json.dumps(spec | {"device": device, "path": path})
+            mtp = spec.get("mtp", {}).get(path, {})
+            return json.dumps(spec | {"device": device, "path": path, "mtp_q_lens": mtp.get("q_lens", []),
+                                      "mtp_skipped": mtp.get("reason", "")})
         return deliver
 
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -100,7 +104,12 @@ def run_device(device: str, index: int, spec_source: SpecSource, python: str, en
         paths = {"accelerated": accelerated, "fallback": fallback.result()}
     if accelerated is None or paths["fallback"] is None:
         return None
-    backend_set = (spec_source() or {}).get("backend_set")
+    spec = spec_source() or {}
+    backend_set = spec.get("backend_set")
+    aborts = flag0_failure(spec.get("sglang"))
+    if aborts and paths["fallback"]["result"] in ("pass", "fail"):  # a child error or deferral says more
+        paths["fallback"]["result"] = "fail"
+        paths["fallback"]["reasons"].insert(0, aborts)
     timings = {p: (paths[p]["child"] or {}).get("timing", []) for p in PATHS}
     speedup = plan.speedups(timings["accelerated"], timings["fallback"])
     slow = plan.speed_gate(backend_set, speedup) if paths["accelerated"]["result"] == "pass" else None
@@ -152,6 +161,7 @@ def run_selftest(
     python: str | None = None,
     env: Mapping[str, str] | None = None,
     seed: int | None = None,
+    mtp_q_lens: tuple[int, ...] = plan.MTP_Q_LENS,
 ) -> dict[str, Any]:
     """`probe_report` may be the probe itself (a callable): then the children for the devices it will
     most likely find start first and import torch while it runs (the warm self-test's wall time is
@@ -172,7 +182,9 @@ def run_selftest(
             spec_known.set_result(None)  # cancel the early children, then let the probe's error out
             raise
         chosen = choose_backend_set(report, backend_set)
-        spec = {"backend_set": chosen, "seed": seed, "timing": timing, "memory_limit_bytes": plan.MEMORY_LIMIT_BYTES}
+        sglang = report.get("sglang")
+        spec = {"backend_set": chosen, "seed": seed, "timing": timing, "memory_limit_bytes": plan.MEMORY_LIMIT_BYTES,
+                "sglang": sglang, "mtp": plan.mtp_plan(chosen, sglang, mtp_q_lens)}
         devices = devices_for(report, cpu_interpret, cpu_devices)
         if early and devices == early:
             futures = started_early
@@ -191,11 +203,14 @@ def run_selftest(
         "backend_set": chosen,
         "backends": {p: gpus[0]["paths"][p]["child"]["backend"] for p in PATHS if gpus and gpus[0]["paths"][p]["child"]},
         "thresholds": plan.thresholds(chosen),
+        "sglang": report.get("sglang"),
+        "mtp": spec["mtp"],
         "fingerprint": fingerprint(report),
         "fingerprint_parts": fingerprint_parts(report),
         "seed": seed,
         "gpus": gpus,
         "result": plan.worst(per_path) if gpus else "error",
+        "failures": plan.gpu_failures(gpus),
         "problems": problems,
         "seconds": round(time.monotonic() - started, 2),
         "finished_at": time.time(),
@@ -208,6 +223,14 @@ def format_table(report: Mapping[str, Any]) -> str:
         f"fingerprint={report['fingerprint']} seconds={report['seconds']}",
     ]
     lines += [f"  problem: {p}" for p in report["problems"]]
+    lines += [f"  GPU {f['gpu']} ({f['device']}) {f['path']} {f['result']}: {f['reason']}" for f in report.get("failures", [])]
+    routes = report.get("sglang") or {}
+    if routes:
+        lines.append(f"  serving SGLang {routes.get('version')}: flag-0 route {routes.get('flag0_route')}, "
+                     f"q_len>1 through Gluon {routes.get('mtp_through_gluon')} ({routes.get('evidence')})")
+    for path, mtp in (report.get("mtp") or {}).items():
+        if mtp.get("reason"):
+            lines.append(f"  {path}: q_len>1 cases not run: {mtp['reason']}")
     for gpu in report["gpus"]:
         results = " ".join(f"{p}={gpu['result'][p]}" for p in PATHS)
         lines.append(f"{gpu['device']}: {results}")

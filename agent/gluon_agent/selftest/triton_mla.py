@@ -85,26 +85,44 @@ def _concat(a, b, BLOCK_H: tl.constexpr, WIDTH: tl.constexpr):
 def split_range(KV_INDPTR, b, s, num_splits, BLOCK: tl.constexpr):
     """Split s of sequence b: tokens [lo, hi) of kv_indices, read live from kv_indptr (so a graph captured
     at one length stays right at another), whole BLOCK-token tiles but the last."""
-    start = tl.load(KV_INDPTR + b)
-    end = tl.load(KV_INDPTR + b + 1)
+    return split_bounds(tl.load(KV_INDPTR + b), tl.load(KV_INDPTR + b + 1), s, num_splits, BLOCK)
+
+
+@triton.jit
+def split_bounds(start, end, s, num_splits, BLOCK: tl.constexpr):
+    """Split s of the token range [start, end) of kv_indices."""
     per_split = tl.cdiv(tl.cdiv(end - start, num_splits), BLOCK) * BLOCK
     lo = start + s * per_split
     return lo, tl.minimum(lo + per_split, end)
 
 
 @triton.jit
+def query_split_range(KV_INDPTR, row, s, num_splits, qlen, BLOCK: tl.constexpr, MTP: tl.constexpr):
+    """Split s of query row `row`'s tokens. With MTP the row is position row % qlen of sequence row // qlen
+    and sees the first L - qlen + position + 1 tokens (causal within the q block); without, it compiles to
+    split_range. qlen is a run-time value: every q_len > 1 shares one compiled kernel."""
+    if MTP:
+        seq = row // qlen
+        end = tl.load(KV_INDPTR + seq + 1) - (qlen - 1 - row % qlen)
+        lo, hi = split_bounds(tl.load(KV_INDPTR + seq), end, s, num_splits, BLOCK)
+    else:
+        lo, hi = split_range(KV_INDPTR, row, s, num_splits, BLOCK)
+    return lo, hi
+
+
+@triton.jit
 def _split_kernel(
     Q, KV, KV_INDPTR, KV_INDICES, PART_O, PART_LSE,
-    qk_scale_log2, kv_scale, num_heads, num_splits,
+    qk_scale_log2, kv_scale, num_heads, num_splits, qlen,
     stride_qb, stride_qh, stride_kv,
     stride_pb, stride_ps, stride_ph,
     stride_lb, stride_ls,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_PE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, D_CHUNK: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, D_CHUNK: tl.constexpr, MTP: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    b = tl.program_id(0)  # a query row: a sequence, or with MTP one position of one
     s = tl.program_id(1)
-    lo, hi = split_range(KV_INDPTR, b, s, num_splits, BLOCK_N)
+    lo, hi = query_split_range(KV_INDPTR, b, s, num_splits, qlen, BLOCK_N, MTP)
 
     offs_h = tl.arange(0, BLOCK_H)
     mask_h = offs_h < num_heads
@@ -268,13 +286,18 @@ def mla_decode(
     out: torch.Tensor,
     max_kv_len: int,
     config: KernelConfig | None = None,
+    q_len: int = 1,
 ) -> torch.Tensor:
-    """Writes out[B, H, 512] (bf16). `max_kv_len` bounds every sequence's length; under graph capture
-    pass the capacity the graph will be replayed with, never the current length."""
-    batch, heads, dim = q.shape
+    """Writes out[B * q_len, H, 512] (bf16). `max_kv_len` bounds every sequence's length; under graph
+    capture pass the capacity the graph will be replayed with, never the current length. With q_len > 1
+    q holds q_len query rows per sequence (as SGLang's verify step flattens them), causal within them."""
+    batch, heads, dim = q.shape  # batch: query rows
     config = config or default_config()
     if heads > HEAD_TILE or dim != D_LATENT + D_ROPE or kv.shape[-1] != dim:
         raise ValueError(f"mla_decode: q {tuple(q.shape)} / kv {tuple(kv.shape)} are not MLA 576 with <= 16 heads")
+    if q_len < 1 or batch != (kv_indptr.numel() - 1) * q_len:
+        raise ValueError(f"mla_decode: q has {batch} rows, kv_indptr {kv_indptr.numel() - 1} sequences of "
+                         f"q_len {q_len}: they must agree")
     if q.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("mla_decode: q and kv need a contiguous last dimension")
     if kv.stride(0) % 4 or kv.data_ptr() % 4:
@@ -286,7 +309,7 @@ def mla_decode(
     global last_split_launch
     last_split_launch = _split_kernel[(batch, splits)](
         q, kv, kv_indptr, kv_indices, part_o, part_lse,
-        sm_scale * kv_scale * LOG2E, kv_scale, heads, splits,
+        sm_scale * kv_scale * LOG2E, kv_scale, heads, splits, q_len,
         q.stride(0), q.stride(1), kv.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1),
@@ -294,7 +317,7 @@ def mla_decode(
         # fp8 e4m3 -> fp16 is one conversion per pair and fp16 keeps 3 more mantissa bits than bf16 for P.
         # Triton's interpreter multiplies 16-bit floats as raw bits in tl.dot (seen with 3.9): fp32 there.
         DOT_DTYPE=tl.float32 if interpreting() else tl.float16,
-        D_CHUNK=config.d_chunk,
+        D_CHUNK=config.d_chunk, MTP=q_len > 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return reduce_partials(part_o, part_lse, out)
@@ -326,12 +349,13 @@ def mla_decode_zero_pad(
     out: torch.Tensor,
     max_kv_len: int,
     config: KernelConfig | None = None,
+    q_len: int = 1,
 ) -> torch.Tensor:
     """SGLang's fallback shape: q zero-padded to 16 heads, a 16-head decode, output sliced back."""
     batch, heads, dim = q.shape
     q16 = q.new_zeros(batch, HEAD_TILE, dim)
     q16[:, :heads] = q
     o16 = out.new_empty(batch, HEAD_TILE, D_LATENT)
-    mla_decode(q16, kv, kv_scale, kv_indptr, kv_indices, sm_scale, o16, max_kv_len, config)
+    mla_decode(q16, kv, kv_scale, kv_indptr, kv_indices, sm_scale, o16, max_kv_len, config, q_len)
     out.copy_(o16[:, :heads])
     return out

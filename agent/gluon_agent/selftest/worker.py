@@ -20,6 +20,7 @@ IMPORT_STARTED = time.monotonic()  # before torch: the report says how long the 
 
 import torch  # noqa: E402
 
+from .. import contract
 from . import plan, timing
 from .backends import BACKEND_SETS, Backend, Call
 from .problem import Problem, make_problem
@@ -42,7 +43,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def reference_of(p: Problem) -> torch.Tensor:
-    return mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale)
+    return mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, p.q_len)
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
 
 
 def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: int, heads: int) -> tuple[plan.CaseResult, Problem]:
-    p = make_problem(list(case.lengths), heads=heads, device=device, seed=seed)
+    p = make_problem(list(case.lengths), heads=heads, device=device, seed=seed, q_len=case.q_len)
     ref = reference_of(p)
     out = p.new_output(plan.POISON)
     started = time.perf_counter()
@@ -66,7 +67,7 @@ def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: in
     synchronize(device)
     result = plan.CaseResult(
         case=case.name, backend=backend.name, batch=p.batch, kv_lens=sorted(set(p.lengths)),
-        seconds=round(time.perf_counter() - started, 4), **compare(out, ref),
+        seconds=round(time.perf_counter() - started, 4), q_len=p.q_len, **compare(out, ref),
     )
     return plan.judge_case(result), p
 
@@ -83,7 +84,7 @@ def time_case(backend: Backend, case: plan.Case, first: Problem, device: torch.d
         for i in range(rotations_for(first, device) - 1)
     ]
     outs = [p.new_output() for p in problems]
-    call = Call(max_kv_len=max(first.lengths), capturing=True)
+    call = Call(max_kv_len=max(first.lengths), capturing=True, metadata_per_call=False)
     ms = timing.graph_ms_per_call([lambda p=p, o=o: backend.run(p, o, call) for p, o in zip(problems, outs)])
     return {
         "case": case.name,
@@ -133,17 +134,50 @@ def check_graph(backend: Backend, device: torch.device, seed: int, heads: int) -
     return plan.judge_graph(plan.GraphResult(backend.name, batch, capture_len, replays, replay_ms, eager_ms))
 
 
+def fake_device_rule(variable: str, path: str | None = None) -> str | None:
+    """This child's entry in a test-only switch ("INDEX:VALUE[:PATH],..."), for fake devices on the CPU."""
+    index = os.environ.get(contract.ENV_SELFTEST_DEVICE_INDEX, "0")
+    for rule in filter(None, os.environ.get(variable, "").split(",")):
+        parts = rule.split(":")
+        if parts[0] == index and len(parts) > 1 and (len(parts) < 3 or parts[2] == path):
+            return parts[1]
+    return None
+
+
+def memory_info(device: torch.device) -> tuple[int, int] | None:
+    """(free, total) bytes of the device; a fake CPU device has them only when a test gives them."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)
+    fake_free = fake_device_rule(contract.ENV_SELFTEST_FAKE_FREE_GIB)
+    return None if fake_free is None else (int(float(fake_free) * plan.GiB), FAKE_DEVICE_TOTAL)
+
+
+FAKE_DEVICE_TOTAL = 192 * 2**30  # a fake CPU device's "memory", as an MI355X/H200-class card
+
+
 def prepare_device(device: torch.device, limit: int) -> str | None:
     """Bounds our GPU memory; returns a deferral reason when the GPU lacks the free memory."""
-    if device.type != "cuda":
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    info = memory_info(device)
+    if info is None:
         return None
-    torch.cuda.set_device(device)
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = info
     if free < limit:
         return f"{device}: {free / plan.GiB:.1f} GiB free of {total / plan.GiB:.1f} GiB, the self-test needs {limit / plan.GiB:.1f} GiB"
-    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
-    torch.cuda.reset_peak_memory_stats(device)
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        torch.cuda.reset_peak_memory_stats(device)
     return None
+
+
+def fake_fault(device: torch.device, path: str) -> None:
+    """The test-only crash or hang of a fake CPU device's child, at its first case."""
+    fault = fake_device_rule(contract.ENV_SELFTEST_FAKE_FAULT, path) if device.type == "cpu" else None
+    if fault == "crash":
+        os.abort()
+    if fault == "hang":
+        time.sleep(3600)
 
 
 class StepClock:
@@ -173,13 +207,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return {"deferred": deferred}
     backend = BACKEND_SETS[spec["backend_set"]][spec["path"]]
     on_gpu = device.type == "cuda"
-    cases = plan.GPU_CASES if on_gpu else plan.CPU_CASES
+    cases = (plan.GPU_CASES if on_gpu else plan.CPU_CASES) + plan.mtp_cases(spec.get("mtp_q_lens", ()), on_gpu)
     seed, heads = int(spec["seed"]), int(spec.get("heads", 12))
     started = time.perf_counter()
     results, timings, graphs = [], [], []
     for index, case in enumerate(cases):
         emit(plan.PROGRESS_MARKER, {"step": f"case {case.name}", "backend": backend.name})
         clock.start(f"case {case.name}")
+        if index == 0:
+            fake_fault(device, spec["path"])
         result, problem = check_case(backend, case, device, seed + index, heads)
         results.append(result)
         if on_gpu and case.timed and spec.get("timing", True) and result.ok:
@@ -209,6 +245,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "backend": backend.name,
         "path": spec["path"],
         "cases": [dataclasses.asdict(r) for r in results],
+        "mtp_skipped": spec.get("mtp_skipped") or None,
         "timing": timings,
         "graph": [dataclasses.asdict(g) | {"ratio": g.ratio} for g in graphs],
         "ceiling_tbps": ceiling,

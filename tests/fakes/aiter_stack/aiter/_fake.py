@@ -3,6 +3,7 @@
 FAKE_AITER_MODE: comma-separated rules `DEVICE:MODE[:KERNEL]`, e.g. "1:abort:mla_gluon,3:garbage".
 DEVICE is the self-test's device index (GLUON_SELFTEST_DEVICE_INDEX) or `*`; MODE is ok, garbage,
 abort or hang; KERNEL limits the rule to mla_gluon or mla_decode_fwd.
+FAKE_AITER_ARCH: the GPU the fake pretends to run on (default gfx950, an MI355X with 256 CUs).
 """
 
 import os
@@ -10,6 +11,15 @@ import signal
 import time
 
 CALLS = []
+CU_COUNT = {"gfx950": 256, "gfx942": 304}  # MI355X, MI300X
+
+
+def arch():
+    return os.environ.get("FAKE_AITER_ARCH", "gfx950")
+
+
+def cu_num():
+    return CU_COUNT.get(arch(), 256)
 
 
 def mode_for(kernel):
@@ -21,8 +31,9 @@ def mode_for(kernel):
     return "ok"
 
 
-def attend(kernel, q, kv_tokens, kv_scale, kv_indptr, kv_indices, sm_scale, out):
-    """out[b] = softmax(q[b] @ K^T * sm_scale) @ V over the tokens kv_indices[kv_indptr[b]:kv_indptr[b+1]]."""
+def attend(kernel, q, kv_tokens, kv_scale, kv_indptr, kv_indices, sm_scale, out, q_len=1, garbage=False):
+    """out[row] = softmax(q[row] @ K^T * sm_scale) @ V over the tokens of kv_indices[kv_indptr[b]:kv_indptr[b+1]]
+    that query row b*q_len+i sees (causal within the q block)."""
     from gluon_agent.selftest.reference import mla_decode_reference
 
     mode = mode_for(kernel)
@@ -30,7 +41,7 @@ def attend(kernel, q, kv_tokens, kv_scale, kv_indptr, kv_indices, sm_scale, out)
         os.kill(os.getpid(), signal.SIGABRT)
     if mode == "hang":
         time.sleep(3600)
-    ref = mla_decode_reference(q, kv_tokens, kv_scale, kv_indptr, kv_indices, sm_scale)
-    if mode == "garbage":
+    ref = mla_decode_reference(q, kv_tokens, kv_scale, kv_indptr, kv_indices, sm_scale, q_len)
+    if mode == "garbage" or garbage:
         ref = ref.normal_() * 1e3
-    out.copy_(ref.to(out.dtype))
+    out.copy_(ref.to(out.dtype).view(out.shape))

@@ -1,11 +1,14 @@
 """`make demo`: the whole mission on this machine, on 127.0.0.1, in a few minutes.
 
-8 simulated GPU nodes (5 pass their self-test, 1 is not capable, 1 fails its fallback self-test, 1 passes
-but regresses in production) each run the real agent daemon; serving pods go through the real webhook and
-preflight; a real Prometheus scrapes SGLang-shaped exporters; the real operator rolls the flag out node
-by node and rolls back the regressing node. Prints a live table and a summary, writes a PNG timeline.
+On a real Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler; kwok's nodes are a
+SIMULATION of kubelets) with the chart installed by helm: 8 GPU nodes (their self-test results are a
+SIMULATION: 5 pass, 1 is not capable, 1 fails its fallback self-test, 1 passes but regresses in production)
+each run the real agent daemon; serving Deployments' pods go through the real webhook (called by the API
+server) and the real preflight; a real Prometheus scrapes SGLang-shaped exporters (SIMULATION); the real
+operator rolls the flag out node by node and rolls back the regressing node. Prints the API server's
+version, a live table and a summary, writes a PNG timeline.
 
-    python -m tests.demo [--out out/demo] [--timeout 300]
+    python -m gluon_localcluster.demo [--out out/demo] [--timeout 300]
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from pathlib import Path
 
 from gluon_agent import contract
-from tests.simcluster import SimCluster
+from .simcluster import SimCluster
 
 STATE_MARK = {"Promoted": "PROMOTED", "RolledBack": "ROLLED BACK", "Analyzing": "analyzing", "Enabling": "enabling",
               "Eligible": "eligible", "Ineligible": "ineligible", "Disabled": "disabled"}
@@ -101,8 +104,12 @@ def timeline(cluster: SimCluster, path: Path) -> None:
 
 def run(out: Path, timeout: float, quiet: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    cluster = SimCluster(workdir=out / "work").start()
+    cluster = SimCluster(workdir=out / "work")
     try:
+        cluster.start()
+        version = cluster.cp.version()
+        if not quiet:
+            print(f"kube-apiserver {version['gitVersion']} ({version['platform']}, {version['goVersion']}) on {cluster.cp.url}", flush=True)
         cluster.wait_for_agents()
         time.sleep(8)  # a baseline of serving metrics before any flag flips
         cluster.create_rollout()
@@ -117,6 +124,7 @@ def run(out: Path, timeout: float, quiet: bool = False) -> dict:
             time.sleep(0.5)
         result = summary(cluster)
         result["settled"] = cluster.settled()
+        result["apiserver_version"] = version
         timeline(cluster, out / "timeline.png")
         result["timeline"] = str(out / "timeline.png")
         result["events"] = [e.get("message") for e in cluster.events()]

@@ -1,5 +1,6 @@
-"""Fault scenarios on the simulated cluster (tests/simcluster.py), shared by bench/faults.py and
-tests/test_faults.py. See bench/faults.py for what each scenario does and which invariants are checked."""
+"""Fault scenarios on the demo's cluster (simcluster.py: a real control plane), shared by bench/faults.py and
+tests/test_faults.py. API faults come from the fault-injecting proxy in front of the real API server, which
+every agent and the operator talk through. See bench/faults.py for each scenario and its invariants."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any, Callable
 
 from gluon_agent import contract
 from gluon_operator import gating
-from tests.helpers import http_json, wait_for
-from tests.simcluster import DEMO_STRATEGY, SimCluster, SimNode
+from .faultproxy import Rule, everything, path_is
+from .simcluster import DEMO_STRATEGY, SimCluster, SimNode
 
 # The faults each rollout scenario injects (kills: how many; the benchmark's --kills replaces the count).
 SCENARIO_FAULTS: dict[str, dict[str, Any]] = {
@@ -23,6 +24,7 @@ ROLLOUT_SCENARIOS = tuple(SCENARIO_FAULTS)
 SCENARIOS = ROLLOUT_SCENARIOS + ("kernel_faults",)
 MAX_IN_FLIGHT = max(DEMO_STRATEGY["canaryNodes"], DEMO_STRATEGY["maxParallel"])
 OUTAGE_SECONDS = 20.0
+WATCH_DROP_SECONDS = 3.0
 
 
 class Recorder(threading.Thread):
@@ -56,28 +58,35 @@ def final_state(cluster: SimCluster) -> dict[str, dict[str, Any]]:
 def double_restarts(cluster: SimCluster) -> list[str]:
     """Evictions of a pod that already ran with the flag its node wanted at that moment."""
     found = []
-    for eviction in cluster.api.call(lambda: list(cluster.api.server.evictions)):
-        name = eviction["pod"]["metadata"]["name"]
-        wanted = "1" if eviction["node_labels"].get(contract.LABEL_ENABLED) == "true" else "0"
-        if cluster.pod_flags.get(name) == wanted:
-            found.append(f"{name} on {eviction['pod']['spec']['nodeName']} evicted at flag {wanted}")
+    for at, pod in cluster.evictions():
+        node = cluster.pod_node(pod)
+        wanted = "1" if node and cluster.enabled_at(node, at) == "true" else "0"
+        if cluster.pod_flags.get(pod) == wanted:
+            found.append(f"{pod} on {node} evicted at flag {wanted}")
     return found
 
 
-def api_faults(seed: int, counts: dict[str, int]) -> Callable[[Any], int | None]:
-    rng = random.Random(seed)
+def api_faults(cluster: SimCluster, drop_seconds: float) -> None:
+    """10% of requests answered 500, 5% of writes 409, every watch cut after `drop_seconds`."""
+    assert cluster.proxy is not None
+    writes = lambda m, p, q: m in ("PATCH", "PUT", "POST")  # noqa: E731
+    cluster.proxy.rules[:] = [Rule(path_is(".", watch=True), cut_after=drop_seconds),
+                              Rule(everything, status=500, probability=0.10),
+                              Rule(writes, status=409, probability=0.05 / 0.90)]
 
-    def fault(request: Any) -> int | None:
-        counts["requests"] = counts.get("requests", 0) + 1
-        draw, code = rng.random(), None
-        if draw < 0.10:
-            code = 500
-        elif draw < 0.15 and request.method.value.upper() in ("PATCH", "PUT", "POST"):
-            code = 409
-        if code:
-            counts[str(code)] = counts.get(str(code), 0) + 1
-        return code
-    return fault
+
+def injected(cluster: SimCluster) -> dict[str, int]:
+    assert cluster.proxy is not None
+    seen = cluster.proxy.requests()
+    return {"requests": len(seen), "500": sum(s.status == 500 for s in seen), "409": sum(s.status == 409 for s in seen)}
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, interval: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 def kill_repeatedly(cluster: SimCluster, kills: int, rng: random.Random, done: threading.Event, log: list[float]) -> None:
@@ -103,16 +112,14 @@ def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: 
                 outage: bool = False) -> dict[str, Any]:
     """One rollout on a fresh cluster (in workdir/scenario) with the faults asked for: `kills` operator
     SIGKILLs, API faults, a Prometheus outage."""
-    cluster = SimCluster(workdir=workdir / scenario)
+    cluster = SimCluster(workdir=workdir / scenario, proxy=True, seed=seed)
     recorder, done, extra = Recorder(cluster), threading.Event(), {}
     started = time.monotonic()
     try:
         cluster.start()
         cluster.wait_for_agents()
         if inject_api_faults:
-            extra["injected"] = {}
-            cluster.api.server.faults.append(api_faults(seed, extra["injected"]))
-            cluster.api.server.watch_drop_seconds = 3.0
+            api_faults(cluster, WATCH_DROP_SECONDS)
         cluster.create_rollout()
         recorder.start()
         action: threading.Thread | None = None
@@ -135,7 +142,7 @@ def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: 
         recorder.join(5)
         outcome = {"settled": settled, "seconds": round(time.monotonic() - started, 1), "final": final_state(cluster),
                    "max_in_flight": recorder.max_in_flight, "double_restarts": double_restarts(cluster),
-                   "evictions": len(cluster.api.server.evictions), "operator_starts": cluster.operator_starts}
+                   "evictions": len(cluster.evictions()), "operator_starts": cluster.operator_starts}
         if "kill_times" in extra:
             outcome["kills"] = len(extra["kill_times"])
             outcome["kill_seconds_after_rollout_created"] = extra["kill_times"]
@@ -145,8 +152,8 @@ def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: 
                        if extra["down_at"] + grace <= t <= extra["up_at"] and s in (gating.PROMOTED, gating.ROLLED_BACK)]
             outcome["outage_seconds"] = round(extra["up_at"] - extra["down_at"], 1)
             outcome["decisions_during_outage"] = decided
-        if "injected" in extra:
-            outcome["injected"] = dict(extra["injected"], watch_drop_seconds=3.0)
+        if inject_api_faults:
+            outcome["injected"] = dict(injected(cluster), watch_drop_seconds=WATCH_DROP_SECONDS)
         return outcome
     finally:
         done.set()
@@ -157,7 +164,7 @@ KERNEL_FLEET = (SimNode("gpu-ok"), SimNode("gpu-abort", kernel_fault="abort"), S
 
 
 def run_kernel_faults(workdir: Path, timeout: float) -> dict[str, Any]:
-    cluster = SimCluster(fleet=KERNEL_FLEET, workdir=workdir / "kernel_faults")
+    cluster = SimCluster(KERNEL_FLEET, workdir=workdir / "kernel_faults")
     started = time.monotonic()
     try:
         cluster.start()
@@ -172,12 +179,24 @@ def run_kernel_faults(workdir: Path, timeout: float) -> dict[str, Any]:
         out: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1)}
         for name, running in cluster.nodes.items():
             labels = cluster.node(name)["metadata"].get("labels", {})
-            code, _ = http_json(f"http://127.0.0.1:{running.agent_port}/healthz", timeout=2)
+            code = healthz(running.agent_url)
             out[name] = {"selftest": labels.get(contract.LABEL_SELFTEST), "state": nodes[name]["state"], "reason": nodes[name]["reason"],
-                         "agent_alive": running.agent.poll() is None, "agent_healthz": code}
+                         "agent_alive": running.agent is not None and running.agent.alive(), "agent_healthz": code}
         return out
     finally:
         cluster.stop()
+
+
+def healthz(url: str) -> int:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
 
 
 def check(results: dict[str, Any]) -> dict[str, bool]:

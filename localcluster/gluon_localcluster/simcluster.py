@@ -1,0 +1,323 @@
+"""A whole gluon-rollout deployment on a real control plane on 127.0.0.1, for `make demo`, the end-to-end
+tests and bench/faults.py.
+
+Real: etcd, kube-apiserver (RBAC, admission, the CRD's schema), the controller-manager (the serving
+Deployments' ReplicaSets recreate evicted pods; a PodDisruptionBudget answers evictions), the scheduler,
+the chart installed by helm, one `gluon-agent run` process per node with a token bound to its DaemonSet
+pod, the operator process with its own token and its TLS webhook called by the API server, the preflight
+(run from the injected init containers' own commands), Prometheus, the analysis.
+SIMULATION (named so everywhere): kwok's nodes and pod lifecycle (no kubelet), the kubelet's part for
+injected pods and the agents' readiness probes (kubelet_sim.py), each agent's self-test results (no AMD
+GPU here), the serving image's stack (a fake aiter and a gfx950 torch on its PYTHONPATH), and SGLang's
+decode speed (fake_sglang.FakeSglang).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gluon_agent import contract
+from gluon_agent.sources import simulated_node
+from gluon_operator.spec import GROUP, PLURAL, VERSION
+
+from . import fleet, processes
+from .controlplane import ControlPlane, free_port
+from .fake_sglang import FakeSglang, NodeModel
+from .faultproxy import FaultProxy
+from .install import Installed, install
+from .kubelet_sim import Image, InitOutcome, KubeletSim
+from .prometheus import Prometheus
+
+SERVING_NS = "serving"
+SERVING_IMAGE = "lmsysorg/sglang:rocm-demo"
+KERNEL_FAULT_TIMEOUT = 15.0  # seconds per self-test child when a kernel hangs
+
+
+@dataclass(frozen=True)
+class SimNode:
+    name: str
+    capable: bool = True
+    fallback: str = "pass"
+    flag_effect: float = 2.2  # decode speed with flag 1 / flag 0 in production (SIMULATION)
+    kernel_fault: str | None = None  # "abort" | "hang": the real self-test runs, the (fake) aiter kernel crashes
+
+
+DEMO_FLEET = (
+    # gpu-03 is the control group (holdout: chosen by a stable hash of the name), gpu-02 regresses 15%.
+    SimNode("gpu-01", flag_effect=2.3), SimNode("gpu-02", flag_effect=0.85), SimNode("gpu-03", flag_effect=1.9),
+    SimNode("gpu-04", flag_effect=2.7), SimNode("gpu-05", flag_effect=2.1), SimNode("gpu-06", flag_effect=2.4),
+    SimNode("gpu-07", capable=False), SimNode("gpu-08", fallback="fail"),
+)
+DEMO_ANALYSIS = {"intervalSeconds": 3, "stepSeconds": 2, "windowSeconds": 16, "warmupSeconds": 2,
+                 "minSamples": 5, "consecutiveFailures": 2, "tolerance": 0.05, "confidence": 0.95}
+DEMO_STRATEGY = {"canaryNodes": 1, "maxParallel": 2, "holdoutNodes": 1, "restart": "Evict", "restartDelaySeconds": 1}
+
+
+def fake_stacks() -> tuple[Path, dict[str, str]]:
+    """The fake aiter package and the fake gfx950 torch (tests/fakes: SIMULATION of the serving image)."""
+    root = Path(__file__).resolve().parents[2]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from tests.fakes.stacks import AITER_STACK, TORCH_GFX950
+
+    return AITER_STACK, TORCH_GFX950
+
+
+@dataclass
+class Running:
+    node: SimNode
+    index: int
+    agent: processes.Process | None = None
+    exporter: FakeSglang | None = None
+    flag: str = "0"  # the flag the node's serving pod really runs with (its flag file)
+    history: list[tuple[float, str]] = field(default_factory=list)  # (time, flag) changes
+
+    @property
+    def ip(self) -> str:
+        return fleet.node_ip(self.index)
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://{self.ip}:{contract.AGENT_PORT}"
+
+
+class SimCluster:
+    def __init__(self, fleet_nodes: tuple[SimNode, ...] = DEMO_FLEET, workdir: Path | None = None, reconcile_seconds: float = 1.0,
+                 proxy: bool = False, seed: int = 0) -> None:
+        self.fleet = fleet_nodes
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="gluon-sim-")).resolve()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.reconcile_seconds = reconcile_seconds
+        self.nodes = {n.name: Running(n, i + 1) for i, n in enumerate(fleet_nodes)}
+        self.want_proxy, self.seed = proxy, seed
+        self.cp: ControlPlane | None = None
+        self.installed: Installed | None = None
+        self.proxy: FaultProxy | None = None
+        self.kubelet: KubeletSim | None = None
+        self.operator: processes.Process | None = None
+        self.prometheus: Prometheus | None = None
+        self.metrics_port = free_port()
+        self.pod_flags: dict[str, str] = {}  # serving pod name -> the flag its preflight gave it
+        self.node_events: list[tuple[float, str, dict[str, str]]] = []  # (time, node, our labels) from a watch
+        self.operator_starts = 0
+        self.started = time.time()
+        self.stop_event = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------ start
+
+    def start(self) -> "SimCluster":
+        self.cp = ControlPlane(self.dir / "control-plane").start()
+        self.admin = self.cp.admin_client()
+        from kubernetes import client
+
+        self.core, self.apps, self.custom = client.CoreV1Api(self.admin), client.AppsV1Api(self.admin), client.CustomObjectsApi(self.admin)
+        self.installed = install(self.cp)
+        if self.want_proxy:
+            self.proxy = FaultProxy(self.cp.url, str(self.cp.pki.ca.cert), seed=self.seed).start()
+        self.core.create_namespace({"metadata": {"name": SERVING_NS}})
+        for running in self.nodes.values():
+            self.core.create_node(fleet.kwok_node(running.node.name, running.index, labels={"gluonrollout.io/demo": "true"}))
+        self._spawn(self._watch_nodes, "node-watch")
+        self.kubelet = KubeletSim(self.admin, self.images(), self._on_init, workdir=self.dir / "kubelet",
+                                  readiness={"app.kubernetes.io/name=gluon-rollout-agent": "/readyz"}).__enter__()
+        for running in self.nodes.values():
+            self._start_agent(running)
+            running.exporter = FakeSglang(NodeModel(running.node.name, flag_effect=running.node.flag_effect, noise=0.02),
+                                          lambda r=running: r.flag, namespace=SERVING_NS).start()
+        self.start_operator()
+        self.prometheus = Prometheus({
+            "sglang": [f"127.0.0.1:{r.exporter.port}" for r in self.nodes.values()],
+            "gluon-rollout-agent": [{"targets": [f"{r.ip}:{contract.AGENT_PORT}"], "labels": {"node": r.node.name}} for r in self.nodes.values()],
+            "gluon-rollout-operator": [f"127.0.0.1:{self.metrics_port}"],
+        }, directory=self.dir / "prometheus")
+        self._serving_workloads()
+        return self
+
+    def images(self) -> dict[str, Image]:
+        aiter, torch_files = fake_stacks()
+        from tests.fakes.stacks import write_tree
+
+        torch_stack = write_tree(self.dir / "serving-image", torch_files)
+        shim = self.dir / "serving-image-bin"
+        shim.mkdir(exist_ok=True)
+        python3 = shim / "python3"
+        if not python3.exists():
+            python3.symlink_to(sys.executable)
+        venv_bin = str(Path(sys.executable).parent)
+        return {
+            processes.AGENT_IMAGE: Image(path=(venv_bin,)),
+            # SIMULATION: the serving image's python3 with a fake aiter and a gfx950 torch on its PYTHONPATH
+            # (its own ENV), and the real Triton of our environment (Gluon with cga_layout).
+            SERVING_IMAGE: Image(env={"PYTHONPATH": os.pathsep.join([str(aiter), str(torch_stack), triton_site()])}, path=(str(shim),)),
+        }
+
+    def _spawn(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _server(self) -> str | None:
+        return self.proxy.url if self.proxy else None
+
+    def _start_agent(self, running: SimNode | Running) -> None:
+        assert isinstance(running, Running) and self.installed is not None
+        spec = simulated_node(capable=running.node.capable, fallback=running.node.fallback, speedup=2.3)
+        env: dict[str, str] = {}
+        if running.node.kernel_fault:
+            aiter, _ = fake_stacks()
+            spec.update(selftest="cpu-interpret", selftest_timeout=KERNEL_FAULT_TIMEOUT)
+            env.update(PYTHONPATH=str(aiter), FAKE_AITER_MODE=f"*:{running.node.kernel_fault}:mla_gluon")
+        sim = self.dir / f"sim-{running.node.name}.json"
+        sim.write_text(json.dumps(spec))
+        running.agent = processes.agent(self.installed, running.node.name, running.ip, sim, server=self._server(), env=env)
+
+    def start_operator(self) -> None:
+        assert self.installed is not None
+        self.operator_starts += 1
+        self.operator = processes.operator(self.installed, self.reconcile_seconds, server=self._server(), metrics_port=self.metrics_port)
+
+    def kill_operator(self) -> None:
+        """SIGKILL, as an OOM kill or a node loss would: no cleanup, no graceful shutdown."""
+        if self.operator is not None:
+            self.operator.kill()
+
+    def restart_operator(self) -> None:
+        self.kill_operator()
+        self.start_operator()
+
+    def _serving_workloads(self) -> None:
+        """One serving Deployment per node (pinned), and a PodDisruptionBudget over them all."""
+        for running in self.nodes.values():
+            self.apps.create_namespaced_deployment(SERVING_NS, fleet.serving_deployment(f"sglang-{running.node.name}", node=running.node.name,
+                                                                                        image=SERVING_IMAGE))
+        from kubernetes import client
+
+        client.PolicyV1Api(self.admin).create_namespaced_pod_disruption_budget(SERVING_NS, {
+            "metadata": {"name": "sglang"}, "spec": {"maxUnavailable": 2, "selector": {"matchLabels": dict(fleet.SERVING_LABELS)}}})
+
+    # ------------------------------------------------------------ what the simulated kubelets report
+
+    def _on_init(self, outcome: InitOutcome) -> None:
+        running = self.nodes.get(outcome.node)
+        if running is None or outcome.namespace != SERVING_NS:
+            return
+        flag = outcome.flag or "0"
+        if flag != running.flag:
+            running.history.append((time.time(), flag))
+        running.flag = flag
+        self.pod_flags[outcome.pod] = flag
+
+    def _watch_nodes(self) -> None:
+        from kubernetes import watch
+
+        while not self.stop_event.is_set():
+            try:
+                for event in watch.Watch().stream(self.core.list_node, label_selector="gluonrollout.io/demo=true", timeout_seconds=5,
+                                                  _preload_content=False):
+                    meta = event["raw_object"]["metadata"]
+                    ours = {k: v for k, v in (meta.get("labels") or {}).items() if contract.is_ours(k)}
+                    self.node_events.append((time.time(), meta["name"], ours))
+                    if self.stop_event.is_set():
+                        return
+            except Exception:
+                self.stop_event.wait(0.2)
+
+    # ------------------------------------------------------------ the rollout
+
+    def wait_for_agents(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self.node(n)["metadata"].get("labels", {}).get(contract.LABEL_SELFTEST) in ("pass", "fail", "error") for n in self.nodes):
+                return
+            time.sleep(0.5)
+        logs = {n: r.agent.tail(5) if r.agent else "" for n, r in self.nodes.items()}
+        raise TimeoutError(f"not every agent published within {timeout} s: {logs}")
+
+    def create_rollout(self, name: str = "kimi-k3", analysis: dict | None = None, strategy: dict | None = None) -> None:
+        assert self.prometheus is not None
+        body = fleet.rollout(name, SERVING_NS, nodeSelector={"matchLabels": {"gluonrollout.io/demo": "true"}},
+                             strategy=dict(DEMO_STRATEGY, **(strategy or {})),
+                             analysis=dict(DEMO_ANALYSIS, prometheusUrl=self.prometheus.url, **(analysis or {})))
+        self.rollout_name = name
+        self.rollout_created = time.time()
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, SERVING_NS, PLURAL, body)
+
+    def node(self, name: str) -> dict[str, Any]:
+        return json.loads(self.core.read_node(name, _preload_content=False).data)
+
+    def status(self) -> dict[str, Any]:
+        try:
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, SERVING_NS, PLURAL, self.rollout_name)
+        except Exception:
+            return {}
+        return obj.get("status") or {}
+
+    def settled(self, min_seconds: float = 20.0) -> bool:
+        """Nothing left to enable, restart or judge (checked only after the rollout has had time to start)."""
+        status = self.status()
+        nodes = status.get("nodes", {})
+        if len(nodes) < len(self.nodes) or time.time() - self.rollout_created < min_seconds or status.get("phase") not in ("Complete", "Idle", "Aborted"):
+            return False
+        moving = [n for n, s in nodes.items() if s["state"] in ("Enabling", "Analyzing") or (s["state"] == "Eligible" and not s["holdout"])]
+        return not moving and all(r.flag == ("1" if nodes[n]["state"] == "Promoted" else "0") for n, r in self.nodes.items())
+
+    def events(self) -> list[dict[str, Any]]:
+        return json.loads(self.core.list_namespaced_event(SERVING_NS, _preload_content=False).data)["items"]
+
+    def pods(self) -> list[dict[str, Any]]:
+        items = json.loads(self.core.list_namespaced_pod(SERVING_NS, label_selector="app=sglang", _preload_content=False).data)["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def evictions(self) -> list[tuple[float, str]]:
+        """(time, pod) of every eviction the operator asked for (the proxy saw them; needs proxy=True)."""
+        assert self.proxy is not None, "evictions are counted by the fault proxy: SimCluster(proxy=True)"
+        return [(s.at, s.path.split("/")[-2]) for s in self.proxy.requests("POST", r"/pods/[^/]+/eviction$") if s.status < 300]
+
+    def enabled_at(self, node: str, when: float) -> str | None:
+        """The node's `enabled` label at a moment, from the node watch."""
+        value = None
+        for at, name, labels in self.node_events:
+            if name == node and at <= when:
+                value = labels.get(contract.LABEL_ENABLED)
+        return value
+
+    def pod_node(self, pod: str) -> str | None:
+        outcome = next((o for o in (self.kubelet.outcomes if self.kubelet else []) if o.pod == pod), None)
+        return outcome.node if outcome else None
+
+    # ------------------------------------------------------------ stop
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(5)
+        everything = [r.agent for r in self.nodes.values() if r.agent] + ([self.operator] if self.operator else [])
+        for proc in everything:
+            proc.stop()
+        for running in self.nodes.values():
+            if running.exporter:
+                running.exporter.stop()
+        if self.kubelet is not None:
+            self.kubelet.__exit__(None, None, None)
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.prometheus:
+            self.prometheus.stop()
+        if self.cp:
+            self.cp.stop()
+
+
+def triton_site() -> str:
+    """The serving image's Triton: the real PyPI one (Gluon with cga_layout), from our environment."""
+    import triton
+
+    return os.path.dirname(os.path.dirname(triton.__file__))
