@@ -384,9 +384,7 @@ def live(control_plane, installed):
         core.create_node(node)
     for name in E2E_NODES:
         installed.agent_pod(name)
-    # The operator of this checkout (the harness strips PYTHONPATH, which would leave the venv's install)
-    checkout = os.pathsep.join(str(ROOT / part) for part in ("agent", "operator", "localcluster"))
-    operator = start_operator(installed, reconcile_seconds=0.5, PYTHONPATH=checkout)
+    operator = start_operator(installed, reconcile_seconds=0.5)
     try:
         yield SimpleNamespace(cp=control_plane, core=core, custom=client.CustomObjectsApi(control_plane.admin_client()),
                               namespace=namespace, operator=operator, kubeconfig=str(control_plane.kubeconfig))
