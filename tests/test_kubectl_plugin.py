@@ -207,6 +207,7 @@ def test_explain_shows_the_rollback_record_and_node_conditions():
     node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = "[]"
     assert "the rollback record annotation" in views.render_explain(explained(node))  # a bad record says so
     assert "effect: 0.858" in text and "ci_low: 0.839" in text
+    assert views.number_text("at", NOW) == views.when(NOW) == "2033-05-18T03:33:20Z" and views.number_text("x", None) == "-"
 
 
 def test_explain_a_node_without_report_or_record():

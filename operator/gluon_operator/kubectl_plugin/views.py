@@ -272,7 +272,7 @@ def render_explain(record: Mapping[str, Any]) -> str:
             out.append(indent(table(("GPU", "PATH", "RESULT", "MAX REL L2", "SPEEDUP", "REASONS"), rows)))
     if record.get("analysis"):
         out.append("  analysis:")
-        out.extend(f"    {k}: {v}" for k, v in sorted(record["analysis"].items()))
+        out.extend(f"    {k}: {number_text(k, v)}" for k, v in sorted(record["analysis"].items()))
     rollback = record.get("rollback")
     out.append(f"  rollback:    {rollback.get('reason') if rollback else record.get('rollbackProblem') or 'none recorded'}")
     if rollback:
@@ -281,6 +281,17 @@ def render_explain(record: Mapping[str, Any]) -> str:
     pods = record.get("pods") or []
     out.append(f"  pods:        {len(pods)}" + "".join(f"\n    {p['name']}: flag {p['flag'] or '?'} ({p['phase']})" for p in pods))
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+TIME_KEYS = ("at", "inconclusiveSince", "since", "changedAt")
+
+
+def number_text(key: str, value: Any) -> str:
+    if value is None:
+        return NONE
+    if key in TIME_KEYS and isinstance(value, (int, float)):
+        return when(value)
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def indent(text: str, by: str = "    ") -> str:
