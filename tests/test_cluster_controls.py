@@ -8,10 +8,12 @@ inconclusive and `onNoData: promote` with no deadline promotes it (the analysis 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -31,7 +33,10 @@ INDEX = iter(range(300, 400))  # node IPs of their own (fleet.node_ip)
 
 @pytest.fixture(scope="module")
 def operator(installed):
-    process = start_operator(installed, reconcile_seconds=0.5)
+    # This checkout's code: the child's environment drops PYTHONPATH, and the shared venv's editable
+    # install may point at another checkout.
+    here = Path(__file__).resolve().parent.parent
+    process = start_operator(installed, reconcile_seconds=0.5, PYTHONPATH=os.pathsep.join(str(here / d) for d in ("agent", "operator", "")))
     yield process
     process.stop()
     assert "Traceback" not in process.tail(400), process.tail(80)

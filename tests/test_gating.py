@@ -154,31 +154,6 @@ def statuses_from(states: dict[str, str], holdout=()):
     return {n: NodeStatus(s, holdout=n in holdout) for n, s in states.items()}
 
 
-def test_plan_canary_then_parallel():
-    fleet = {f"n{i}": ELIGIBLE for i in range(6)}
-    assert gating.plan_enables(statuses_from(fleet), 1, 3, False, False) == ["n0"]
-    assert gating.plan_enables(statuses_from({**fleet, "n0": ANALYZING}), 1, 3, False, False) == []
-    assert gating.plan_enables(statuses_from({**fleet, "n0": PROMOTED}), 1, 3, False, False) == ["n1", "n2", "n3"]
-    assert gating.plan_enables(statuses_from({**fleet, "n0": PROMOTED, "n1": ENABLING}), 1, 3, False, False) == ["n2", "n3"]
-    assert gating.plan_enables(statuses_from(fleet, holdout={"n0"}), 1, 3, False, False) == ["n1"]
-    assert gating.plan_enables(statuses_from(fleet), 1, 3, True, False) == []
-    assert gating.plan_enables(statuses_from(fleet), 1, 3, False, True) == []
-    assert gating.plan_enables(statuses_from(fleet), 0, 2, False, False) == ["n0", "n1"]
-
-
-@given(states=st.lists(st.sampled_from(contract.NODE_STATES), min_size=1, max_size=30), canary=st.integers(0, 4),
-       parallel=st.integers(1, 5), holdouts=st.integers(0, 3))
-def test_plan_never_exceeds_limits(states, canary, parallel, holdouts):
-    statuses = {f"n{i}": NodeStatus(s) for i, s in enumerate(states)}
-    for name in gating.choose_holdouts(statuses, holdouts):
-        statuses[name] = NodeStatus(ELIGIBLE, holdout=True)
-    chosen = gating.plan_enables(statuses, canary, parallel, False, False)
-    in_progress = sum(s.state in (ENABLING, ANALYZING) for s in statuses.values()) + len(chosen)
-    promoted = sum(s.state == PROMOTED for s in statuses.values())
-    assert all(statuses[n].state == ELIGIBLE and not statuses[n].holdout for n in chosen)
-    assert len(chosen) == 0 or in_progress <= (canary - promoted if promoted < canary else parallel)
-
-
 def test_holdouts_are_stable_and_fill_up():
     fleet = statuses_from({f"n{i}": ELIGIBLE for i in range(10)})
     first = gating.choose_holdouts(fleet, 2)

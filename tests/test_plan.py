@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from gluon_agent import contract
 from gluon_operator import plan as planner
-from gluon_operator import world
+from gluon_operator import gating, world
 from gluon_operator.gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, Verdict
 from gluon_operator.analysis import Judgement
-from gluon_operator.spec import resolve
+from gluon_operator.spec import parse_spec, resolve
 from tests.cluster import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout
 
 T0 = 1_796_000_000.0
@@ -145,6 +145,47 @@ def test_preview_is_json_and_matches_the_plan():
     assert json.loads(json.dumps(out)) == out
     assert [w["node"] for w in out["nodeWrites"] if w["labels"][contract.LABEL_ENABLED] == "true"] == ["n0"]
     assert out["status"]["nodes"]["n0"]["state"] == ENABLING and out["status"]["counts"][ELIGIBLE] == 2
+
+
+def works(states: dict[str, str], holdout=(), held=()) -> dict[str, planner.NodeWork]:
+    empty = gating.PodSummary([], {}, True, [])
+    return {n: planner.NodeWork(planner.NodeView(n, {}, {}), planner.FLEET, planner.NodeStatus(s), None, [], empty,
+                                "cordoned" if n in held else None, planner.NodeStatus(s, holdout=n in holdout)) for n, s in states.items()}
+
+
+def choose(states, canary=1, parallel=3, paused=False, aborted=False, **kw):
+    spec, problems = parse_spec({"podSelector": SELECTOR, "strategy": {"canaryNodes": canary, "maxParallel": parallel}, "paused": paused})
+    assert not problems
+    approval = planner.approvals(planner.RolloutView("ns", "r", {}), spec, T0)
+    return planner.choose_enables(spec, works(states, **kw), approval, aborted)[0]
+
+
+def test_choose_canary_then_parallel():
+    fleet = {f"n{i}": ELIGIBLE for i in range(6)}
+    assert choose(fleet) == ["n0"]
+    assert choose({**fleet, "n0": ANALYZING}) == []
+    assert choose({**fleet, "n0": PROMOTED}) == ["n1", "n2", "n3"]
+    assert choose({**fleet, "n0": PROMOTED, "n1": ENABLING}) == ["n2", "n3"]
+    assert choose(fleet, holdout={"n0"}) == ["n1"]
+    assert choose(fleet, held={"n0"}) == ["n1"]
+    assert choose({**fleet, "n0": ENABLING}, held={"n0"}) == ["n1"]  # a held canary does not block
+    assert choose(fleet, paused=True) == [] and choose(fleet, aborted=True) == []
+    assert choose(fleet, canary=0, parallel=2) == ["n0", "n1"]
+
+
+@given(states=st.lists(st.sampled_from(contract.NODE_STATES), min_size=1, max_size=30), canary=st.sampled_from([0, 1, 3, "10%", "50%"]),
+       parallel=st.sampled_from([1, 2, 5, "10%", "100%"]), holdouts=st.integers(0, 3), held=st.sets(st.integers(0, 29), max_size=5))
+def test_choose_never_exceeds_limits(states, canary, parallel, holdouts, held):
+    statuses = {f"n{i}": planner.NodeStatus(s) for i, s in enumerate(states)}
+    chosen_holdouts = set(gating.choose_holdouts(statuses, holdouts))
+    held_nodes = {f"n{i}" for i in held} & set(statuses)
+    chosen = choose(dict(zip(statuses, states)), canary, parallel, holdout=chosen_holdouts, held=held_nodes)
+    active = [n for n in statuses if n not in held_nodes]
+    in_progress = sum(statuses[n].state in IN_PROGRESS for n in active) + len(chosen)
+    promoted = sum(statuses[n].state == PROMOTED for n in statuses)
+    canaries, most = resolve(canary, len(states), True), max(1, resolve(parallel, len(states), True))
+    assert all(statuses[n].state == ELIGIBLE and n not in chosen_holdouts and n not in held_nodes for n in chosen)
+    assert len(chosen) == 0 or in_progress <= (canaries - promoted if promoted < canaries else most)
 
 
 # ---------------------------------------------------------------- dry run

@@ -1,5 +1,6 @@
-"""The operator's pure decisions: node eligibility, the node state machine, which nodes to enable next,
-which pods to restart, and the rollout's phase. Plain data in, plain data out; kopf handlers call these.
+"""The operator's pure decisions per node: eligibility, the node state machine, which pods to restart,
+and the rollout's phase (plan.py composes them into one reconcile and chooses which nodes to enable).
+Plain data in, plain data out.
 
 States (contract.NODE_STATES): Ineligible, Eligible, Enabling, Analyzing, Promoted, RolledBack, Disabled.
 """
@@ -203,7 +204,7 @@ def move(prev: NodeStatus, state: str, reason: str, now: float, **changes: Any) 
 
 def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdict | None, now: float,
             rollback_cleared: bool, recorded_rollback: RollbackRecord | None = None) -> Step:
-    """Automatic transitions. Eligible -> Enabling is the planner's choice (see plan_enables).
+    """Automatic transitions. Eligible -> Enabling is the planner's choice (plan.choose_enables).
     `recorded_rollback`: the node's rollback annotation when it still bars the node. A flag-on node that
     carries one was rolled back by a reconcile whose status write was lost (labels and record are written
     first, in one patch): the record, not the stale status, is the truth."""
@@ -256,21 +257,6 @@ def choose_holdouts(statuses: Mapping[str, NodeStatus], wanted: int) -> list[str
     have = sum(1 for s in statuses.values() if s.holdout and s.state == ELIGIBLE)
     pool = sorted((n for n, s in statuses.items() if s.state == ELIGIBLE and not s.holdout), key=holdout_rank)
     return pool[: max(0, wanted - have)]
-
-
-def plan_enables(statuses: Mapping[str, NodeStatus], canary_nodes: int, max_parallel: int, paused: bool,
-                 aborted: bool) -> list[str]:
-    """Which Eligible nodes to enable now: canaries first, then at most max_parallel in progress."""
-    if paused or aborted:
-        return []
-    in_progress = sum(1 for s in statuses.values() if s.state in IN_PROGRESS)
-    promoted = sum(1 for s in statuses.values() if s.state == PROMOTED)
-    if promoted < canary_nodes:
-        limit = canary_nodes - promoted - in_progress
-    else:
-        limit = max_parallel - in_progress
-    candidates = sorted(n for n, s in statuses.items() if s.state == ELIGIBLE and not s.holdout)
-    return candidates[: max(0, limit)]
 
 
 def enable(prev: NodeStatus, now: float) -> Step:

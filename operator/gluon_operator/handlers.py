@@ -97,6 +97,10 @@ def stop_caches(**_: Any) -> None:
 
 @kopf.index(GROUP, VERSION, PLURAL)
 def rollout_index(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+    """Live rollouts by namespace: their pod selectors (the webhook, the pod caches) and node claims
+    (overlaps). A rollout being deleted claims nothing and injects nothing."""
+    if meta.get("deletionTimestamp"):
+        return {}
     return {namespace: {"name": name, "podSelector": dict(spec.get("podSelector") or {}),
                         "nodeSelector": dict(spec.get("nodeSelector") or {}), "created": unix(meta.get("creationTimestamp"))}}
 

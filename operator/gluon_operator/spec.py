@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, ValidationError, WithJsonSchema
 
+from gluon_agent import contract
+
 GROUP = "gluonrollout.io"
 VERSION = "v1alpha1"
 PLURAL = "gluonrollouts"
@@ -84,7 +86,7 @@ class Strategy(Model):
     maxParallel: PositiveCountOrPercent = Field(
         1, description="Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the batch's nodes, rounded up (at least 1).")
     approval: Literal["Automatic", "AfterCanary", "EachBatch"] = Field(
-        "Automatic", description="Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first canaries are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by annotating the rollout gluonrollout.io/approve=<gate> (kubectl gluon promote).")
+        "Automatic", description="Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first canaries are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by annotating the rollout " + contract.ANNOTATION_ROLLOUT_APPROVE + "=<gate> (kubectl gluon promote).")
     batches: Batches | None = Field(None, description="Roll out group by group; a group whose failures pass abort.maxFailedNodes aborts the rest.")
     restart: Literal["Evict", "Delete", "None"] = Field(
         "Evict", description="How a node's serving pods restart: Eviction API (honours PDBs), delete, or not at all.")
