@@ -73,7 +73,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         (WORDS_DOTS, "        a0 = a0 * alpha[:, None] + tl.sum(p.to(tl.float32), 1)[:, None]\n"),
         (WORDS_JOIN, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32) + tl.sum(a0, 1)[:, None]\n"),
     ],
-    # sessions 2-5's row sums: summed across warps every tile
+    # v12's and earlier row sums: summed across warps every tile
     "row_sums_per_tile": [
         ("    l_acc = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)\n", "    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)\n"),
         ("        l_acc = l_acc * alpha[:, None] + p\n", "        l_i = l_i * alpha + tl.sum(p, 1)\n"),
@@ -81,9 +81,9 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     ],
     # the 512-wide latent QK left out (rope part only): loads + PV + softmax
     "no_latent_qk": [(LATENT_QK, "        for c in tl.static_range(0):\n")],
-    # session 3's latent QK: every slice accumulates into one chain
+    # v6's and earlier latent QK: every slice accumulates into one chain
     "one_qk_chain": [(ODD_SLICES, "                qk = tl.dot(q_c, tl.trans(k_c), qk)\n")],
-    # sessions 4 and 5's value tile: all 128 words in one group, four products of 128 features
+    # v8 to v11's value tile: all 128 words in one group, four products of 128 features
     "one_word_group": [
         (WORDS_INIT, QUARTER_INIT),
         (WORDS_LOAD, "        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + tl.arange(0, D_NOPE // 4)[None, :],"
@@ -92,14 +92,14 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         (WORDS_DOTS, "".join(f"        acc{r} = tl.dot(p, v{r}, acc{r} * alpha[:, None])\n" for r in range(4))),
         (WORDS_JOIN, QUARTER_JOIN),
     ],
-    # each word group loaded after the softmax, right before its products (session 6: 172 registers)
+    # each word group loaded after the softmax, right before its products (tried on v12: 172 registers)
     "words_after_softmax": [
         (WORDS_LOAD, ""),
         (WORDS_DOTS, "        word_row = kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :]\n" + "".join(
             f"        {g}0, {g}1, {g}2, {g}3 = _value_products(p, alpha, tl.load(word_row + {i} * GROUP, mask=mask_n[:, None],"
             f" other=0), {g}0, {g}1, {g}2, {g}3, DOT_DTYPE)\n" for i, g in enumerate("abcd"))),
     ],
-    # session 3's value tile: 16-bit feature pairs through a transposing ldmatrix, two half-width products
+    # v4 to v7's value tile: 16-bit feature pairs through a transposing ldmatrix, two half-width products
     "pair_value_tile": [
         (WORDS_LOAD, ""),
         (WORDS_INIT, "    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
@@ -113,7 +113,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
                      "        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])\n"),
         (WORDS_JOIN, "    acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_H, D_NOPE])\n"),
     ],
-    # session 2's value tile: one fp8 [tokens, 512] load, fed to the product by byte-wise shared loads
+    # v1 to v3's value tile: one fp8 [tokens, 512] load, fed to the product by byte-wise shared loads
     "byte_value_tile": [
         (WORDS_LOAD, ""),
         (WORDS_INIT, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)\n"),
@@ -121,7 +121,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
                      "        acc = tl.dot(p, v, acc * alpha[:, None])\n"),
         (WORDS_JOIN, ""),
     ],
-    # session 5: the fp8 tile in feature order, converted in adjacent-feature pairs, then split four ways
+    # tried on v9: the fp8 tile in feature order, converted in adjacent-feature pairs, then split four ways
     # by tl.split (no byte extraction: 1555 instructions per tile and warp against 1658, but slower)
     "split_value_tile": [
         (WORDS_LOAD, ""),
@@ -137,8 +137,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 SHAPES = [(32, 65536), (1, 131072), (4, 32768)]
 
 
-def session4_split_count(batch: int, max_kv_len: int, device: torch.device, config: triton_mla.KernelConfig) -> int:
-    """Session 4's split rule: 8 waves of programs per SM (2 below batch 8), at least 256 tokens a split."""
+def v9_split_count(batch: int, max_kv_len: int, device: torch.device, config: triton_mla.KernelConfig) -> int:
+    """v9's split rule: 8 waves of programs per SM (2 below batch 8), at least 256 tokens a split."""
     waves = 2 if batch < 8 else 8
     return max(1, min(math.ceil(waves * triton_mla.multiprocessors(device) / batch), math.ceil(max_kv_len / 256)))
 
@@ -152,7 +152,7 @@ class Previous:
 
 
 PREVIOUS = [
-    Previous("session 4 split rule", triton_mla.DEFAULT_CONFIG, session4_split_count),
+    Previous("v9 split rule", triton_mla.DEFAULT_CONFIG, v9_split_count),
     Previous("64-wide QK slices", dataclasses.replace(triton_mla.DEFAULT_CONFIG, d_chunk=64)),
 ]
 

@@ -129,7 +129,7 @@ def sweep(problems: list[Problem], ceiling: float) -> list[dict]:
     return rows
 
 
-# Session 4's floor, half the rule's: the sweep also times splits shorter than the rule allows.
+# v9's floor, half the rule's: the sweep also times splits shorter than the rule allows.
 SWEEP_MIN_TOKENS_PER_SPLIT = 256
 
 

@@ -37,8 +37,8 @@ def test_previous_configs_and_split_rules_each_differ_from_today(monkeypatch):
     triton_mla = mla_ablation.triton_mla
     monkeypatch.setattr(triton_mla, "multiprocessors", lambda device: 132)  # an H200
     cpu, today = torch.device("cpu"), triton_mla.DEFAULT_CONFIG
-    assert mla_ablation.session4_split_count(32, 65536, cpu, today) == 33  # 8 waves of programs
-    assert mla_ablation.session4_split_count(1, 131072, cpu, today) == 264  # 2 waves below batch 8
+    assert mla_ablation.v9_split_count(32, 65536, cpu, today) == 33  # 8 waves of programs
+    assert mla_ablation.v9_split_count(1, 131072, cpu, today) == 264  # 2 waves below batch 8
     assert triton_mla.split_count(32, 65536, cpu, today) == 8
     assert all(prev.config != today or prev.split_count is not triton_mla.split_count for prev in mla_ablation.PREVIOUS)
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from gluon_agent import contract
-from .simcluster import SimCluster
+from .simcluster import SERVING_NS, SimCluster
 
 STATE_MARK = {"Promoted": "PROMOTED", "RolledBack": "ROLLED BACK", "Analyzing": "analyzing", "Enabling": "enabling",
               "Eligible": "eligible", "Ineligible": "ineligible", "Disabled": "disabled"}
@@ -132,9 +132,23 @@ def run(out: Path, timeout: float, quiet: bool = False) -> dict:
                                  for name in cluster.nodes}
         result["pod_flags"] = {p["spec"]["nodeName"]: p["metadata"].get("labels", {}).get(contract.LABEL_POD_FLAG) for p in cluster.pods()}
         (out / "summary.json").write_text(json.dumps(result, indent=2))
+        if not quiet:
+            plugin_pass(cluster, result)
         return result
     finally:
         cluster.stop()
+
+
+def plugin_pass(cluster: SimCluster, result: dict) -> None:
+    """What a person types next: `kubectl gluon status`, then `explain` on each rolled-back node."""
+    from gluon_operator.kubectl_plugin import main as kubectl_gluon
+
+    flags = ["--kubeconfig", str(cluster.cp.kubeconfig), "-n", SERVING_NS]
+    print(f"\n$ kubectl gluon status -n {SERVING_NS}", flush=True)
+    kubectl_gluon([*flags, "status"])
+    for name in result["rolled_back"]:
+        print(f"\n$ kubectl gluon explain {name} -n {SERVING_NS}", flush=True)
+        kubectl_gluon([*flags, "explain", name])
 
 
 def main() -> int:

@@ -17,9 +17,14 @@ from .controlplane import free_port
 from .install import Installed
 
 
+# This checkout's packages: a child runs the code under test, not whatever checkout the venv installed.
+CHECKOUT_PATH = os.pathsep.join(str(Path(__file__).resolve().parents[2] / part) for part in ("agent", "operator", "localcluster"))
+
+
 def python_env(**extra: str) -> dict[str, str]:
     """Our environment without what would change what a child imports or which cluster it talks to."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KUBECONFIG", "SGLANG_AITER_MLA_GLUON", "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = CHECKOUT_PATH
     env.update(extra)
     return env
 

@@ -36,11 +36,11 @@ class KernelConfig:
     min_tokens_per_split: int = 512  # below this a split costs more in partials than it saves
 
 
-# Best of the H200 sweeps (docs/benchmarks/README.md): 64-token tiles in 4 warps with 128-wide QK slices.
+# Best of the H200 sweeps (docs/benchmarks/mla_kernel_notes.md): 64-token tiles, 4 warps, 128-wide QK slices.
 # 88 KB of shared memory (and 237 registers x 128 threads) leave room for two programs per multiprocessor
 # (ctas_per_sm). An arithmetic-free kernel of this structure is no faster (bench/gather_ceiling.py's split
 # floor): at 8 warps per SM the loop waits on memory. Configs with 12 or 16 warps per SM were slower still
-# (sessions 6 and 8, maxnreg A/Bs): smaller tiles and register caps cost more than the warps hide. One config
+# (maxnreg A/Bs of 2026-11-30): smaller tiles and register caps cost more than the warps hide. One config
 # for every batch: the split count below is a launch quantity, so a cold self-test compiles one kernel.
 DEFAULT_CONFIG = KernelConfig()
 INTERPRET_CONFIG = KernelConfig(block_n=16, num_warps=1, num_stages=1, ctas_per_sm=1, min_tokens_per_split=16)
@@ -257,7 +257,7 @@ def split_count(batch: int, max_kv_len: int, device: torch.device, config: Kerne
     """Splits per sequence: one wave of resident programs (batch x splits at most ctas_per_sm per
     multiprocessor, so no program waits for a second wave), and no split shorter than
     min_tokens_per_split. Depends on the length *bound*, so a captured graph stays valid. H200
-    (docs/benchmarks/README.md): one wave beat 2 to 6 waves at every recorded shape, and a
+    (docs/benchmarks/mla_kernel_notes.md): one wave beat 2 to 6 waves at every recorded shape, and a
     program count just over one wave (264 + 24) cost 32 x 8K 19%."""
     return splits_per_sequence(resident_programs(device, config), batch, max_kv_len, config.min_tokens_per_split)
 

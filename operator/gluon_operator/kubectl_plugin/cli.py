@@ -1,0 +1,225 @@
+"""`kubectl gluon` (the console script `kubectl-gluon`): the thin shell. It reads objects with the user's
+kubeconfig, hands them to views/controls (pure) and sends the patches they build.
+
+Exit codes as kubectl's: 0 done, 1 an error (missing rollout or node, nothing to promote or retry, an API
+error), 2 a usage error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from gluon_agent.kube import MERGE_PATCH
+
+from .. import __version__
+from ..spec import GROUP, PLURAL, VERSION
+from ..world import AGENT_LABEL
+from . import controls, views
+from .views import PluginError
+
+REQUEST_TIMEOUT = 30
+DEFAULT_AGENT_SELECTOR = AGENT_LABEL  # the agent pods, as the operator finds them
+
+
+class Cluster:
+    """The API calls the commands need, returning raw objects (dicts as the API server sends them)."""
+
+    def __init__(self, kubeconfig: str | None, context: str | None, namespace: str | None) -> None:
+        from kubernetes import client, config
+
+        try:
+            self.api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+            self.namespace = namespace or context_namespace(kubeconfig, context)
+        except (config.ConfigException, OSError) as exc:
+            raise PluginError(f"cannot load the kubeconfig ({kubeconfig or 'KUBECONFIG or ~/.kube/config'}): {exc}") from exc
+        self.core = client.CoreV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client import ApiException
+
+        try:
+            response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            return json.loads(response.data)
+        except ApiException as exc:
+            raise PluginError(api_problem(what, exc.status, exc.body)) from exc
+        except Exception as exc:  # urllib3's connection and timeout errors
+            raise PluginError(f"cannot reach the API server at {self.api_client.configuration.host} ({what}): {exc}") from exc
+
+    def rollout(self, name: str | None) -> dict[str, Any]:
+        if name:
+            return self._call(f"GluonRollout {name!r} in namespace {self.namespace!r}",
+                              self.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name)
+        listed = self._call(f"GluonRollouts in namespace {self.namespace!r}",
+                            self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL)
+        return only_rollout(listed.get("items") or [], self.namespace)
+
+    def patch_rollout(self, rollout: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+        name = views.meta(rollout)["name"]
+        return self._call(views.rollout_ref(rollout), self.custom.patch_namespaced_custom_object, GROUP, VERSION,
+                          self.namespace, PLURAL, name, body, _content_type=MERGE_PATCH)
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self._call(f"node {name!r}", self.core.read_node, name)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self._call("nodes", self.core.list_node).get("items") or []
+
+    def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call(f"node {name!r}", self.core.patch_node, name, body, _content_type=MERGE_PATCH)
+
+    def serving_pods(self) -> list[dict[str, Any]]:
+        return self._call(f"pods in namespace {self.namespace!r}", self.core.list_namespaced_pod, self.namespace).get("items") or []
+
+    def agent_pods(self, selector: str) -> list[dict[str, Any]]:
+        return self._call(f"agent pods ({selector})", self.core.list_pod_for_all_namespaces, label_selector=selector).get("items") or []
+
+
+def context_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace kubectl would use: the context's own, else "default"."""
+    from kubernetes import config
+
+    contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
+    if context and chosen is None:
+        raise PluginError(f"context {context!r} is not in the kubeconfig")
+    return ((chosen or {}).get("context") or {}).get("namespace") or "default"
+
+
+def api_problem(what: str, status: int | None, body: Any) -> str:
+    """kubectl-like wording for an API error, naming the object."""
+    try:
+        message = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        message = None
+    if status == 404:
+        return f"{what} not found" + (f" ({message})" if message and "not found" not in message else "")
+    if status == 403:
+        return f"forbidden: {what}: {message or 'no permission'}"
+    if status == 409:
+        return f"conflict on {what}: it changed since it was read ({message}); run the command again"
+    return f"{what}: the API server answered {status}: {message or body}"
+
+
+def only_rollout(items: Sequence[Mapping[str, Any]], namespace: str) -> dict[str, Any]:
+    if not items:
+        raise PluginError(f"no GluonRollout in namespace {namespace!r} (use -n NAMESPACE, or name the rollout)")
+    if len(items) > 1:
+        names = ", ".join(sorted(views.meta(i).get("name", "?") for i in items))
+        raise PluginError(f"namespace {namespace!r} has {len(items)} GluonRollouts ({names}): name one")
+    return dict(items[0])
+
+
+# ---------------------------------------------------------------- commands
+
+
+def emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n" if args.json else text(data))
+
+
+def cmd_status(args: argparse.Namespace, cluster: Cluster) -> int:
+    rollout = cluster.rollout(args.rollout)
+    emit(args, views.status_view(rollout, cluster.nodes(), cluster.serving_pods()), views.render_status)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace, cluster: Cluster) -> int:
+    rollout = cluster.rollout(args.rollout)
+    node = cluster.node(args.node)
+    record = views.explain(rollout, node, cluster.serving_pods(), cluster.agent_pods(args.agent_selector), time.time())
+    emit(args, record, views.render_explain)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, cluster: Cluster) -> int:
+    from .. import plan
+
+    rollout = cluster.rollout(args.rollout)
+    pods = cluster.serving_pods() + cluster.agent_pods(args.agent_selector)
+    emit(args, plan.preview(rollout, cluster.nodes(), pods, time.time()), views.render_plan)
+    return 0
+
+
+def control(build: Callable[[argparse.Namespace, Mapping[str, Any]], Mapping[str, Any]], done: str) -> Callable[..., int]:
+    """A command that patches the rollout with what `build` makes of it, then says what it did."""
+
+    def run(args: argparse.Namespace, cluster: Cluster) -> int:
+        rollout = cluster.rollout(args.rollout)
+        patched = cluster.patch_rollout(rollout, build(args, rollout))
+        emit(args, patched, lambda _: f"{views.rollout_ref(rollout)} {done}\n")
+        return 0
+
+    return run
+
+
+def cmd_retry(args: argparse.Namespace, cluster: Cluster) -> int:
+    node = cluster.node(args.node)
+    rollout = cluster.rollout(args.rollout) if args.rollout else None
+    body = controls.retry(rollout, node)
+    reason = controls.rollback_summary(node)
+    patched = cluster.patch_node(args.node, body)
+    emit(args, patched, lambda _: f"node {args.node!r}: rollback record cleared (was: {reason}); "
+                                  "the operator judges it again on its next reconcile\n")
+    return 0
+
+
+COMMANDS: dict[str, tuple[str, Callable[..., int]]] = {
+    "status": ("a table of the rollout's nodes: state, flag in use, effect and reason", cmd_status),
+    "explain": ("the whole decision record of one node", cmd_explain),
+    "plan": ("the next reconcile's plan, as a dry run: nothing is written", cmd_plan),
+    "pause": ("stop enabling nodes (spec.paused=true)", control(lambda a, r: controls.pause(r), "paused")),
+    "resume": ("resume (spec.paused=false) and lift an abort", control(lambda a, r: controls.resume(r), "resumed")),
+    "promote": ("grant the approval gate the rollout waits at", control(lambda a, r: controls.promote(r), "promoted")),
+    "abort": ("abort the rollout: flag-on nodes are disabled", control(lambda a, r: controls.abort(r, a.reason), "aborted")),
+    "retry": ("clear a node's rollback record, so it is judged again", cmd_retry),
+}
+
+
+def common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """kubectl's flags, accepted before and after the command. Only the top level sets defaults: a
+    sub-parser's default would overwrite a flag given before the command."""
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--kubeconfig", default=default(None), help="path to the kubeconfig (default: KUBECONFIG, then ~/.kube/config)")
+    parser.add_argument("--context", default=default(None), help="the kubeconfig context to use (default: the current one)")
+    parser.add_argument("-n", "--namespace", default=default(None), help="the rollout's namespace (default: the context's)")
+    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON instead of text, for scripts")
+    parser.add_argument("--agent-selector", default=default(DEFAULT_AGENT_SELECTOR), help="label selector of the agent pods")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kubectl gluon", description="Watch and steer GluonRollouts (gluon-rollout).")
+    common_options(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common_options(common, defaults=False)
+    parser.add_argument("--version", action="version", version=f"kubectl-gluon {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
+        if name in ("explain", "retry"):
+            p.add_argument("node", metavar="NODE")
+            p.add_argument("--rollout", "-r", help="the GluonRollout (default: the only one in the namespace)")
+        else:
+            p.add_argument("rollout", metavar="ROLLOUT", nargs="?", help="default: the only one in the namespace")
+        if name == "abort":
+            p.add_argument("--reason", help="why; recorded in the abort annotation, status and Events")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cluster = Cluster(args.kubeconfig, args.context, args.namespace)
+        return COMMANDS[args.command][1](args, cluster)
+    except PluginError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
