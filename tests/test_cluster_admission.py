@@ -112,6 +112,32 @@ def test_operator_node_writes_are_not_affected(installed, gpu_nodes):
     assert operator_core.read_node("adm-b").metadata.labels[contract.LABEL_STATE] == "Eligible"
 
 
+@pytest.mark.parametrize("patch,message", [
+    ({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}, "may not change a node's or pod's spec"),
+    ({"spec": {"unschedulable": True}}, "may not change a node's or pod's spec"),
+    ({"metadata": {"labels": {contract.LABEL_SELFTEST: "fail"}}}, "may change only its own keys"),
+    ({"metadata": {"annotations": {contract.ANNOTATION_REPORT: "{}"}}}, "may change only its own keys"),
+    ({"metadata": {"labels": {"example.com/other": "x"}}}, "may change only its own keys"),
+])
+def test_operator_policy_confines_node_writes(installed, gpu_nodes, patch, message):
+    operator_core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
+    text = denial(lambda: operator_core.patch_node("adm-b", patch, _content_type=MERGE))
+    assert message in text, text
+
+
+def test_operator_policy_confines_pod_writes_to_the_flag_label(installed, namespace):
+    admin_core = client.CoreV1Api(installed.cp.admin_client())
+    admin_core.create_namespaced_pod(namespace, {"metadata": {"name": "p", "labels": {"app": "x"}},
+                                                 "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    operator_core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
+    operator_core.patch_namespaced_pod("p", namespace, {"metadata": {"labels": {contract.LABEL_POD_FLAG: "1"}}}, _content_type=MERGE)
+    assert admin_core.read_namespaced_pod("p", namespace).metadata.labels[contract.LABEL_POD_FLAG] == "1"
+    for patch in ({"metadata": {"labels": {"app": "y"}}}, {"metadata": {"annotations": {"example.com/a": "b"}}},
+                  {"spec": {"activeDeadlineSeconds": 5}}):
+        text = denial(lambda: operator_core.patch_namespaced_pod("p", namespace, patch, _content_type=MERGE))
+        assert "the operator may" in text, text
+
+
 # ---------------------------------------------------------------- RBAC, decided by the API server
 
 
