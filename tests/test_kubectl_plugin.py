@@ -21,7 +21,7 @@ from gluon_agent import contract
 from gluon_operator.kubectl_plugin import cli, controls, views
 from gluon_operator.kubectl_plugin.views import PluginError
 from gluon_operator.spec import GROUP, PLURAL, VERSION
-from tests.cluster import AGENT_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
+from tests.objects import AGENT_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,26 +20,7 @@ from gluon_operator import gating, world
 from gluon_operator.gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, Verdict
 from gluon_operator.analysis import Judgement
 from gluon_operator.spec import parse_spec, resolve
-from gluon_localcluster import fleet as fleet_objects
-from gluon_localcluster.fleet import SERVING_LABELS
-
-SERVING_NS = "serving"
-
-
-def gpu_node(name: str, **traits) -> dict:
-    """A Node as its agent would have published it (the agent's own report code)."""
-    labels, annotations = fleet_objects.agent_published(name, **traits)
-    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}, "annotations": annotations}}
-
-
-def agent_pod(node: str) -> dict:
-    return {"metadata": {"name": f"agent-{node}", "namespace": "gluon-system", "labels": {"app.kubernetes.io/name": "gluon-rollout-agent"}},
-            "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "agent"}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
-
-
-def rollout(name: str = "kimi", **spec) -> dict:
-    return fleet_objects.rollout(name, SERVING_NS, **spec)
+from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout
 
 T0 = 1_796_000_000.0
 SELECTOR = {"matchLabels": dict(SERVING_LABELS)}
