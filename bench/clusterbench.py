@@ -19,6 +19,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD_DATE = "2026-12-01"
+AGENT_LABEL = "app.kubernetes.io/name=gluon-rollout-agent"  # the chart's agent pods
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 
@@ -83,6 +84,26 @@ def provenance(bench: str, script: str) -> dict[str, Any]:
 def child_pythonpath() -> str:
     """This checkout's packages first: the venv's editable install points at another checkout."""
     return os.pathsep.join(str(ROOT / part) for part in ("agent", "operator", "localcluster"))
+
+
+# ---------------------------------------------------------------- agent pods
+
+
+def agent_pod_from_daemonset(daemonset: dict[str, Any], node: str) -> dict[str, Any]:
+    """The pod the DaemonSet controller would make for `node` (its template, owned by it, bound there)."""
+    meta = daemonset["metadata"]
+    template = json.loads(json.dumps(daemonset["spec"]["template"]))
+    template["metadata"].update(name=f"{meta['name']}-{node}", namespace=meta["namespace"], ownerReferences=[
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta["name"], "uid": meta["uid"], "controller": True,
+         "blockOwnerDeletion": True}])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": {**template["spec"], "nodeName": node}}
+
+
+def agent_daemonset(cp: Any, namespace: str) -> dict[str, Any]:
+    from kubernetes import client
+
+    listing = client.AppsV1Api(cp.admin_client()).list_namespaced_daemon_set(namespace, label_selector=AGENT_LABEL, _preload_content=False)
+    return json.loads(listing.data)["items"][0]
 
 
 # ---------------------------------------------------------------- Prometheus stand-in

@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from clusterbench import (NodeLabels, exit_cleanly_on_sigterm, QueryCounter, child_pythonpath, cpu_seconds, mb, peak_rss_bytes, provenance,  # noqa: E402
+from clusterbench import (AGENT_LABEL, NodeLabels, agent_daemonset, agent_pod_from_daemonset, exit_cleanly_on_sigterm, QueryCounter, child_pythonpath, cpu_seconds, mb, peak_rss_bytes, provenance,  # noqa: E402
                           rss_bytes, start_prometheus_stub, wait_until)
 from gluon_agent import contract  # noqa: E402
 from gluon_localcluster import fleet, processes  # noqa: E402
@@ -104,16 +104,6 @@ def parallel(work: list[Any], call: Any, cp: ControlPlane) -> None:
         list(pool.map(one, work))
 
 
-def agent_pod_from_daemonset(daemonset: dict[str, Any], node: str) -> dict[str, Any]:
-    """The pod the DaemonSet controller would make for `node` (its template, owned by it, bound there)."""
-    meta = daemonset["metadata"]
-    template = json.loads(json.dumps(daemonset["spec"]["template"]))
-    template["metadata"].update(name=f"{meta['name']}-{node}", namespace=meta["namespace"], ownerReferences=[
-        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta["name"], "uid": meta["uid"], "controller": True,
-         "blockOwnerDeletion": True}])
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": {**template["spec"], "nodeName": node}}
-
-
 def serving_pod(node: str) -> dict[str, Any]:
     template = fleet.serving_deployment("sglang")["spec"]["template"]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": f"sglang-{node}"},
@@ -131,7 +121,6 @@ def running_pods(cp: ControlPlane, namespace: str, selector: str) -> int:
 def build_fleet(cp: ControlPlane, installed: Any, nodes: int, agent_pods: str, timeout: float) -> dict[str, float]:
     from kubernetes import client
 
-    apps = client.AppsV1Api(cp.admin_client())
     core = client.CoreV1Api(cp.admin_client())
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     if not cp.controllers:  # the controller-manager's service-account controller would make it
@@ -140,14 +129,12 @@ def build_fleet(cp: ControlPlane, installed: Any, nodes: int, agent_pods: str, t
     parallel(list(range(nodes)), lambda core, i: core.create_node(
         fleet.gpu_node(node_name(i), i, capable=capable(i)), _preload_content=False), cp)
     nodes_s = time.monotonic() - started
-    agent_label = "app.kubernetes.io/name=gluon-rollout-agent"
     started = time.monotonic()
     if agent_pods == "direct":
-        daemonset = json.loads(apps.list_namespaced_daemon_set(installed.namespace, label_selector=agent_label,
-                                                               _preload_content=False).data)["items"][0]
+        daemonset = agent_daemonset(cp, installed.namespace)
         parallel([node_name(i) for i in range(nodes)], lambda core, n: core.create_namespaced_pod(
             installed.namespace, agent_pod_from_daemonset(daemonset, n), _preload_content=False), cp)
-    wait_until(lambda: running_pods(cp, installed.namespace, agent_label) >= nodes, timeout, f"{nodes} agent pods Running", 2.0)
+    wait_until(lambda: running_pods(cp, installed.namespace, AGENT_LABEL) >= nodes, timeout, f"{nodes} agent pods Running", 2.0)
     agents_s = time.monotonic() - started
     started = time.monotonic()
     serving = [node_name(i) for i in range(nodes) if i != CANARY_WITHOUT_PODS]
