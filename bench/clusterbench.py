@@ -73,7 +73,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 def machine() -> dict[str, Any]:
     memory = subprocess.run(["free", "-g"], capture_output=True, text=True).stdout.split("\n")[1].split()
     return {"arch": platform.machine(), "nproc": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
-            "memory_gib_total": int(memory[1]), "python": platform.python_version()}
+            "memory_gib_total": int(memory[1]), "python": platform.python_version(),
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2)}  # the cores are shared: what else ran
 
 
 def provenance(bench: str, script: str) -> dict[str, Any]:
