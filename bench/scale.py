@@ -260,8 +260,13 @@ def run(nodes: int, timeout: float, interval: int, agent_pods: str, promote_too:
             try:
                 try:
                     wait_until(lambda: converged(watch, nodes) or not operator.alive(), timeout, f"{nodes} nodes gated")
-                except TimeoutError as exc:
-                    raise RuntimeError(f"{exc}; operator log:\n{operator.tail()}") from None
+                except TimeoutError:  # recorded as such: how far it got, and at what rate
+                    return {"nodes": nodes, "agent_pods": agent_pods, "apiserver_version": cp.version()["gitVersion"], **setup,
+                            "converge_seconds": None, "timed_out_after_seconds": timeout,
+                            "gated_nodes_at_timeout": sum(gated(watch.snapshot().get(node_name(i), {}), i) for i in range(nodes)),
+                            "operator_peak_rss_mb": mb(peak_rss_bytes(operator.proc.pid)),  # type: ignore[union-attr]
+                            **request_counts(proxy, since, time.time(), nodes, watch.changes - changes_before),
+                            "components_while_converging": component_costs(cp, cpu_before, time.monotonic() - started)}
                 if not operator.alive():
                     raise RuntimeError(f"the operator exited:\n{operator.tail()}")
                 converge_s = time.monotonic() - started
@@ -303,7 +308,10 @@ def main() -> None:
     if any(n < 2 for n in sizes):
         parser.error("--nodes: at least 2 (one canary without serving pods, one more)")
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="gluon-scale-"))).resolve()
-    results = [run(n, args.timeout, interval, args.agent_pods, args.promote or args.quick, workdir) for n in sizes]
+    results = []
+    for n in sizes:  # each size's record goes to stderr as it ends, so a long run keeps what it measured
+        results.append(run(n, args.timeout, interval, args.agent_pods, args.promote or args.quick, workdir))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     print(json.dumps({**provenance("scale", "scale.py"), "targets_at_5000": TARGETS_AT_5000, "results": results}, indent=2))
 
 
