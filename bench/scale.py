@@ -237,7 +237,8 @@ def promote(cp: ControlPlane, proxy: FaultProxy, watch: NodeLabels, nodes: int, 
 # ---------------------------------------------------------------- one fleet size
 
 
-def run(nodes: int, timeout: float, interval: int, agent_pods: str, promote_too: bool, workdir: Path) -> dict[str, Any]:
+def run(nodes: int, timeout: float, interval: int, agent_pods: str, promote_too: bool, workdir: Path,
+        steady_intervals: int = STEADY_INTERVALS) -> dict[str, Any]:
     from kubernetes import client
 
     QueryCounter.count = 0
@@ -275,8 +276,8 @@ def run(nodes: int, timeout: float, interval: int, agent_pods: str, promote_too:
                 requests = request_counts(proxy, since, until, nodes, watch.changes - changes_before)
                 operator_cpu = cpu_seconds(operator.proc.pid)  # type: ignore[union-attr]
                 queries_before = QueryCounter.count
-                time.sleep(STEADY_INTERVALS * interval)  # steady state: queries per interval
-                queries = (QueryCounter.count - queries_before) / STEADY_INTERVALS
+                time.sleep(steady_intervals * interval)  # steady state: queries per interval
+                queries = (QueryCounter.count - queries_before) / steady_intervals
                 result: dict[str, Any] = {
                     "nodes": nodes, "agent_pods": agent_pods, "apiserver_version": cp.version()["gitVersion"], **setup,
                     "converge_seconds": round(converge_s, 1), "operator_cpu_seconds_to_converge": round(operator_cpu, 1),
@@ -310,7 +311,8 @@ def main() -> None:
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="gluon-scale-"))).resolve()
     results = []
     for n in sizes:  # each size's record goes to stderr as it ends, so a long run keeps what it measured
-        results.append(run(n, args.timeout, interval, args.agent_pods, args.promote or args.quick, workdir))
+        results.append(run(n, args.timeout, interval, args.agent_pods, args.promote or args.quick, workdir,
+                           steady_intervals=2 if args.quick else STEADY_INTERVALS))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     print(json.dumps({**provenance("scale", "scale.py"), "targets_at_5000": TARGETS_AT_5000, "results": results}, indent=2))
 
