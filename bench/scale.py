@@ -1,144 +1,323 @@
-"""The operator at fleet scale against the API emulator. Prints JSON.
+"""The operator at fleet scale on a real kube-apiserver (gluon_localcluster) with kwok nodes. Prints JSON.
 
-    python bench/scale.py --json --nodes 1000 [--nodes 5000]
+    python bench/scale.py --json --nodes 1000 [--nodes 2000] [--promote] [--agent-pods daemonset|direct]
+    python bench/scale.py --json --quick        # 20 nodes, for CI
 
-N simulated GPU nodes carrying real agent reports (80% eligible, the rest not capable), an agent pod and
-a serving pod on each, one GluonRollout (canary 1, analysis pointed at a stub Prometheus that counts
-queries). Measures: seconds from operator start until every node carries the right gating labels
-(`state` and `enabled`), the operator process's peak RSS, API requests per node (reads and writes, from
-the emulator's request log), node writes per node per state change, and PromQL queries per interval.
+Per fleet size N, on a fresh control plane (etcd, kube-apiserver, kwok; the controller-manager and
+scheduler only with --agent-pods daemonset) with the chart installed by helm:
+- N kwok GPU nodes (kwok keeps them Ready: a SIMULATION of their kubelets), each carrying the labels and
+  annotations its agent publishes (fleet.gpu_node: the agent's own report code; 80% capable, the rest
+  not), an agent pod and a serving pod. Agent pods come from the chart's DaemonSet (`daemonset`: the real
+  DaemonSet controller and scheduler) or are created by admin from the DaemonSet's own pod template with
+  spec.nodeName set, as the DaemonSet controller would (`direct`: the default, because on two cores the
+  controller-manager is the slow part at large N; `agent_pods_seconds` says how long either took).
+  Serving pods are plain pods with spec.nodeName set (no scheduler needed), made before the operator
+  starts (so the webhook is not running and does not inject them).
+- One GluonRollout (canary 1, maxParallel 2, no pod restarts) whose analysis points at a Prometheus
+  stand-in on 127.0.0.1 that answers every query with no data and counts the queries.
+- The operator process (`gluon-operator run`, its own ServiceAccount token) talks to the API server
+  through the fault proxy (no faults: it only records every request).
+
+Measures: seconds from the operator's start until every node carries the right gating labels (`state`,
+and `enabled` agreeing with it), its peak RSS, its requests, node writes per state change (state changes
+counted from a watch of every node), PromQL queries per interval in steady state, the API server's
+version, and CPU seconds and RSS of kube-apiserver, etcd and kwok. With --promote: the rollout is then
+told to promote on no data with maxParallel N; seconds until every eligible node is Promoted, the
+GluonRollout's size, whether any status write was refused, and how long `kubectl get gr` takes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from clusterbench import (AGENT_LABEL, NodeLabels, agent_daemonset, agent_pod_from_daemonset, exit_cleanly_on_sigterm, QueryCounter, child_pythonpath, cpu_seconds, mb, peak_rss_bytes, provenance,  # noqa: E402
+                          rss_bytes, start_prometheus_stub, wait_until)
 from gluon_agent import contract  # noqa: E402
-from tests.apiserver import ApiServerThread  # noqa: E402
-from tests.cluster import NODES, PODS, ROLLOUTS, agent_pod, declare_rollouts, gpu_node, rollout, serving_pod  # noqa: E402
-from tests.helpers import free_port, wait_for  # noqa: E402
+from gluon_localcluster import fleet, processes  # noqa: E402
+from gluon_localcluster.binaries import binary  # noqa: E402
+from gluon_localcluster.controlplane import ControlPlane  # noqa: E402
+from gluon_localcluster.faultproxy import FaultProxy  # noqa: E402
+from gluon_localcluster.install import install  # noqa: E402
+from gluon_operator.spec import GROUP, PLURAL, VERSION  # noqa: E402
+
+NAMESPACE = "serving"
+ROLLOUT = "scale"
+CANARY_WITHOUT_PODS = 1  # this node serves nothing: as the canary it reaches Analyzing, and the queries start
+ENABLED_STATES = ("Enabling", "Analyzing", "Promoted")
+WORKERS = 8
+STEADY_INTERVALS = 4
+TARGETS_AT_5000 = {"converge_seconds_max": 60, "operator_peak_rss_mb_max": 400,
+                   "node_writes_per_node_per_state_change_max": 2, "promql_queries_per_rollout_per_interval": 1}
 
 
-class QueryCounter(BaseHTTPRequestHandler):
-    count = 0
-
-    def do_GET(self) -> None:  # noqa: N802
-        type(self).count += 1
-        body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+def node_name(index: int) -> str:
+    return f"gpu-{index:05d}"
 
 
-def peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+def capable(index: int) -> bool:
+    return index % 5 != 0
 
 
-def run(nodes: int, timeout: float, interval: int) -> dict:
-    prom = ThreadingHTTPServer(("127.0.0.1", 0), QueryCounter)
-    threading.Thread(target=prom.serve_forever, daemon=True).start()
-    with ApiServerThread() as api:
-        declare_rollouts(api.server)
-        template_ok, template_bad = gpu_node("template"), gpu_node("template", capable=False)
-        names = [f"node-{i:05d}" for i in range(nodes)]
+class StateChanges(NodeLabels):
+    """NodeLabels that also counts changes of each node's state label (a watch sees every version)."""
 
-        def build() -> None:
-            for i, name in enumerate(names):
-                body = json.loads(json.dumps(template_ok if i % 5 else template_bad))
-                body["metadata"]["name"] = name
-                body["metadata"]["labels"]["kubernetes.io/hostname"] = name
-                api.server.put_object(NODES, body)
-                api.server.put_object(PODS, agent_pod(name))
-                if i != 1:  # node-00001, the canary, serves nothing: it reaches Analyzing and the queries start
-                    api.server.put_object(PODS, serving_pod(name, flag="0"))
-            api.server.put_object(ROLLOUTS, rollout(analysis={"prometheusUrl": f"http://127.0.0.1:{prom.server_address[1]}",
-                                                              "intervalSeconds": interval, "stepSeconds": 2, "windowSeconds": max(10, interval)},
-                                                    strategy={"restartDelaySeconds": 3600}))  # no pod restarts in this bench
-        api.call(build)
-        before = len(list(api.server._requests))
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env.update(GLUON_API_URL=api.url, GLUON_SCANNING="off", GLUON_METRICS_PORT="0", GLUON_RECONCILE_SECONDS="5", GLUON_WATCH_TIMEOUT="300")
+    def __init__(self, api: Any) -> None:
+        super().__init__(api)
+        self.changes = 0
+
+    def _set(self, obj: dict[str, Any], deleted: bool = False) -> None:
+        name = obj["metadata"]["name"]
+        before = self.labels.get(name, {}).get(contract.LABEL_STATE)
+        super()._set(obj, deleted)
+        after = self.labels.get(name, {}).get(contract.LABEL_STATE)
+        if not deleted and after != before:
+            self.changes += 1
+
+
+# ---------------------------------------------------------------- the fleet
+
+
+def parallel(work: list[Any], call: Any, cp: ControlPlane) -> None:
+    """`call(core, item)` for each item, from WORKERS threads with a client each."""
+    from kubernetes import client
+
+    local = threading.local()
+
+    def one(item: Any) -> None:
+        if not hasattr(local, "core"):
+            local.core = client.CoreV1Api(cp.admin_client())
+        call(local.core, item)
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(one, work))
+
+
+def serving_pod(node: str) -> dict[str, Any]:
+    template = fleet.serving_deployment("sglang")["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": f"sglang-{node}"},
+            "spec": {**template["spec"], "nodeName": node}}
+
+
+def running_pods(cp: ControlPlane, namespace: str, selector: str) -> int:
+    from kubernetes import client
+
+    listing = json.loads(client.CoreV1Api(cp.admin_client()).list_namespaced_pod(
+        namespace, label_selector=selector, _preload_content=False).data)
+    return sum(1 for p in listing["items"] if (p.get("status") or {}).get("phase") == "Running")
+
+
+def build_fleet(cp: ControlPlane, installed: Any, nodes: int, agent_pods: str, timeout: float) -> dict[str, float]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(cp.admin_client())
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    if not cp.controllers:  # the controller-manager's service-account controller would make it
+        core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
+    started = time.monotonic()
+    parallel(list(range(nodes)), lambda core, i: core.create_node(
+        fleet.gpu_node(node_name(i), i, capable=capable(i)), _preload_content=False), cp)
+    nodes_s = time.monotonic() - started
+    started = time.monotonic()
+    if agent_pods == "direct":
+        daemonset = agent_daemonset(cp, installed.namespace)
+        parallel([node_name(i) for i in range(nodes)], lambda core, n: core.create_namespaced_pod(
+            installed.namespace, agent_pod_from_daemonset(daemonset, n), _preload_content=False), cp)
+    wait_until(lambda: running_pods(cp, installed.namespace, AGENT_LABEL) >= nodes, timeout, f"{nodes} agent pods Running", 2.0)
+    agents_s = time.monotonic() - started
+    started = time.monotonic()
+    serving = [node_name(i) for i in range(nodes) if i != CANARY_WITHOUT_PODS]
+    parallel(serving, lambda core, n: core.create_namespaced_pod(NAMESPACE, serving_pod(n), _preload_content=False), cp)
+    wait_until(lambda: running_pods(cp, NAMESPACE, "app=sglang") >= len(serving), timeout, "serving pods Running", 2.0)
+    return {"create_nodes_seconds": round(nodes_s, 1), "agent_pods_seconds": round(agents_s, 1),
+            "serving_pods_seconds": round(time.monotonic() - started, 1)}
+
+
+# ---------------------------------------------------------------- convergence
+
+
+def gated(labels: dict[str, str], index: int) -> bool:
+    state = labels.get(contract.LABEL_STATE)
+    if state is None or (state == "Ineligible") != (not capable(index)):
+        return False
+    return labels.get(contract.LABEL_ENABLED) == ("true" if state in ENABLED_STATES else "false")
+
+
+def converged(watch: NodeLabels, nodes: int) -> bool:
+    snapshot = watch.snapshot()
+    return all(gated(snapshot.get(node_name(i), {}), i) for i in range(nodes))
+
+
+def all_promoted(watch: NodeLabels, nodes: int) -> bool:
+    snapshot = watch.snapshot()
+    return all(snapshot.get(node_name(i), {}).get(contract.LABEL_STATE) == "Promoted" for i in range(nodes) if capable(i))
+
+
+def component_costs(cp: ControlPlane, cpu_before: dict[str, float], wall: float) -> dict[str, Any]:
+    out = {}
+    for component in cp.components:
+        if component.name in ("kube-apiserver", "etcd", "kwok", "kube-controller-manager", "kube-scheduler"):
+            pid = component.proc.pid  # type: ignore[union-attr]
+            used = cpu_seconds(pid) - cpu_before[component.name]
+            out[component.name] = {"cpu_seconds": round(used, 1), "cpu_cores_mean": round(used / wall, 2),
+                                   "rss_mb": mb(rss_bytes(pid)), "peak_rss_mb": mb(peak_rss_bytes(pid))}
+    return out
+
+
+def cpu_now(cp: ControlPlane) -> dict[str, float]:
+    return {c.name: cpu_seconds(c.proc.pid) for c in cp.components if c.proc is not None}  # type: ignore[union-attr]
+
+
+def request_counts(proxy: FaultProxy, since: float, until: float, nodes: int, changes: int) -> dict[str, Any]:
+    seen = [s for s in proxy.requests() if since <= s.at <= until]
+    node_writes = [s for s in seen if s.method in ("PATCH", "PUT") and s.path.startswith("/api/v1/nodes/")]
+    writes = [s for s in seen if s.method in ("PATCH", "PUT", "POST", "DELETE")]
+    return {"api_requests": len(seen), "api_reads_per_node": round(sum(1 for s in seen if s.method == "GET" and not s.watch) / nodes, 3),
+            "api_watches": sum(1 for s in seen if s.watch), "api_writes_per_node": round(len(writes) / nodes, 3),
+            "node_writes": len(node_writes), "node_state_changes": changes,
+            "node_writes_per_node_per_state_change": round(len(node_writes) / max(changes, 1), 3),
+            "refused_requests": sum(1 for s in seen if s.status >= 400)}
+
+
+def kubectl_get_gr(cp: ControlPlane, repeats: int = 5) -> dict[str, Any]:
+    times = []
+    for _ in range(repeats):
         started = time.monotonic()
-        operator = subprocess.Popen([sys.executable, "-m", "gluon_operator.cli", "run", "--standalone", "--log-level", "WARNING",
-                                     "--liveness", f"http://127.0.0.1:{free_port()}/healthz"], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        expected = {name: ("Ineligible" if i % 5 == 0 else None) for i, name in enumerate(names)}
+        result = subprocess.run([binary("kubectl"), "--kubeconfig", str(cp.kubeconfig), "get", "gr", "-n", NAMESPACE],
+                                capture_output=True, text=True, timeout=120)
+        times.append(time.monotonic() - started)
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl get gr failed: {result.stderr}")
+    return {"kubectl_get_gr_seconds_median": round(statistics.median(times), 3), "kubectl_get_gr_seconds_max": round(max(times), 3),
+            "kubectl_get_gr_output": result.stdout.strip().splitlines()}
 
-        def converged() -> bool:
-            def check() -> bool:
-                for name, want in expected.items():
-                    labels = api.server.store[(NODES, None, name)]["metadata"].get("labels", {})
-                    state = labels.get(contract.LABEL_STATE)
-                    if state is None or (want and state != want) or (not want and state == "Ineligible"):
-                        return False
-                    if labels.get(contract.LABEL_ENABLED) != ("true" if state in ("Enabling", "Analyzing", "Promoted") else "false"):
-                        return False
-                return True
-            return api.call(check)
 
-        try:
-            wait_for(converged, timeout=timeout, interval=1.0, what=f"{nodes} nodes gated")
-            converge_s = time.monotonic() - started
-            queries_before = QueryCounter.count
-            time.sleep(3 * interval)  # steady state: count queries per interval
-            queries = (QueryCounter.count - queries_before) / 3
-            rss = peak_rss(operator.pid)
-        finally:
-            operator.terminate()
-            operator.wait(30)
-            prom.shutdown()
-        requests = list(api.server._requests)[before:]
-        node_writes = [r for r in requests if r.resource is not None and r.resource.plural == "nodes" and r.method.value in ("PATCH", "PUT")]
-        reads = [r for r in requests if r.method.value == "GET"]
-        writes = [r for r in requests if r.method.value in ("PATCH", "PUT", "POST", "DELETE")]
-        changes = nodes  # every node had one state change: new -> its first state
-        return {
-            "nodes": nodes,
-            "converge_seconds": round(converge_s, 1),
-            "operator_peak_rss_mb": round(rss / 2**20, 1),
-            "api_reads_per_node": round(len(reads) / nodes, 3),
-            "api_writes_per_node": round(len(writes) / nodes, 3),
-            "node_writes_per_node_per_state_change": round(len(node_writes) / changes, 3),
-            "promql_queries_per_interval": round(queries, 2),
-        }
+def promote(cp: ControlPlane, proxy: FaultProxy, watch: NodeLabels, nodes: int, timeout: float) -> dict[str, Any]:
+    """Promote on no data, every eligible node at once (each node's serving pod deleted, as a restart
+    would; a plain pod is not recreated, so the node then serves nothing); then the size of what the
+    operator wrote and how `kubectl get gr` copes."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(cp.admin_client())
+    started, since = time.monotonic(), time.time()
+    custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, ROLLOUT, {"spec": {
+        # Delete, not Evict: the operator's eviction call is answered 415 by kube-apiserver 1.36 (reported).
+        "strategy": {"maxParallel": nodes, "restart": "Delete", "restartDelaySeconds": 0},
+        "analysis": {"onNoData": "promote", "noDataDeadlineSeconds": 0, "warmupSeconds": 0}}},
+        _content_type="application/merge-patch+json")
+    try:
+        wait_until(lambda: all_promoted(watch, nodes), timeout, "every eligible node Promoted", 1.0)
+        promoted_s: float | None = round(time.monotonic() - started, 1)
+    except TimeoutError:
+        promoted_s = None
+    if promoted_s is not None:  # the operator's last status write says so
+        wait_until(lambda: (custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, ROLLOUT).get("status") or {})
+                   .get("phase") == "Complete", 60, "status.phase Complete", 1.0)
+    body = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, ROLLOUT, _preload_content=False).data
+    snapshot = watch.snapshot()
+    status_writes = [s for s in proxy.requests(pattern=f"/{PLURAL}/{ROLLOUT}/status$") if s.at >= since and s.method in ("PATCH", "PUT")]
+    return {"promote_seconds": promoted_s, "promoted_nodes": sum(1 for v in snapshot.values() if v.get(contract.LABEL_STATE) == "Promoted"),
+            "eligible_nodes": sum(1 for i in range(nodes) if capable(i)),
+            "gluonrollout_bytes": len(body), "status_writes": len(status_writes),
+            "status_writes_refused": sorted({s.status for s in status_writes if s.status >= 400}),
+            **kubectl_get_gr(cp)}
+
+
+# ---------------------------------------------------------------- one fleet size
+
+
+def run(nodes: int, timeout: float, interval: int, agent_pods: str, promote_too: bool, workdir: Path,
+        steady_intervals: int = STEADY_INTERVALS, reconcile_seconds: float = 5) -> dict[str, Any]:
+    from kubernetes import client
+
+    QueryCounter.count = 0
+    prometheus = start_prometheus_stub()
+    with_controllers = agent_pods == "daemonset"
+    with ControlPlane(workdir / f"cp-{nodes}", controllers=with_controllers, scheduler=with_controllers) as cp:
+        installed = install(cp)
+        setup = build_fleet(cp, installed, nodes, agent_pods, timeout)
+        client.CustomObjectsApi(cp.admin_client()).create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, fleet.rollout(
+            ROLLOUT, NAMESPACE, analysis={"prometheusUrl": f"http://127.0.0.1:{prometheus.server_address[1]}",
+                                          "intervalSeconds": interval, "stepSeconds": 2, "windowSeconds": max(10, interval)},
+            strategy={"restartDelaySeconds": 3600}))  # no pod restarts in this bench
+        with FaultProxy(cp.url, str(cp.pki.ca.cert)) as proxy, StateChanges(cp.admin_client()) as watch:
+            wait_until(lambda: len(watch.snapshot()) >= nodes, 120, "the node watch's first list")
+            changes_before, cpu_before = watch.changes, cpu_now(cp)
+            since = time.time()
+            started = time.monotonic()
+            operator = processes.operator(installed, reconcile_seconds=reconcile_seconds, server=proxy.url, GLUON_SCANNING="off",
+                                          PYTHONPATH=child_pythonpath())
+            try:
+                try:
+                    wait_until(lambda: converged(watch, nodes) or not operator.alive(), timeout, f"{nodes} nodes gated")
+                except TimeoutError:  # recorded as such: how far it got, and at what rate
+                    return {"nodes": nodes, "agent_pods": agent_pods, "apiserver_version": cp.version()["gitVersion"], **setup,
+                            "converge_seconds": None, "timed_out_after_seconds": timeout,
+                            "gated_nodes_at_timeout": sum(gated(watch.snapshot().get(node_name(i), {}), i) for i in range(nodes)),
+                            "operator_peak_rss_mb": mb(peak_rss_bytes(operator.proc.pid)),  # type: ignore[union-attr]
+                            **request_counts(proxy, since, time.time(), nodes, watch.changes - changes_before),
+                            "components_while_converging": component_costs(cp, cpu_before, time.monotonic() - started)}
+                if not operator.alive():
+                    raise RuntimeError(f"the operator exited:\n{operator.tail()}")
+                converge_s = time.monotonic() - started
+                until = time.time()
+                costs = component_costs(cp, cpu_before, converge_s)
+                requests = request_counts(proxy, since, until, nodes, watch.changes - changes_before)
+                operator_cpu = cpu_seconds(operator.proc.pid)  # type: ignore[union-attr]
+                wait_until(lambda: any(v.get(contract.LABEL_STATE) == "Analyzing" for v in watch.snapshot().values()), timeout,
+                           "the canary Analyzing")  # from here on the analysis queries once an interval
+                queries_before = QueryCounter.count
+                time.sleep(steady_intervals * interval)  # steady state: queries per interval
+                queries = (QueryCounter.count - queries_before) / steady_intervals
+                result: dict[str, Any] = {
+                    "nodes": nodes, "agent_pods": agent_pods, "apiserver_version": cp.version()["gitVersion"], **setup,
+                    "converge_seconds": round(converge_s, 1), "operator_cpu_seconds_to_converge": round(operator_cpu, 1),
+                    "operator_peak_rss_mb": mb(peak_rss_bytes(operator.proc.pid)),  # type: ignore[union-attr]
+                    **requests, "promql_queries_per_rollout_per_interval": round(queries, 2), "components_while_converging": costs}
+                if promote_too:
+                    result["fully_promoted"] = promote(cp, proxy, watch, nodes, timeout)
+                    result["operator_peak_rss_mb"] = mb(peak_rss_bytes(operator.proc.pid))  # type: ignore[union-attr]
+            finally:
+                operator.stop()
+    prometheus.shutdown()
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     parser.add_argument("--nodes", type=int, action="append", help="fleet sizes (repeatable); default 1000")
-    parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument("--interval", type=int, default=5, help="analysis intervalSeconds")
+    parser.add_argument("--quick", action="store_true", help="10 nodes, intervalSeconds 3, reconcile every 2 s, with --promote (CI)")
+    parser.add_argument("--promote", action="store_true", help="then promote every eligible node and time `kubectl get gr`")
+    parser.add_argument("--agent-pods", choices=("direct", "daemonset"), default="direct")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds each wait may take")
+    parser.add_argument("--interval", type=int, default=10, help="analysis intervalSeconds")
+    parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
-    results = [run(n, args.timeout, args.interval) for n in (args.nodes or [1000])]
-    print(json.dumps({
-        "bench": "scale",
-        "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
-        "command": " ".join(["python", "bench/scale.py"] + sys.argv[1:]),
-        "targets_at_5000": {"converge_seconds_max": 60, "operator_peak_rss_mb_max": 400,
-                            "node_writes_per_node_per_state_change_max": 2, "promql_queries_per_interval": 1},
-        "results": results,
-    }, indent=2))
+    exit_cleanly_on_sigterm()
+    sizes = [10] if args.quick else (args.nodes or [1000])
+    interval = 3 if args.quick else args.interval
+    if any(n < 2 for n in sizes):
+        parser.error("--nodes: at least 2 (one canary without serving pods, one more)")
+    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="gluon-scale-"))).resolve()
+    results = []
+    for n in sizes:  # each size's record goes to stderr as it ends, so a long run keeps what it measured
+        results.append(run(n, args.timeout, interval, args.agent_pods, args.promote or args.quick, workdir,
+                           steady_intervals=3 if args.quick else STEADY_INTERVALS,
+                           reconcile_seconds=2 if args.quick else 5))
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    print(json.dumps({**provenance("scale", "scale.py"), "targets_at_5000": TARGETS_AT_5000, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -95,3 +95,49 @@ def test_ncu_stall_summary():
     assert summary["reasons"] == {"wait": 0.7, "mio": 0.3}
     assert summary["by_opcode"]["LDS"] == {"share": 0.5, "reasons": {"mio": 0.3, "wait": 0.2}}
     assert summary["top_instructions"][0]["sass"].startswith("HMMA")
+
+
+# ---------------------------------------------------------------- the benches on the real control plane (--quick)
+
+
+def run_cluster_bench(script: str, *args: str, timeout: float = 240) -> dict:
+    """A bench's --quick run as `make bench` would start it: its own control plane, its JSON on stdout."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "TRITON_INTERPRET", "GLUON_RECONCILE_SECONDS")}
+    env["PYTHONPATH"] = os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster")) + os.pathsep + str(ROOT)
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--json", "--quick", *args], capture_output=True, text=True,
+                            timeout=timeout, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["date"] == "2026-12-01" and report["machine"]["nproc"] >= 1 and report["command"].startswith(f"python bench/{script}")
+    return report
+
+
+def test_scale_quick_converges_with_one_write_per_state_change_and_promotes_everything():
+    report = run_cluster_bench("scale.py")
+    (result,) = report["results"]
+    assert result["apiserver_version"].startswith("v1.")
+    assert result["nodes"] == 10 and result["node_state_changes"] >= 10  # every node got its first state
+    assert 0 < result["node_writes_per_node_per_state_change"] <= 2
+    assert 0 < result["promql_queries_per_rollout_per_interval"] <= 1.5  # the canary is analysed, once an interval
+    assert result["operator_peak_rss_mb"] > 0 and result["components_while_converging"]["kube-apiserver"]["rss_mb"] > 0
+    promoted = result["fully_promoted"]
+    assert promoted["promoted_nodes"] == promoted["eligible_nodes"] == 8 and not promoted["status_writes_refused"]
+    assert promoted["kubectl_get_gr_output"][1].split()[:3] == ["scale", "Complete", "8"]
+
+
+def test_agent_overhead_quick_measures_the_daemon_through_the_real_api_server():
+    report = run_cluster_bench("agent_overhead.py")
+    assert report["apiserver_version"].startswith("v1.") and report["metrics_requests"] == 50
+    assert 10 < report["idle_rss_mb"] < 1000 and report["metrics_latency_ms_p50"] <= report["metrics_latency_ms_p99"]
+
+
+def test_admission_quick_mutates_only_the_matched_arm_and_times_the_init_containers():
+    report = run_cluster_bench("admission.py")
+    latency, start = report["create_latency"], report["init_containers"]
+    assert latency["every_pod_mutated_as_expected"]
+    assert all(arm["creates"] == 100 for arm in latency["arms"].values())  # 5 s at 20/s in each arm
+    assert start["starts"] == 2 and all(s > 0 for s in start["init_seconds"])
+    assert start["flags"] == ["0"]  # the simulated serving image has no aiter: the preflight keeps the safe path
