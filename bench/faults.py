@@ -3,7 +3,7 @@
     python bench/faults.py --json [--kills 20] [--scenario NAME ...] [--seed 1]
 
 Scenarios (each a fresh cluster: real agents, the real operator process and webhook, real Prometheus;
-simulated self-test results and decode speeds, see tests/simcluster.py):
+simulated self-test results and decode speeds, see localcluster/gluon_localcluster/simcluster.py):
 
   uninterrupted      the reference: the final node states every other rollout scenario must reach
   operator_kills     SIGKILL the operator at `--kills` random points during the rollout, restart it each time

@@ -11,7 +11,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("GLUON_RECONCILE_SECONDS", "0.3")
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests.fakes
+sys.path.insert(0, str(ROOT))  # tests.helpers, tests.objects, tests.clusterkit
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from gluon_agent.selftest.backends import BACKEND_SETS, Call
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
 from gluon_operator import gating
-from tests.fakes.stacks import AITER_STACK, FAKES, TORCH_GFX950, child_env, fresh_fake_aiter, sglang_image, write_tree
+from gluon_localcluster.fakes.stacks import AITER_STACK, FAKES, TORCH_GFX950, child_env, fresh_fake_aiter, sglang_image, write_tree
 
 GFX950_TABLE = FAKES / "upstream" / "aiter-gfx950-mla_asm.csv"
 HEAP = "cannot get heuristic kernel! q_type:bf16 kv_type:fp8 gqa:16 ps:0 prefill:0 causal:1 qseqlen:1 lse:0 cprr:0"

@@ -17,7 +17,7 @@ from kubernetes import client
 from gluon_agent import contract
 from gluon_agent.preflight import FLAG_FILE_NAME, flag_line, install
 from tests.clusterkit import MERGE, Nodes, api_for
-from tests.fakes.stacks import AITER_STACK, TORCH_GFX950, TRITON_36, write_tree
+from gluon_localcluster.fakes.stacks import AITER_STACK, TORCH_GFX950, TRITON_36, write_tree
 from tests.helpers import free_port, http_json, running_agent, wait_for
 
 
@@ -303,7 +303,7 @@ def test_a_trickling_agent_is_cut_at_the_agent_timeout(shared):
 def test_the_deadline_bounds_agent_and_probe_together(shared, tmp_path):
     """The agent's wait and the probe's share one deadline: a probe that hangs (aiter's import) ends with
     the deadline, not after the probe's own longer timeout."""
-    from tests.fakes.stacks import failing_aiter
+    from gluon_localcluster.fakes.stacks import failing_aiter
 
     agent = DecisionAgent({"flag": "1", "reason": "enabled", "current": True, "enabled": True})
     hanging = failing_aiter(tmp_path / "aiter", "hang")

@@ -13,7 +13,7 @@ import pytest
 
 from gluon_agent import cli
 from gluon_agent.probe import Facts, decide, parse_sglang_flag, probe
-from tests.fakes.stacks import AITER_STACK, TORCH_GFX950, TRITON_36, failing_aiter, write_tree
+from gluon_localcluster.fakes.stacks import AITER_STACK, TORCH_GFX950, TRITON_36, failing_aiter, write_tree
 
 CGA = "Triton Gluon cga_layout (have {}, need >= 3.7)"
 IMPORT = "aiter.ops.triton.gluon.mla_gluon import"

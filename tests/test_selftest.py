@@ -19,7 +19,7 @@ from gluon_agent.selftest import plan, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
-from tests.fakes.stacks import AITER_STACK, child_env, fresh_fake_aiter
+from gluon_localcluster.fakes.stacks import AITER_STACK, child_env, fresh_fake_aiter
 
 CAPABLE_PROBE = {"capable": True, "gpus": [], "torch_version": "t", "triton_version": "x"}
 

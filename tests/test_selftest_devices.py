@@ -10,7 +10,7 @@ import torch
 
 from gluon_agent import contract, isolation
 from gluon_agent.selftest import plan, runner, worker
-from tests.fakes.stacks import AITER_STACK, child_env
+from gluon_localcluster.fakes.stacks import AITER_STACK, child_env
 
 CAPABLE = {"capable": True, "gpus": [], "torch_version": "t", "triton_version": "x",
            "sglang": {"version": "0.5.19", "flag0_route": "persistent", "mtp_through_gluon": False}}

@@ -62,11 +62,8 @@ DEMO_STRATEGY = {"canaryNodes": 1, "maxParallel": 2, "holdoutNodes": 1, "restart
 
 
 def fake_stacks() -> tuple[Path, dict[str, str]]:
-    """The fake aiter package and the fake gfx950 torch (tests/fakes: SIMULATION of the serving image)."""
-    root = Path(__file__).resolve().parents[2]
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    from tests.fakes.stacks import AITER_STACK, TORCH_GFX950
+    """The fake aiter package and the fake gfx950 torch (fakes/: SIMULATION of the serving image)."""
+    from .fakes.stacks import AITER_STACK, TORCH_GFX950
 
     return AITER_STACK, TORCH_GFX950
 
@@ -144,7 +141,7 @@ class SimCluster:
 
     def images(self) -> dict[str, Image]:
         aiter, torch_files = fake_stacks()
-        from tests.fakes.stacks import write_tree
+        from .fakes.stacks import write_tree
 
         torch_stack = write_tree(self.dir / "serving-image", torch_files)
         shim = self.dir / "serving-image-bin"
