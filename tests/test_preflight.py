@@ -207,13 +207,15 @@ def test_python_below_the_floor_is_refused_finally(shared, tmp_path):
 
 
 def operator_reads(verdict: dict) -> dict:
-    """What the operator's pod cache makes of this termination message (handlers.pod_entry)."""
-    from gluon_operator import handlers, webhook
+    """What the operator's pod cache makes of this termination message (world.pod_view)."""
+    import dataclasses
+
+    from gluon_operator import webhook, world
 
     pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "n1"},
            "status": {"initContainerStatuses": [{"name": webhook.PREFLIGHT_CONTAINER,
                                                  "state": {"terminated": {"message": json.dumps(verdict)}}}]}}
-    return handlers.pod_entry(pod)[("ns", "n1")]
+    return dataclasses.asdict(world.pod_view(pod))
 
 
 def test_an_image_without_python_is_refused_finally(shared, tmp_path):

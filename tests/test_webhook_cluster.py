@@ -101,7 +101,7 @@ def test_api_server_applies_the_webhook_patch(webhook_url, namespace, admin):
     assert [c["name"] for c in created["spec"]["initContainers"]] == [c["name"] for c in expected["spec"]["initContainers"]]
     assert {v["name"] for v in expected["spec"]["volumes"]} <= {v["name"] for v in created["spec"]["volumes"]}
     for got, want in zip(created["spec"]["containers"], expected["spec"]["containers"]):
-        assert [e for e in got["env"] if e["name"] == contract.FLAG_ENV] == [e for e in want["env"] if e["name"] == contract.FLAG_ENV]
+        assert [e for e in got.get("env", []) if e["name"] == contract.FLAG_ENV] == [e for e in want.get("env", []) if e["name"] == contract.FLAG_ENV]
     other = core.create_namespaced_pod(namespace, sglang_pod(namespace, labels={"app": "vllm"}), dry_run="All")
     assert not other.spec.init_containers and contract.ANNOTATION_POD_INJECTED not in (other.metadata.annotations or {})
 

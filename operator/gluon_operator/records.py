@@ -81,6 +81,7 @@ class PreflightVerdict(Lenient):
     flag: Literal["0", "1"] | None = None
     reason: StrictStr | None = None
     agent: AgentAnswer | None = None
+    final: StrictBool | None = None  # a refusal no restart can change (e.g. the image's python is too old)
 
 
 Record = TypeVar("Record", bound=BaseModel)

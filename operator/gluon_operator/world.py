@@ -80,7 +80,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
         return None
     verdict, problem = preflight_verdict(status)
     agent = verdict.agent if verdict else None
-    transient = agent is None or agent.current is False or agent.enabled is False
+    transient = not (verdict and verdict.final) and (agent is None or agent.current is False or agent.enabled is False)
     injected = (contract.ANNOTATION_POD_INJECTED in (meta.get("annotations") or {}) or verdict is not None or problem is not None
                 or any(isinstance(c, Mapping) and c.get("name") == webhook.PREFLIGHT_CONTAINER for c in spec.get("initContainers") or []))
     return PodView(meta.get("namespace") or "", meta.get("name") or "", node, dict(meta.get("labels") or {}), unix(meta.get("creationTimestamp")),
