@@ -59,4 +59,25 @@ def namespace(control_plane, request):
     name = (re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:5])
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
+    release_rollouts(control_plane.admin_client(), name)
     core.delete_namespace(name, _preload_content=False)
+
+
+def release_rollouts(api, namespace: str) -> None:
+    """Deletes the namespace's GluonRollouts, dropping a finalizer no operator is left to remove: a rollout
+    left behind would claim nodes of later tests (the older rollout owns a node)."""
+    from kubernetes import client
+
+    from gluon_operator.spec import GROUP, PLURAL, VERSION
+
+    custom = client.CustomObjectsApi(api)
+    for item in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+        name = item["metadata"]["name"]
+        if item["metadata"].get("finalizers"):
+            custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"finalizers": None}},
+                                                  _content_type="application/merge-patch+json")
+        try:
+            custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise

@@ -55,6 +55,17 @@ def final_state(cluster: SimCluster) -> dict[str, dict[str, Any]]:
             for name in sorted(cluster.nodes)}
 
 
+def max_in_flight(cluster: SimCluster) -> int:
+    """The most nodes Enabling or Analyzing at once, from every change of the nodes' `state` labels (the
+    node watch): the nodes themselves carry the durable state; the rollout status is a summary of them."""
+    states: dict[str, str | None] = {}
+    most = 0
+    for _, node, labels in sorted(cluster.node_events, key=lambda e: e[0]):
+        states[node] = labels.get(contract.LABEL_STATE)
+        most = max(most, sum(1 for s in states.values() if s in gating.IN_PROGRESS))
+    return most
+
+
 def double_restarts(cluster: SimCluster) -> list[str]:
     """Evictions of a pod that already ran with the flag its node wanted at that moment."""
     found = []
@@ -141,7 +152,8 @@ def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: 
         recorder.stop.set()
         recorder.join(5)
         outcome = {"settled": settled, "seconds": round(time.monotonic() - started, 1), "final": final_state(cluster),
-                   "max_in_flight": recorder.max_in_flight, "double_restarts": double_restarts(cluster),
+                   "max_in_flight": max_in_flight(cluster), "max_in_flight_in_status": recorder.max_in_flight,
+                   "double_restarts": double_restarts(cluster),
                    "evictions": len(cluster.evictions()), "operator_starts": cluster.operator_starts}
         if "kill_times" in extra:
             outcome["kills"] = len(extra["kill_times"])
