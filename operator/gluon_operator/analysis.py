@@ -60,6 +60,7 @@ FAIL_NULL_FRACTION = 0.5  # fail needs the whole interval below this fraction of
 CLIP = 4.0  # heavy tails: log ratios clipped at median +- 4 robust sd (MAD), before any mean
 MAX_PHI = 0.99  # autocorrelation decay cap (a unit root would make the variance infinite)
 BATCH_SECONDS, MIN_BATCHES = 600.0, 5  # batch means: 10 min batches, used from the fifth on
+DEMEAN_ROUNDS = 10  # fixed-point rounds of the demeaning correction (it settles in a few)
 ACF_LAGS = 8  # autocorrelations the long-run variance is fitted to (2 min at a 15 s step)
 POOLED_CONTROLS = 64  # controls whose own autocorrelation is pooled into every node's
 LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
@@ -239,6 +240,7 @@ def _pooled_inflation(l: np.ndarray, x: np.ndarray) -> tuple[float, float]:
     demeaned (their offsets differ), joined with NaNs between them so no lag spans two nodes."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
+        l = np.vstack([_clip(row, _robust_scale(row)) if np.isfinite(row).sum() > 2 else row for row in l])  # outliers hide memory
         l = l - np.nanmean(l, axis=1, keepdims=True)
         x = x - np.nanmean(x, axis=1, keepdims=True)
     rows = np.isfinite(l) & np.isfinite(x).all(axis=2)
@@ -249,29 +251,38 @@ def _pooled_inflation(l: np.ndarray, x: np.ndarray) -> tuple[float, float]:
         l = np.where(rows, np.nan, l)
         l[rows] = fit.resid
     gap = np.full((len(l), 2), np.nan)
-    return _inflation(np.hstack([l, gap]).ravel())
+    return _inflation(np.hstack([l, gap]).ravel(), l.shape[1])
 
 
 # ---------------------------------------------------------------- the statistics
 
 
-def _inflation(series: np.ndarray) -> tuple[float, float]:
-    """(long-run variance / variance, phi) of a gappy series (NaN = missing), from its autocorrelations
-    (statsmodels acf, lags 1..ACF_LAGS), as for AR(1) wander plus white noise, an ARMA(1,1):
-    rho_k = c phi^k, phi fitted as sum(rho_2..rho_L) / sum(rho_1..rho_L-1), and the long-run variance
-    is var (1 + 2 rho_1 / (1 - phi)). A lag-1 autocorrelation alone would read wander under noise as
-    a small phi and miss most of it. A rho_1 within noise of 0 (2 / sqrt(n)), or negative, counts as
-    none: a noisy ratio would otherwise invent a long memory."""
+def _inflation(series: np.ndarray, length: int) -> tuple[float, float]:
+    """(long-run variance / variance, phi) of a gappy series (NaN = missing) made of stretches of
+    about `length` samples each demeaned, from its autocorrelations (statsmodels acf, lags
+    1..ACF_LAGS), as for AR(1) wander plus white noise, an ARMA(1,1): rho_k = c phi^k, phi fitted as
+    sum(rho_2..rho_L) / sum(rho_1..rho_L-1), long-run variance = var (1 + 2 rho_1 / (1 - phi)).
+    A lag-1 autocorrelation alone would read wander under noise as a small phi and miss most of it.
+    Demeaning a stretch lowers every sample autocovariance by about the variance of its mean,
+    long-run variance / length, so the autocorrelations are corrected for that (a fixed point, a few
+    rounds): without it, 10 min of memory seen through 20 min stretches reads as a quarter of itself.
+    A rho_1 within noise of 0 (2 / sqrt(n)), or negative, counts as none: a noisy ratio would
+    otherwise invent a long memory."""
     finite = int(np.isfinite(series).sum())
     if finite < 2 * ACF_LAGS:
         return 1.0, 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        rho = acf(series, nlags=ACF_LAGS, missing="conservative", fft=False)
-    if not np.isfinite(rho).all() or rho[1] <= 2 / math.sqrt(finite):
+        raw = acf(series, nlags=ACF_LAGS, missing="conservative", fft=False)
+    if not np.isfinite(raw).all() or raw[1] <= 2 / math.sqrt(finite):
         return 1.0, 0.0
-    phi = float(min(max(rho[2:].sum() / rho[1:-1].sum(), 0.0), MAX_PHI))
-    return float(1 + 2 * min(rho[1], 1.0) / (1 - phi)), phi
+    inflation, phi = 1.0, 0.0
+    for _ in range(DEMEAN_ROUNDS):
+        bias = inflation / max(length, 1)
+        rho = (raw + bias) / (1 + bias)
+        phi = float(min(max(rho[2:].sum() / rho[1:-1].sum(), 0.0), MAX_PHI))
+        inflation = float(1 + 2 * min(rho[1], 1.0) / (1 - phi))
+    return inflation, phi
 
 
 def _long_run_variance(residuals: np.ndarray, inflation: float, dof: int = 1) -> float:
@@ -342,7 +353,7 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
         beta, cov = fit.params[1:].tolist(), fit.cov_params()[1:, 1:].tolist()
         mean_x = x[full][:, cols].mean(axis=0).tolist()
         residuals[full] = fit.resid
-    inflation, phi = max(_inflation(residuals), (ref.inflation, ref.phi))
+    inflation, phi = max(_inflation(residuals, int(full.sum())), (ref.inflation, ref.phi))
     n = int(full.sum())
     lrv = _long_run_variance(residuals, inflation, dof=len(cols) + 1)
     return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi, "s": scale,
@@ -452,7 +463,7 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
         return Judgement("inconclusive", f"{n} samples with traffic after warm-up, need {cfg.min_samples}",
                          **common, **counts, state=_round(kept))
     recent = np.where(window, adjusted - (np.nanmean(adjusted) if window.any() else 0.0), np.nan)
-    inflation, phi = max(_inflation(recent), (base["f"], base["phi"]) if base else (1.0, 0.0), (ref.inflation, ref.phi))
+    inflation, phi = max(_inflation(recent, int(window.sum())), (base["f"], base["phi"]) if base else (1.0, 0.0), (ref.inflation, ref.phi))
     recent_lrv = _long_run_variance(recent, inflation)
     lrv = max(recent_lrv if math.isfinite(recent_lrv) else 0.0, base["lrv"] if base else 0.0, _batch_lrv(batches, batch)) or math.inf
     shift = (np.array(sum_x) / n - np.array(base["x"])) if cols else np.zeros(0)

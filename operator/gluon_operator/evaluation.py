@@ -78,7 +78,8 @@ async def analyse(namespace: str, rollout: str, spec: GluonRolloutSpec, statuses
         METRICS.analysis_errors.labels(kind).inc()
         logger.warning("analysis of %s/%s: %s", namespace, rollout, error)
         summary.update(error=error, errorKind=kind)
-        judgements = {n: analysis.Judgement("inconclusive", f"analysis failed ({error})",
+        source = "Prometheus error" if isinstance(exc, (PrometheusError, analysis.MalformedAnswer)) else "analysis error"
+        judgements = {n: analysis.Judgement("inconclusive", f"{source}: {error}",
                                             state=statuses[n].numbers.get("sequential") or {}) for n in judged}
     verdicts = {}
     a = spec.analysis
