@@ -240,7 +240,9 @@ def test_series_by_node():
     result = [{"metric": {"node": "a"}, "values": [[1, "2.5"], [2, "3"]]}, {"metric": {}, "values": [[1, "9"]]},
               {"metric": {"node": "b"}, "value": [5, "1"]}, {"metric": {"node": "c"}, "values": [[1, "NaN"]]}]
     out = analysis.series_by_node(result)
-    assert out["a"] == [(1.0, 2.5), (2.0, 3.0)] and out["b"] == [(5.0, 1.0)] and math.isnan(out["c"][0][1])
+    assert out["a"].tolist() == [[1.0, 2.5], [2.0, 3.0]] and out["b"].tolist() == [[5.0, 1.0]] and math.isnan(out["c"][0][1])
+    twice = analysis.series_by_node([{"metric": {"node": "a"}, "values": [[1, "1"]]}, {"metric": {"node": "a"}, "values": [[2, "+Inf"]]}])
+    assert twice["a"][:, 0].tolist() == [1.0, 2.0] and math.isinf(twice["a"][1, 1])
 
 
 @pytest.mark.parametrize("result,where", [

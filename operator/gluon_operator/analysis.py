@@ -136,12 +136,12 @@ def _round(value: Any) -> Any:
 # ---------------------------------------------------------------- Prometheus answers -> aligned arrays
 
 
-def series_by_node(result: Any) -> dict[str, list[tuple[float, float]]]:
-    """Prometheus matrix (or vector) result -> {node: [(t, v)]}. Series without a node label are
-    ignored; anything not of the documented shape raises MalformedAnswer naming the item."""
+def series_by_node(result: Any) -> dict[str, np.ndarray]:
+    """Prometheus matrix (or vector) result -> {node: (n, 2) array of [t, v]}. Series without a node
+    label are ignored; anything not of the documented shape raises MalformedAnswer naming the item."""
     if not isinstance(result, list):
         raise MalformedAnswer(f"result is {type(result).__name__}, not a list of series")
-    out: dict[str, list[tuple[float, float]]] = {}
+    out: dict[str, np.ndarray] = {}
     for index, item in enumerate(result):
         if not isinstance(item, dict) or not isinstance(item.get("metric", {}), dict):
             raise MalformedAnswer(f"result[{index}] is not an object with a metric object")
@@ -151,15 +151,34 @@ def series_by_node(result: Any) -> dict[str, list[tuple[float, float]]]:
         values = item.get("values") if "values" in item else ([item["value"]] if item.get("value") is not None else [])
         if not isinstance(values, list):
             raise MalformedAnswer(f"result[{index}].values is {type(values).__name__}, not a list")
-        points = out.setdefault(str(node), [])
-        for pair in values:
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise MalformedAnswer(f"result[{index}] (node {node}) has a sample {pair!r}, not [time, value]")
-            try:
-                points.append((float(pair[0]), float(pair[1])))
-            except (TypeError, ValueError):
-                raise MalformedAnswer(f"result[{index}] (node {node}) has a non-numeric sample {pair!r}") from None
+        points = _points(values, f"result[{index}] (node {node})")
+        out[str(node)] = np.vstack([out[str(node)], points]) if str(node) in out else points
     return out
+
+
+def _points(values: list, where: str) -> np.ndarray:
+    """[[t, "v"], ...] -> (n, 2) floats; numpy parses the whole list at once (Prometheus sends values
+    as strings, NaN and +Inf included), and only a failure is looked at pair by pair, to name it."""
+    try:
+        points = np.array(values, dtype=float)
+        parsed = points.ndim == 2 and points.shape[1] == 2
+        # numpy reads None as NaN: a NaN is only a value when Prometheus sent the string "NaN"
+        if parsed and not (np.isnan(points).any() and any(None in pair for pair in values if isinstance(pair, (list, tuple)))):
+            if np.isnan(points[:, 0]).any():
+                raise MalformedAnswer(f"{where} has a sample time that is not a number")
+            return points
+        if not values:
+            return np.empty((0, 2))
+    except (TypeError, ValueError):
+        pass
+    for pair in values:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise MalformedAnswer(f"{where} has a sample {pair!r}, not [time, value]")
+        try:
+            float(pair[0]), float(pair[1])
+        except (TypeError, ValueError):
+            raise MalformedAnswer(f"{where} has a non-numeric sample {pair!r}") from None
+    raise MalformedAnswer(f"{where} has samples that are not [time, value] pairs")
 
 
 @dataclass(frozen=True)
@@ -171,23 +190,30 @@ class Panel:
     load: Mapping[str, np.ndarray]  # node -> (T, len(COVARIATES)); NaN where a gauge is missing
 
 
-def build_panel(speed: Mapping[str, Series], load: Mapping[str, Mapping[str, Series]]) -> Panel:
-    stamps = sorted({round(t, 3) for series in speed.values() for t, _ in series})
-    index = {t: i for i, t in enumerate(stamps)}
+def build_panel(speed: Mapping[str, Any], load: Mapping[str, Mapping[str, Any]]) -> Panel:
+    """Series ((t, v) pairs or (n, 2) arrays) on the speed series' common time grid (Prometheus range
+    queries share their step); gauge samples off that grid are dropped."""
+    arrays = {n: _as_points(s) for n, s in speed.items()}
+    stamps = np.unique(np.round(np.concatenate([a[:, 0] for a in arrays.values()]), 3)) if arrays else np.empty(0)
 
-    def column(series: Series) -> np.ndarray:
+    def column(points: np.ndarray) -> np.ndarray:
         out = np.full(len(stamps), np.nan)
-        for t, v in series:
-            i = index.get(round(t, 3))
-            if i is not None:
-                out[i] = v
+        if len(points) and len(stamps):
+            times = np.round(points[:, 0], 3)
+            at = np.minimum(np.searchsorted(stamps, times), len(stamps) - 1)
+            hit = stamps[at] == times
+            out[at[hit]] = points[hit, 1]
         return out
 
-    gauges = {}
-    for node in speed:
-        gauges[node] = np.column_stack([column(load.get(name, {}).get(node, ())) for name in COVARIATES]) \
-            if stamps else np.empty((0, len(COVARIATES)))
-    return Panel(np.array(stamps, dtype=float), {n: column(s) for n, s in speed.items()}, gauges)
+    gauges = {name: {n: _as_points(s) for n, s in series.items()} for name, series in load.items()}
+    empty = np.empty((0, 2))
+    return Panel(stamps.astype(float), {n: column(a) for n, a in arrays.items()},
+                 {n: np.column_stack([column(gauges.get(name, {}).get(n, empty)) for name in COVARIATES]) for n in arrays})
+
+
+def _as_points(series: Any) -> np.ndarray:
+    points = np.asarray(series, dtype=float)
+    return points.reshape(-1, 2) if points.size else np.empty((0, 2))
 
 
 def _log(values: np.ndarray, floor: float = 0.0) -> np.ndarray:
