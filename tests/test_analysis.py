@@ -4,116 +4,206 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gluon_operator import analysis
-from gluon_operator.analysis import JudgeConfig, decide, judge
+from gluon_operator.analysis import JudgeConfig, decide
 from gluon_operator.promclient import PrometheusClient, PrometheusError
 from tests.helpers import free_port
 
 CFG = JudgeConfig(tolerance=0.05, confidence=0.95, min_samples=5)
-ENABLE, WARMUP, WINDOW, BASELINE = 100.0, 10.0, 60.0, 100.0
+STEP, ENABLE, WARMUP, BASELINE = 15.0, 1200.0, 60.0, 1200.0
+CONTROLS = [f"c{i}" for i in range(7)]
 
 
-def fleet(effect=1.0, noise=0.03, n_controls=5, drift=0.0, missing=0.0, seed=1, step=2.0, end=200.0, direction_lower=False):
-    """Per-step samples: treated node (flag 1 from ENABLE on) and controls, sharing a load drift."""
-    rng = random.Random(seed)
-    times = [t * step for t in range(int(end / step))]
-    load = {t: 1 + drift * math.sin(t / 30) for t in times}
-
-    def series(factor_after):
-        out = []
-        for t in times:
-            if rng.random() < missing:
-                continue
-            value = 30 * load[t] * (factor_after if t >= ENABLE else 1.0) * math.exp(rng.gauss(0, noise))
-            out.append((t, 1 / value if direction_lower else value))
-        return out
-
-    return series(effect), [series(1.0) for _ in range(n_controls)]
+def ar1(rng, n, tau, sd):
+    phi = math.exp(-STEP / tau) if tau else 0.0
+    out = np.empty(n)
+    out[0] = rng.normal(0, sd)
+    for i in range(1, n):
+        out[i] = phi * out[i - 1] + rng.normal(0, sd * math.sqrt(1 - phi * phi))
+    return out
 
 
-def run(effect, **kw):
-    cfg = kw.pop("cfg", CFG)
-    treated, controls = fleet(effect, **kw)
-    return judge(treated, controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, cfg)
+def fleet(effect=1.0, noise=0.05, seed=1, end=2400.0, drift=0.0, wander=(0.0, 0.0), load_shift=0.0, speed_shift=0.0,
+          missing=0.0, lower=False):
+    """Speed and load gauges for "t" (flag 1 from ENABLE on) and 7 controls: speed answers the node's
+    own load (elasticity -0.1 to running requests, -0.3 to KV usage); `load_shift` moves the treated
+    node's load (gauges and speed) after the flip, `speed_shift` moves its speed alone."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, end, STEP)
+    post = t >= ENABLE
+    common = drift * np.sin(t / 300.0)
+    speed, running, usage = {}, {}, {}
+    for node in ["t"] + CONTROLS:
+        load = ar1(rng, len(t), 180.0, 0.15) + (load_shift * post if node == "t" else 0.0)
+        log_speed = math.log(30) + common + rng.normal(0, 0.03) - 0.4 * load + rng.normal(0, noise, len(t))
+        if wander[0]:
+            log_speed += ar1(rng, len(t), wander[0], wander[1])
+        if node == "t":
+            log_speed += post * (math.log(effect) + speed_shift)
+        keep = rng.random(len(t)) >= missing
+        value = np.exp(-log_speed if lower else log_speed)
+        speed[node] = [(float(x), float(v)) for x, v, k in zip(t, value, keep) if k]
+        running[node] = [(float(x), float(12 * math.exp(v))) for x, v in zip(t, load)]
+        usage[node] = [(float(x), float(0.5 * math.exp(v + c))) for x, v, c in zip(t, load, ar1(rng, len(t), 300.0, 0.05))]
+    return speed, {"running": running, "usage": usage}
+
+
+def look(speed, load, now, cfg=CFG, state=None, controls=CONTROLS, baseline=BASELINE, start=None):
+    start = ENABLE - baseline if start is None else start
+    cut = lambda series: {n: [(t, v) for t, v in s if start <= t <= now] for n, s in series.items()}  # noqa: E731
+    panel = analysis.build_panel(cut(speed), {k: cut(v) for k, v in load.items()})
+    ref = analysis.reference(panel, controls, cfg)
+    return analysis.judge(panel, ref, "t", ENABLE, WARMUP, now, baseline, cfg, state)
+
+
+def looks(speed, load, intervals, cfg=CFG, consecutive=2):
+    """Every interval from the warm-up on, with the state carried as the operator carries it; the
+    interval of the first rollback (or None) and the last judgement."""
+    state, streak, since, j = None, 0, None, None
+    for k in range(1, intervals + 1):
+        now = ENABLE + WARMUP + 60.0 * k
+        start = now - 300.0 if (state or {}).get("baseline") else None
+        j = look(speed, load, now, cfg, state, start=start)
+        state = j.state
+        d = decide(j, streak, since, now, consecutive, "hold", 1e9)
+        streak, since = d.streak, d.inconclusive_since
+        if d.verdict == "fail":
+            return k, j
+    return None, j
 
 
 def test_speedup_passes_with_numbers():
-    j = run(2.0)
-    assert j.result == "pass" and 1.9 < j.effect < 2.1 and j.ci_low > 0.95 and j.n_post >= 25 and j.n_pre >= 25
-    assert j.threshold == 0.95 and j.n_controls == 5 and "Yuen" in j.method
-    assert j.to_dict()["effect"] == round(j.effect, 6)
+    j = look(*fleet(2.0), now=2400.0)
+    assert j.result == "pass" and 1.9 < j.effect < 2.1 and j.ci_low > 0.95 and j.n_post >= 70 and j.n_pre == 80
+    assert j.threshold == 0.95 and j.n_controls == 7 and 0 < j.n_eff <= j.n_post and "confidence sequence" in j.method
+    assert "load-adjusted (running, usage)" in j.method and j.looks == 1 and j.p_not_worse < 0.05
+    numbers = j.to_dict()
+    assert numbers["effect"] == pytest.approx(j.effect, rel=1e-5) and numbers["sequential"]["baseline"]["n"] == 80
 
 
 def test_regression_fails_and_no_change_passes():
-    j = run(0.85)
-    assert j.result == "fail" and j.ci_high < 0.95 and 0.82 < j.effect < 0.88 and j.p_worse < 0.05
-    assert run(1.0).result == "pass"
+    j = look(*fleet(0.85), now=2400.0)
+    assert j.result == "fail" and j.ci_high < 0.975 and 0.82 < j.effect < 0.88 and j.p_worse < 0.05
+    assert look(*fleet(1.0), now=2400.0).result == "pass"
 
 
 def test_small_regression_within_tolerance_is_not_a_failure():
-    assert run(0.97).result in ("pass", "inconclusive")
-
-
-def test_fail_needs_an_estimate_beyond_tolerance_and_significance():
-    # 8% worse at 3% noise: beyond the 5% tolerance and clearly worse than half of it
-    clear = run(0.92)
-    assert clear.result == "fail" and clear.effect < 0.95 and clear.p_worse < 0.05
-    # the same estimate drowned in 40% noise: not significant, so no rollback on it
-    times = [t * 2.0 for t in range(100)]
-    wobble = [(t, 30 * (0.92 if t >= ENABLE else 1.0) * math.exp((0.4 if t >= ENABLE else 0.01) * (-1) ** i))
-              for i, t in enumerate(times)]
-    noisy = judge(wobble, [[(t, 30.0) for t in times]], ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG)
-    assert noisy.result == "inconclusive" and noisy.effect < 0.95 and noisy.p_worse > 0.05, noisy.reason
-    # significantly worse than unchanged, but the estimate is inside the tolerance: no rollback
-    mild = run(0.965, noise=0.005)
-    assert mild.result != "fail" and mild.effect > 0.95 and mild.p_worse < 0.05
+    assert look(*fleet(0.98, noise=0.01), now=2400.0).result != "fail"
 
 
 def test_baseline_window_is_separate_from_the_judged_window():
-    treated, controls = fleet(0.8)
-    short = judge(treated, controls, ENABLE, WARMUP, 200.0, WINDOW, 20.0, CFG)
-    long = judge(treated, controls, ENABLE, WARMUP, 200.0, WINDOW, 100.0, CFG)
-    assert short.n_pre == 10 and long.n_pre == 50 and short.n_post == long.n_post == 30
+    speed, load = fleet(0.8)
+    short, long = look(speed, load, 2400.0, baseline=300.0), look(speed, load, 2400.0)
+    assert short.n_pre == 20 and long.n_pre == 80 and short.n_post == long.n_post
 
 
 def test_lower_is_better_metrics():
     cfg = JudgeConfig(direction="lower", tolerance=0.05, confidence=0.95, min_samples=5)
-    assert run(0.85, direction_lower=True, cfg=cfg).result == "fail"  # latency went up ~18%
-    assert run(2.0, direction_lower=True, cfg=cfg).result == "pass"
+    assert look(*fleet(0.85, lower=True), now=2400.0, cfg=cfg).result == "fail"  # latency up ~18%
+    assert look(*fleet(2.0, lower=True), now=2400.0, cfg=cfg).result == "pass"
 
 
 def test_common_load_drift_cancels():
-    assert run(1.0, drift=0.3).result == "pass"
+    assert look(*fleet(1.0, drift=0.3), now=2400.0).result == "pass"
 
 
-def test_no_data_and_no_control_are_inconclusive():
-    treated, controls = fleet(0.5)
-    assert judge([], controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG).result == "inconclusive"
-    j = judge(treated, [], ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG)
+def test_no_data_no_control_and_too_few_samples_are_inconclusive():
+    speed, load = fleet(0.5)
+    assert look({n: s for n, s in speed.items() if n != "t"}, load, 2400.0).result == "inconclusive"
+    j = look(speed, load, 2400.0, controls=[])
     assert j.result == "inconclusive" and "no control" in j.reason
-    few = judge(treated[-3:], controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG)
-    assert few.result == "inconclusive" and "3 samples" in few.reason
+    few = look(speed, load, ENABLE + WARMUP + 45.0)
+    assert few.result == "inconclusive" and "4 samples" in few.reason
 
 
 def test_too_little_traffic_is_inconclusive():
-    cfg = JudgeConfig(min_traffic=1000.0)
-    assert run(0.5, cfg=cfg).result == "inconclusive"
+    assert look(*fleet(0.5), now=2400.0, cfg=JudgeConfig(min_traffic=1000.0)).result == "inconclusive"
 
 
-def test_no_pre_enable_baseline_falls_back_to_one_sample():
-    treated, controls = fleet(0.8)
-    j = judge([s for s in treated if s[0] >= ENABLE], controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG)
-    assert j.result == "fail" and j.n_pre == 0 and "one-sample" in j.method
+@settings(max_examples=60, deadline=None)
+@given(effect=st.sampled_from([0.5, 1.0, 2.0]), keep=st.integers(0, 4), floor=st.sampled_from([0.0, 1e6]),
+       controls=st.sampled_from([[], CONTROLS]), seed=st.integers(0, 3))
+def test_too_little_data_or_traffic_is_never_a_pass_nor_a_fail(effect, keep, floor, controls, seed):
+    """Fewer than minSamples post-flip samples with traffic, no control, or every sample under the
+    traffic floor: whatever the effect, the verdict is inconclusive."""
+    speed, load = fleet(effect, seed=seed)
+    treated = [s for s in speed["t"] if s[0] < ENABLE + WARMUP]
+    speed["t"] = treated + [s for s in speed["t"] if s[0] >= ENABLE + WARMUP][:keep]
+    j = look(speed, load, 2400.0, cfg=JudgeConfig(min_traffic=floor), controls=controls)
+    assert j.result == "inconclusive", j.reason
+    if floor or not controls:  # nothing judged at all
+        assert j.n_post == 0
+
+
+def test_no_pre_enable_baseline_compares_with_control_only():
+    speed, load = fleet(0.8)
+    speed["t"] = [s for s in speed["t"] if s[0] >= ENABLE]
+    j = look(speed, load, 2400.0)
+    assert j.result == "fail" and j.n_pre == 0 and "no pre-enable baseline" in j.method
 
 
 def test_heavy_tailed_outliers_do_not_decide():
-    treated, controls = fleet(1.0, seed=3)
-    spiky = [(t, v * (0.2 if i % 9 == 0 else 1.0)) for i, (t, v) in enumerate(treated)]
-    assert judge(spiky, controls, ENABLE, WARMUP, 200.0, WINDOW, BASELINE, CFG).result != "fail"
+    speed, load = fleet(1.0, seed=3)
+    speed["t"] = [(t, v * (0.2 if i % 9 == 0 else 1.0)) for i, (t, v) in enumerate(speed["t"])]
+    assert look(speed, load, 2400.0).result != "fail"
+
+
+def test_state_accumulates_across_looks_and_a_stale_or_malformed_state_is_dropped():
+    speed, load = fleet(1.0)
+    first = look(speed, load, 1500.0)
+    second = look(speed, load, 1560.0, state=first.state, start=1260.0)  # recent window only
+    assert second.looks == 2 and second.n_pre == first.n_pre == 80 and second.n_post == first.n_post + 4
+    assert second.state["post"]["until"] == 1560.0
+    stale = dict(first.state, changedAt=1.0)
+    assert look(speed, load, 1560.0, state=stale).looks == 1
+    assert look(speed, load, 1560.0, state={"changedAt": ENABLE, "post": "x"}).looks == 1
+
+
+def test_autocorrelated_no_change_does_not_roll_back_across_many_looks():
+    """AR(1) wander of 10% sd with a 10 min correlation time on every node, 5% noise, 5% gaps:
+    360 looks (6 h) on each of 6 fixed seeds, no rollback."""
+    for seed in range(6):
+        speed, load = fleet(1.0, seed=100 + seed, end=ENABLE + 6 * 3600 + 300, wander=(600.0, 0.10), missing=0.05)
+        rolled, last = looks(speed, load, 360)
+        assert rolled is None and last.looks == 360, (seed, last.reason)
+
+
+def test_a_regression_load_explains_is_not_the_flags_and_one_it_does_not_is():
+    """The treated node's load rises 40% at the flip: its speed drops ~15% (-0.4 x 0.4) and its gauges
+    show why. The same drop with gauges that stay put is the flag's."""
+    explained, _ = looks(*fleet(1.0, load_shift=0.4, seed=5), 20)
+    assert explained is None
+    unexplained, j = looks(*fleet(1.0, speed_shift=-0.16, seed=5), 20)
+    assert unexplained is not None and j.effect < 0.9 and 0.85 < j.adjustment < 1.15  # chance load wander only
+    adjusted = look(*fleet(1.0, load_shift=0.4, seed=5), now=2400.0)
+    assert adjusted.adjustment > 1.1 and 0.95 < adjusted.effect < 1.05, adjusted.reason
+
+
+def test_a_clear_regression_is_rolled_back_within_a_few_intervals():
+    rolled, j = looks(*fleet(0.9), 10)
+    assert rolled is not None and rolled <= 6 and j.result == "fail"
+
+
+@settings(max_examples=200, deadline=None)
+@given(estimate=st.floats(-1, 1), variance=st.floats(1e-6, 1), null=st.floats(-0.5, 0.5))
+def test_the_confidence_sequence_and_the_always_valid_p_value_agree(estimate, variance, null):
+    """The bound excludes `null` from one side exactly when that side's p-value is below alpha, and
+    the sequence is wider than the fixed-sample interval (the price of looking at every interval)."""
+    rho, alpha = math.log(0.95) ** 2, 0.05
+    half = analysis.mixture_halfwidth(variance, rho, alpha)
+    assert half > 1.96 * math.sqrt(variance)
+    below = analysis.mixture_p_value(estimate, null, variance, rho, "below")
+    if abs(estimate + half - null) > 1e-9:
+        assert (below < alpha) == (estimate + half < null)
+    above = analysis.mixture_p_value(estimate, null, variance, rho, "above")
+    if abs(estimate - half - null) > 1e-9:
+        assert (above < alpha) == (estimate - half > null)
 
 
 @pytest.mark.parametrize("results,expected", [
@@ -138,15 +228,34 @@ def test_on_no_data_after_deadline(on_no_data, verdict):
     assert later.verdict == verdict
 
 
-def test_render_query():
-    q = analysis.render(analysis.DEFAULT_QUERY, "serving", {"app.kubernetes.io/name": "sglang"}, 30)
-    assert 'namespace="serving",app_kubernetes_io_name="sglang"' in q and "[30s]" in q and "{{" not in q
+def test_render_queries():
+    for template in (analysis.DEFAULT_QUERY, *analysis.COVARIATE_QUERIES.values()):
+        q = analysis.render(template, "serving", {"app.kubernetes.io/name": "sglang"}, 30)
+        assert 'namespace="serving",app_kubernetes_io_name="sglang"' in q and "[30s]" in q and "{{" not in q
+        assert '__name__=~"sglang[:_]' in q and "by (node)" in q
+    assert "num_running_reqs" in analysis.COVARIATE_QUERIES["running"] and "token_usage" in analysis.COVARIATE_QUERIES["usage"]
 
 
 def test_series_by_node():
     result = [{"metric": {"node": "a"}, "values": [[1, "2.5"], [2, "3"]]}, {"metric": {}, "values": [[1, "9"]]},
-              {"metric": {"node": "b"}, "value": [5, "1"]}]
-    assert analysis.series_by_node(result) == {"a": [(1.0, 2.5), (2.0, 3.0)], "b": [(5.0, 1.0)]}
+              {"metric": {"node": "b"}, "value": [5, "1"]}, {"metric": {"node": "c"}, "values": [[1, "NaN"]]}]
+    out = analysis.series_by_node(result)
+    assert out["a"].tolist() == [[1.0, 2.5], [2.0, 3.0]] and out["b"].tolist() == [[5.0, 1.0]] and math.isnan(out["c"][0][1])
+    twice = analysis.series_by_node([{"metric": {"node": "a"}, "values": [[1, "1"]]}, {"metric": {"node": "a"}, "values": [[2, "+Inf"]]}])
+    assert twice["a"][:, 0].tolist() == [1.0, 2.0] and math.isinf(twice["a"][1, 1])
+
+
+@pytest.mark.parametrize("result,where", [
+    (None, "not a list"), ({"a": 1}, "not a list"), ([1], "result[0]"), ([{"metric": "x"}], "result[0]"),
+    ([{"metric": {"node": "a"}, "values": {"1": 2}}], "values is dict"),
+    ([{"metric": {"node": "a"}, "values": [[1]]}], "not [time, value]"),
+    ([{"metric": {"node": "a"}, "values": [[1, "x"]]}], "non-numeric"),
+    ([{"metric": {"node": "a"}, "values": [[None, "1"]]}], "non-numeric"),
+])
+def test_malformed_answers_name_what_is_wrong(result, where):
+    with pytest.raises(analysis.MalformedAnswer) as bad:
+        analysis.series_by_node(result)
+    assert where in str(bad.value)
 
 
 def test_prometheus_client_errors_quote_query_and_message(tmp_path):
@@ -158,6 +267,7 @@ def test_prometheus_client_errors_quote_query_and_message(tmp_path):
         with pytest.raises(PrometheusError) as bad:
             asyncio.run(client.query("sum(rate(x[5m])"))
         assert "sum(rate(x[5m])" in str(bad.value) and bad.value.kind == "bad_data" and "parse error" in bad.value.message
+        assert str(bad.value).index("parse error") < str(bad.value).index("sum(rate")  # the reason first
     down = PrometheusClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.01)
     with pytest.raises(PrometheusError) as gone:
         asyncio.run(down.query_range("up", 0, 10, 1))

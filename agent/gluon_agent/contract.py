@@ -132,6 +132,26 @@ M_ROLLOUT_API_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "api_errors"  # counter
 M_ROLLOUT_RESTARTS: Final = ROLLOUT_METRIC_PREFIX + "pod_restarts"  # counter
 # Admission reviews the webhook answered, by outcome (webhook.OUTCOMES); every one is allowed.
 M_ROLLOUT_WEBHOOK_REVIEWS: Final = ROLLOUT_METRIC_PREFIX + "webhook_reviews"  # counter
+# The analysis judge's numbers per judged node (docs/analysis.md): the anytime-valid interval around
+# M_ROLLOUT_EFFECT, the effective sample size, the ratio the load adjustment applied, the sequential
+# test's always-valid p-values (label hypothesis: worse | not_worse) and its number of looks.
+M_ROLLOUT_EFFECT_LOWER: Final = ROLLOUT_METRIC_PREFIX + "effect_ratio_lower"
+M_ROLLOUT_EFFECT_UPPER: Final = ROLLOUT_METRIC_PREFIX + "effect_ratio_upper"
+M_ROLLOUT_EFFECTIVE_SAMPLES: Final = ROLLOUT_METRIC_PREFIX + "effective_samples"
+M_ROLLOUT_LOAD_ADJUSTMENT: Final = ROLLOUT_METRIC_PREFIX + "load_adjustment_ratio"
+M_ROLLOUT_SEQUENTIAL_P: Final = ROLLOUT_METRIC_PREFIX + "sequential_p_value"
+M_ROLLOUT_ANALYSIS_LOOKS: Final = ROLLOUT_METRIC_PREFIX + "analysis_looks"
+M_ROLLOUT_JUDGE_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "judge_cpu_seconds"  # histogram, per evaluation
+
+# ---------------------------------------------------------------- operator environment
+# Bearer token and CA file for Prometheus (the chart sets them from operator.prometheusAuth).
+ENV_PROMETHEUS_TOKEN: Final = "GLUON_PROMETHEUS_TOKEN"
+ENV_PROMETHEUS_CA: Final = "GLUON_PROMETHEUS_CA"
+# Comma-separated Prometheus base URLs the cluster admin trusts with the token; any other
+# spec.analysis.prometheusUrl is queried without credentials.
+ENV_PROMETHEUS_TRUSTED_URLS: Final = "GLUON_PROMETHEUS_TRUSTED_URLS"
+# One deadline, in seconds, for a rollout's whole analysis (queries and judgement).
+ENV_ANALYSIS_DEADLINE: Final = "GLUON_ANALYSIS_DEADLINE_SECONDS"
 
 # ---------------------------------------------------------------- agent HTTP
 AGENT_PORT: Final = 9477

@@ -1,34 +1,39 @@
-"""The analysis judge: pure functions over Prometheus samples.
+"""The analysis judge: pure functions over Prometheus samples (docs/analysis.md says why each step).
 
-The treated node (flag 1) is compared with control nodes (flag 0) *in the same window*, and against its
-own pre-enable baseline: a difference-in-differences on log ratios, so load drift common to all nodes
-cancels and a node's own hardware offset cancels too. The test is Yuen's trimmed-mean Welch t-test
-(scipy.stats.ttest_ind with trim=0.2: robust to heavy-tailed outliers); the verdict is tri-state:
+Per node under analysis T, against the control nodes C (flag 0) in the same window, at each step t:
 
-  fail          the estimate is worse than the tolerance (e.g. < -5%) and the test says, at the confidence
-                level, that the node is worse than half the tolerance (a real regression, not noise)
-  pass          the whole confidence interval lies above the tolerance (proved not worse than it)
-  inconclusive  anything else, and always when there are too few samples, too little traffic, no
-                control, or no data: never pass, never fail
+    l_t = log T_t - log median(C_t)          (sign flipped when lower is better)
+    x_t = log load_T,t - log median(load_C,t) (the node's own load gauges against the controls')
 
-Why fail does not demand proof of "worse than the tolerance" itself: that test needs about 65 samples
-after the flip to catch a 10% regression at 5% noise 99 times in 100 (docs/benchmarks/README.md); the
-estimate-beyond-tolerance rule with a significance test against half the tolerance catches it in 3
-intervals while false rollbacks stay under 0.5% (bench/judge.py). Pass keeps the strict proof: promoting
-is the irreversible-looking step, rolling back only costs the speedup.
+1. Baseline (once per flip, then kept in the node's status): the `baselineSeconds` before the flip.
+   An OLS of l on x (statsmodels, HAC / Newey-West covariance) gives how much the node's own load moves
+   its speed (beta, with its covariance); the baseline mean of l, and its long-run variance from an ARMA(1,1)
+   fit of the residuals (statsmodels acf, gaps allowed), give the node's own offset against the controls.
+2. Every look: post-flip samples (after `warmupSeconds`) are load-adjusted, CUPED-style,
+   l_t - beta . (x_t - mean pre x), and added to running sums kept in the status, so the estimate is
+   the mean over everything since the flip, not a sliding window: a random-walk-like sequence of looks.
+3. The estimate (difference in differences), its variance (long-run variance / n, plus the baseline's,
+   plus beta's through the load shift) and an anytime-valid confidence sequence: the normal-mixture
+   boundary (Robbins; the mixture SPRT of Johari et al. 2017; Netflix's sequential canary tests, Lindon
+   et al., KDD 2022), so looking every interval, for hours of guard mode, keeps the error rate.
 
-Every judgement carries its numbers: estimate, interval, sample counts, threshold, p-values.
+Verdicts: fail when the whole sequence interval lies below half the tolerance and the estimate is beyond
+the tolerance; pass when the whole interval lies above the tolerance; inconclusive otherwise, and always
+with too few samples, too little traffic, no control or no data: never pass, never fail.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import statistics
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+import statsmodels.api as sm
 from scipy import stats
+from statsmodels.tsa.stattools import acf
 
 Series = Sequence[tuple[float, float]]  # (unix seconds, value)
 
@@ -43,9 +48,26 @@ DEFAULT_QUERY = (
     " / "
     'sum by (node) (rate({__name__=~"sglang[:_]inter_token_latency_seconds_sum",namespace="{{namespace}}"{{selector}}}[{{window}}]))'
 )
-FAIL_NULL_FRACTION = 0.5  # fail tests "worse than this fraction of the tolerance" (see the docstring)
-TRIM = 0.2  # Yuen: trim 20% from each tail (at n=8 that is one sample per side; 10% would trim none)
+# The node's own load, from SGLang's gauges, templated and name-matched like DEFAULT_QUERY: running
+# requests summed over the node's pods, KV-cache usage (0..1) averaged over them. One query each per
+# rollout per interval, whatever the fleet size.
+COVARIATE_QUERIES: Mapping[str, str] = {
+    "running": 'sum by (node) (avg_over_time({__name__=~"sglang[:_]num_running_reqs",namespace="{{namespace}}"{{selector}}}[{{window}}]))',
+    "usage": 'avg by (node) (avg_over_time({__name__=~"sglang[:_]token_usage",namespace="{{namespace}}"{{selector}}}[{{window}}]))',
+}
+COVARIATES = tuple(COVARIATE_QUERIES)
+FAIL_NULL_FRACTION = 0.5  # fail needs the whole interval below this fraction of the tolerance
+CLIP = 4.0  # heavy tails: log ratios clipped at median +- 4 robust sd (MAD), before any mean
+MAX_PHI = 0.99  # autocorrelation decay cap (a unit root would make the variance infinite)
+BATCH_SECONDS, MIN_BATCHES = 600.0, 5  # batch means: 10 min batches, used from the fifth on
+DEMEAN_ROUNDS = 10  # fixed-point rounds of the demeaning correction (it settles in a few)
+ACF_LAGS = 8  # autocorrelations the long-run variance is fitted to (2 min at a 15 s step)
+POOLED_CONTROLS = 64  # controls whose own autocorrelation is pooled into every node's
 LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class MalformedAnswer(ValueError):
+    """A Prometheus answer that is not the documented matrix/vector shape."""
 
 
 def promql_selector(match_labels: Mapping[str, str]) -> str:
@@ -71,89 +93,438 @@ class JudgeConfig:
     min_samples: int = 5
     min_traffic: float = 0.0
     min_controls: int = 1
+    mixture: float = 1.0  # mixture variance of the sequential test, in units of log(1 - tolerance)^2
 
 
 @dataclass(frozen=True)
 class Judgement:
     result: str  # pass | fail | inconclusive
     reason: str
-    effect: float | None = None  # ratio treated/control after vs before (1.9 = 90% faster)
-    ci_low: float | None = None
+    effect: float | None = None  # ratio treated/control after vs before, at equal load (1.9 = 90% faster)
+    ci_low: float | None = None  # the anytime-valid confidence sequence at this look
     ci_high: float | None = None
     threshold: float | None = None  # ratio below which a node fails (1 - tolerance)
     n_post: int = 0
     n_pre: int = 0
     n_controls: int = 0
-    p_worse: float | None = None  # H0: not worse than FAIL_NULL_FRACTION x tolerance
-    p_not_worse: float | None = None  # H0: worse than the tolerance
+    n_eff: float | None = None  # post samples worth of independent ones: n / inflation
+    inflation: float | None = None  # long-run variance / variance (1 for independent samples)
+    phi: float | None = None  # decay per step of the autocorrelation behind that inflation
+    adjustment: float | None = None  # ratio the load adjustment applied to the estimate (1 = none)
+    p_worse: float | None = None  # always-valid p, H0: not worse than FAIL_NULL_FRACTION x tolerance
+    p_not_worse: float | None = None  # always-valid p, H0: worse than the tolerance
+    looks: int = 0
     method: str = ""
+    state: Mapping[str, Any] = field(default_factory=dict)  # kept in the node's status between looks
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if v is not None}
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in out.items()}
+        out = {k: v for k, v in asdict(self).items() if v is not None and k != "state"}
+        out = {k: _round(v) for k, v in out.items()}
+        return out | ({"sequential": self.state} if self.state else {})
 
 
-def log_ratios(treated: Series, controls: Sequence[Series], cfg: JudgeConfig) -> tuple[list[tuple[float, float]], int]:
-    """(timestamp, log(treated / median of controls)) where both have traffic; and how many controls
-    contributed at all. The sign is flipped for lower-is-better metrics, so positive is always better."""
-    by_time: dict[float, list[float]] = {}
-    used = 0
-    for series in controls:
-        good = [(t, v) for t, v in series if _usable(v, cfg)]
-        used += bool(good)
-        for t, v in good:
-            by_time.setdefault(round(t, 3), []).append(v)
-    out = []
-    for t, v in treated:
-        peers = by_time.get(round(t, 3), [])
-        if _usable(v, cfg) and len(peers) >= cfg.min_controls:
-            ratio = math.log(v) - math.log(statistics.median(peers))
-            out.append((t, ratio if cfg.direction == "higher" else -ratio))
-    return out, used
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.6g}") if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        return [_round(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    return value
 
 
-def _usable(value: float, cfg: JudgeConfig) -> bool:
-    return value is not None and math.isfinite(value) and value > 0 and value >= cfg.min_traffic
+# ---------------------------------------------------------------- Prometheus answers -> aligned arrays
 
 
-def judge(treated: Series, controls: Sequence[Series], changed_at: float, warmup: float, now: float,
-          window: float, baseline: float, cfg: JudgeConfig) -> Judgement:
-    """`window`: how much recent post-flip history is judged; `baseline`: how much pre-flip history is the
-    node's own reference (longer is better: its error is shared by every later evaluation)."""
-    ratios, n_controls = log_ratios(treated, controls, cfg)
-    threshold = math.log(1 - cfg.tolerance)
+def series_by_node(result: Any) -> dict[str, np.ndarray]:
+    """Prometheus matrix (or vector) result -> {node: (n, 2) array of [t, v]}. Series without a node
+    label are ignored; anything not of the documented shape raises MalformedAnswer naming the item."""
+    if not isinstance(result, list):
+        raise MalformedAnswer(f"result is {type(result).__name__}, not a list of series")
+    out: dict[str, np.ndarray] = {}
+    for index, item in enumerate(result):
+        if not isinstance(item, dict) or not isinstance(item.get("metric", {}), dict):
+            raise MalformedAnswer(f"result[{index}] is not an object with a metric object")
+        node = (item.get("metric") or {}).get("node")
+        if not node:
+            continue
+        values = item.get("values") if "values" in item else ([item["value"]] if item.get("value") is not None else [])
+        if not isinstance(values, list):
+            raise MalformedAnswer(f"result[{index}].values is {type(values).__name__}, not a list")
+        points = _points(values, f"result[{index}] (node {node})")
+        out[str(node)] = np.vstack([out[str(node)], points]) if str(node) in out else points
+    return out
+
+
+def _points(values: list, where: str) -> np.ndarray:
+    """[[t, "v"], ...] -> (n, 2) floats; numpy parses the whole list at once (Prometheus sends values
+    as strings, NaN and +Inf included), and only a failure is looked at pair by pair, to name it."""
+    try:
+        points = np.array(values, dtype=float)
+        parsed = points.ndim == 2 and points.shape[1] == 2
+        # numpy reads None as NaN: a NaN is only a value when Prometheus sent the string "NaN"
+        if parsed and not (np.isnan(points).any() and any(None in pair for pair in values if isinstance(pair, (list, tuple)))):
+            if np.isnan(points[:, 0]).any():
+                raise MalformedAnswer(f"{where} has a sample time that is not a number")
+            return points
+        if not values:
+            return np.empty((0, 2))
+    except (TypeError, ValueError):
+        pass
+    for pair in values:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise MalformedAnswer(f"{where} has a sample {pair!r}, not [time, value]")
+        try:
+            float(pair[0]), float(pair[1])
+        except (TypeError, ValueError):
+            raise MalformedAnswer(f"{where} has a non-numeric sample {pair!r}") from None
+    raise MalformedAnswer(f"{where} has samples that are not [time, value] pairs")
+
+
+@dataclass(frozen=True)
+class Panel:
+    """Every node's samples on one time grid; NaN where a sample is missing."""
+
+    times: np.ndarray  # (T,)
+    speed: Mapping[str, np.ndarray]  # node -> (T,)
+    load: Mapping[str, np.ndarray]  # node -> (T, len(COVARIATES)); NaN where a gauge is missing
+
+
+def build_panel(speed: Mapping[str, Any], load: Mapping[str, Mapping[str, Any]]) -> Panel:
+    """Series ((t, v) pairs or (n, 2) arrays) on the speed series' common time grid (Prometheus range
+    queries share their step); gauge samples off that grid are dropped."""
+    arrays = {n: _as_points(s) for n, s in speed.items()}
+    stamps = np.unique(np.round(np.concatenate([a[:, 0] for a in arrays.values()]), 3)) if arrays else np.empty(0)
+
+    def column(points: np.ndarray) -> np.ndarray:
+        out = np.full(len(stamps), np.nan)
+        if len(points) and len(stamps):
+            times = np.round(points[:, 0], 3)
+            at = np.minimum(np.searchsorted(stamps, times), len(stamps) - 1)
+            hit = stamps[at] == times
+            out[at[hit]] = points[hit, 1]
+        return out
+
+    gauges = {name: {n: _as_points(s) for n, s in series.items()} for name, series in load.items()}
+    empty = np.empty((0, 2))
+    return Panel(stamps.astype(float), {n: column(a) for n, a in arrays.items()},
+                 {n: np.column_stack([column(gauges.get(name, {}).get(n, empty)) for name in COVARIATES]) for n in arrays})
+
+
+def _as_points(series: Any) -> np.ndarray:
+    points = np.asarray(series, dtype=float)
+    return points.reshape(-1, 2) if points.size else np.empty((0, 2))
+
+
+def _log(values: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """log of usable values (finite, > 0, >= floor), NaN elsewhere."""
+    values = np.asarray(values, dtype=float)
+    good = np.isfinite(values) & (values > 0) & (values >= floor)
+    out = np.full(values.shape, np.nan)
+    out[good] = np.log(values[good])
+    return out
+
+
+def _nanmedian(stack: np.ndarray, need: int) -> np.ndarray:
+    """Median over axis 0 ignoring NaN, NaN where fewer than `need` values: NaN sorts last, so the
+    median sits at the middle of each column's finite prefix (np.nanmedian's masked-array path is
+    ten times slower on small stacks)."""
+    counts = np.isfinite(stack).sum(axis=0)
+    ordered = np.sort(stack, axis=0)
+    low = np.take_along_axis(ordered, np.maximum((counts - 1) // 2, 0)[None], axis=0)[0]
+    high = np.take_along_axis(ordered, np.maximum(counts // 2, 0)[None], axis=0)[0]
+    return np.where(counts >= max(need, 1), (low + high) / 2, np.nan)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The controls, computed once per evaluation for every node judged against them."""
+
+    speed: np.ndarray  # (T,) log median speed of the controls
+    load: np.ndarray  # (T, K) log median of each gauge
+    n_controls: int  # controls with any usable sample
+    inflation: float  # long-run variance inflation of the controls' own log ratios, pooled (1 when unknown)
+    phi: float
+
+
+def reference(panel: Panel, controls: Sequence[str], cfg: JudgeConfig) -> Reference:
+    k, t = len(COVARIATES), len(panel.times)
+    names = [c for c in controls if c in panel.speed]
+    if not names or not t:
+        return Reference(np.full(t, np.nan), np.full((t, k), np.nan), 0, 1.0, 0.0)
+    speed = np.vstack([_log(panel.speed[c], cfg.min_traffic) for c in names])
+    ref = _nanmedian(speed, cfg.min_controls)
+    load = np.stack([_log(panel.load[c]) for c in names])  # (C, T, K)
+    ref_load = _nanmedian(load, cfg.min_controls)
+    pooled = _pooled_inflation(speed[:POOLED_CONTROLS] - ref, load[:POOLED_CONTROLS] - ref_load)
+    return Reference(ref, ref_load, int(np.isfinite(speed).any(axis=1).sum()), *pooled)
+
+
+def _pooled_inflation(l: np.ndarray, x: np.ndarray) -> tuple[float, float]:
+    """One autocorrelation estimate over several controls' own log ratios, after what their own load
+    explains (one within-node OLS on the gauges, as each judged node is adjusted): each series
+    demeaned (their offsets differ), joined with NaNs between them so no lag spans two nodes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        l = np.vstack([_clip(row, _robust_scale(row)) if np.isfinite(row).sum() > 2 else row for row in l])  # outliers hide memory
+        l = l - np.nanmean(l, axis=1, keepdims=True)
+        x = x - np.nanmean(x, axis=1, keepdims=True)
+    rows = np.isfinite(l) & np.isfinite(x).all(axis=2)
+    flat_x = x[rows]
+    cols = _independent(flat_x, [k for k in range(x.shape[2]) if len(flat_x) > 20 and np.std(flat_x[:, k]) > 1e-4])
+    if cols:
+        fit = sm.OLS(l[rows], flat_x[:, cols]).fit()
+        l = np.where(rows, np.nan, l)
+        l[rows] = fit.resid
+    gap = np.full((len(l), 2), np.nan)
+    return _inflation(np.hstack([l, gap]).ravel(), l.shape[1])
+
+
+# ---------------------------------------------------------------- the statistics
+
+
+def _inflation(series: np.ndarray, length: int) -> tuple[float, float]:
+    """(long-run variance / variance, phi) of a gappy series (NaN = missing) made of stretches of
+    about `length` samples each demeaned, from its autocorrelations (statsmodels acf, lags
+    1..ACF_LAGS), as for AR(1) wander plus white noise, an ARMA(1,1): rho_k = c phi^k, phi fitted as
+    sum(rho_2..rho_L) / sum(rho_1..rho_L-1), long-run variance = var (1 + 2 rho_1 / (1 - phi)).
+    A lag-1 autocorrelation alone would read wander under noise as a small phi and miss most of it.
+    Demeaning a stretch lowers every sample autocovariance by about the variance of its mean,
+    long-run variance / length, so the autocorrelations are corrected for that (a fixed point, a few
+    rounds): without it, 10 min of memory seen through 20 min stretches reads as a quarter of itself.
+    A rho_1 within noise of 0 (2 / sqrt(n)), or negative, counts as none: a noisy ratio would
+    otherwise invent a long memory."""
+    finite = int(np.isfinite(series).sum())
+    if finite < 2 * ACF_LAGS:
+        return 1.0, 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        raw = acf(series, nlags=ACF_LAGS, missing="conservative", fft=False)
+    if not np.isfinite(raw).all() or raw[1] <= 2 / math.sqrt(finite):
+        return 1.0, 0.0
+    inflation, phi = 1.0, 0.0
+    for _ in range(DEMEAN_ROUNDS):
+        bias = inflation / max(length, 1)
+        rho = (raw + bias) / (1 + bias)
+        phi = float(min(max(rho[2:].sum() / rho[1:-1].sum(), 0.0), MAX_PHI))
+        inflation = float(1 + 2 * min(rho[1], 1.0) / (1 - phi))
+    return inflation, phi
+
+
+def _long_run_variance(residuals: np.ndarray, inflation: float, dof: int = 1) -> float:
+    """The variance of a mean of n of these samples is this / n."""
+    values = residuals[np.isfinite(residuals)]
+    if len(values) <= dof:
+        return math.inf
+    return float(np.var(values, ddof=dof)) * inflation
+
+
+def _robust_scale(values: np.ndarray) -> float:
+    scale = float(stats.median_abs_deviation(values[np.isfinite(values)], scale="normal"))
+    return scale if scale > 1e-6 else 1e-6
+
+
+def _clip(values: np.ndarray, scale: float) -> np.ndarray:
+    center = float(np.nanmedian(values)) if np.isfinite(values).any() else 0.0
+    return np.clip(values, center - CLIP * scale, center + CLIP * scale)
+
+
+def mixture_halfwidth(variance: float, rho: float, alpha: float) -> float:
+    """Half-width of the two-sided normal-mixture confidence sequence for an estimate with this
+    variance (Robbins 1970; Howard et al. 2021, eq. (14); the mixture SPRT of Johari et al. 2017):
+    the set of d where the mixture likelihood ratio sqrt(v/(v+rho)) exp(rho (est-d)^2 / (2 v (v+rho)))
+    stays below 1/alpha. Valid at every look at once."""
+    if not math.isfinite(variance) or variance <= 0:
+        return math.inf
+    return math.sqrt(variance * (variance + rho) / rho * (2 * math.log(1 / alpha) + math.log((variance + rho) / variance)))
+
+
+def mixture_p_value(estimate: float, null: float, variance: float, rho: float, side: str) -> float:
+    """One-sided always-valid p-value: 1 / mixture likelihood ratio against `null`, counting only
+    evidence on `side` ('below' or 'above') of it."""
+    if not math.isfinite(variance) or variance <= 0 or (estimate >= null if side == "below" else estimate <= null):
+        return 1.0
+    log_ratio = 0.5 * math.log(variance / (variance + rho)) + rho * (estimate - null) ** 2 / (2 * variance * (variance + rho))
+    return float(min(1.0, math.exp(-log_ratio)))
+
+
+def _mixture_variance(threshold: float, cfg: JudgeConfig) -> float:
+    """The sequential test is sharpest for effects of about the tolerance's size; fixed in advance
+    (a data-dependent choice would void the anytime guarantee)."""
+    scale = threshold ** 2 if math.isfinite(threshold) and threshold != 0 else 0.05 ** 2
+    return cfg.mixture * scale
+
+
+def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, ref: Reference) -> dict[str, Any] | None:
+    """The node's pre-flip offset against the controls and how its load moves its speed (CUPED's theta,
+    by OLS with a HAC covariance). None with fewer than minSamples samples."""
+    rows = pre & np.isfinite(l)
+    if rows.sum() < cfg.min_samples:
+        return None
+    scale = _robust_scale(l[rows])
+    cols = [k for k in range(x.shape[1]) if np.isfinite(x[rows, k]).sum() >= max(cfg.min_samples, 10)
+            and np.nanstd(x[rows, k]) > 1e-4]
+    full = rows & np.isfinite(x[:, cols]).all(axis=1) if cols else rows
+    cols = _independent(x[full], cols)
+    full = rows & np.isfinite(x[:, cols]).all(axis=1) if cols else rows
+    if cols and full.sum() < max(cfg.min_samples, 4 * (len(cols) + 1)):
+        cols, full = [], rows  # too few samples with gauges to learn the load's effect: no adjustment
+    y = _clip(np.where(full, l, np.nan), scale)
+    residuals = np.where(full, y - np.nanmean(y), np.nan)
+    beta, cov, mean_x = [], [], []
+    if cols:
+        design = sm.add_constant(x[full][:, cols], has_constant="add")
+        lags = max(1, min(int(full.sum()) // 4, int(math.ceil(4 * (full.sum() / 100) ** (2 / 9)))))
+        fit = sm.OLS(y[full], design).fit(cov_type="HAC", cov_kwds={"maxlags": lags})
+        beta, cov = fit.params[1:].tolist(), fit.cov_params()[1:, 1:].tolist()
+        mean_x = x[full][:, cols].mean(axis=0).tolist()
+        residuals[full] = fit.resid
+    inflation, phi = max(_inflation(residuals, int(full.sum())), (ref.inflation, ref.phi))
+    n = int(full.sum())
+    lrv = _long_run_variance(residuals, inflation, dof=len(cols) + 1)
+    return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi, "s": scale,
+            "cols": cols, "beta": beta, "cov": cov, "x": mean_x}
+
+
+def _independent(x: np.ndarray, cols: list[int]) -> list[int]:
+    """The gauges that add information: one nearly collinear with a kept one (|r| > 0.98, e.g. KV usage
+    tracking running requests exactly) is dropped, so beta stays identified."""
+    kept: list[int] = []
+    for k in cols:
+        if all(abs(np.corrcoef(x[:, k], x[:, j])[0, 1]) <= 0.98 for j in kept):
+            kept.append(k)
+    return kept
+
+
+def _batch_size(times: np.ndarray) -> int:
+    step = float(np.median(np.diff(times))) if len(times) > 1 else 15.0
+    return max(8, int(round(BATCH_SECONDS / step))) if step > 0 else 8
+
+
+def _add_to_batches(batches: Mapping[str, Any] | None, values: np.ndarray, size: int) -> dict[str, Any]:
+    """Non-overlapping batch means of the post-flip samples, in time order, as running sums (count,
+    sum, sum of squares of full batches; the open batch's sum and count)."""
+    out = dict(batches or {"k": 0, "s": 0.0, "q": 0.0, "ps": 0.0, "pn": 0})
+    for value in values[np.isfinite(values)]:
+        out["ps"] += float(value)
+        out["pn"] += 1
+        if out["pn"] >= size:
+            mean = out["ps"] / out["pn"]
+            out.update(k=out["k"] + 1, s=out["s"] + mean, q=out["q"] + mean * mean, ps=0.0, pn=0)
+    return out
+
+
+def _batch_lrv(batches: Mapping[str, Any], size: int) -> float:
+    """The batch-means estimate of the long-run variance, size x var(batch means): consistent
+    whatever the autocorrelation once batches are longer than its memory; 0 until MIN_BATCHES."""
+    k = batches["k"]
+    if k < MIN_BATCHES:
+        return 0.0
+    return size * max(batches["q"] - batches["s"] ** 2 / k, 0.0) / (k - 1)
+
+
+def _restore(state: Any, changed_at: float) -> dict[str, Any]:
+    """The previous look's state when it belongs to this flip and is well formed, else a fresh start."""
+    try:
+        if not isinstance(state, Mapping) or float(state.get("changedAt")) != float(changed_at):
+            return {}
+        base, post = state.get("baseline"), state["post"]
+        if base is not None:
+            cols = [int(c) for c in base["cols"]]
+            base = {"m": float(base["m"]), "v": float(base["v"]), "n": int(base["n"]), "lrv": float(base["lrv"]),
+                    "g": float(base["g"]), "f": float(base["f"]), "phi": float(base["phi"]), "s": float(base["s"]), "cols": cols,
+                    "beta": [float(b) for b in base["beta"]], "cov": [[float(c) for c in row] for row in base["cov"]],
+                    "x": [float(v) for v in base["x"]]}
+            if not (len(base["beta"]) == len(base["x"]) == len(base["cov"]) == len(cols)) or any(c >= len(COVARIATES) for c in cols):
+                return {}
+        bm = post.get("bm")
+        bm = None if bm is None else {"k": int(bm["k"]), "s": float(bm["s"]), "q": float(bm["q"]), "ps": float(bm["ps"]), "pn": int(bm["pn"])}
+        post = {"n": int(post["n"]), "s": float(post["s"]), "x": [float(v) for v in post["x"]], "until": float(post["until"]), "bm": bm}
+        return {"changedAt": float(changed_at), "baseline": base, "post": post, "looks": int(state.get("looks", 0)),
+                "pw": float(state.get("pw", 1.0)), "pn": float(state.get("pn", 1.0))}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
+
+
+def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: float, now: float, baseline: float,
+          cfg: JudgeConfig, state: Mapping[str, Any] | None = None) -> Judgement:
+    """One look at one node. `baseline`: how much pre-flip history is the node's own reference;
+    `state`: what the previous look returned in Judgement.state (the running sums and the baseline)."""
+    threshold = math.log(1 - cfg.tolerance) if cfg.tolerance < 1 else -math.inf
     harm = threshold * FAIL_NULL_FRACTION
-    common = dict(threshold=1 - cfg.tolerance, n_controls=n_controls)
-    if n_controls == 0:
+    common = dict(threshold=1 - cfg.tolerance, n_controls=ref.n_controls)
+    if ref.n_controls == 0:
         return Judgement("inconclusive", "no control node with flag 0 has data in the window", **common)
-    post = [r for t, r in ratios if t >= max(changed_at + warmup, now - window)]
-    pre = [r for t, r in ratios if changed_at - baseline <= t < changed_at]
-    counts = dict(n_post=len(post), n_pre=len(pre))
-    if len(post) < cfg.min_samples:
-        return Judgement("inconclusive", f"{len(post)} samples with traffic after warm-up, need {cfg.min_samples}", **common, **counts)
-    level = 2 * cfg.confidence - 1  # a two-sided interval at this level gives one-sided tests at `confidence`
-    if len(pre) >= cfg.min_samples:
-        method = f"Yuen-Welch trimmed t-test (trim {TRIM}), difference in differences vs control"
-        worse = stats.ttest_ind([r - harm for r in post], pre, equal_var=False, trim=TRIM, alternative="less")
-        better = stats.ttest_ind([r - threshold for r in post], pre, equal_var=False, trim=TRIM, alternative="greater")
-        ci = stats.ttest_ind(post, pre, equal_var=False, trim=TRIM).confidence_interval(level)
-        estimate = stats.trim_mean(post, TRIM) - stats.trim_mean(pre, TRIM)
-    else:
-        method = "one-sample t-test vs control (no pre-enable baseline)"
-        worse = stats.ttest_1samp(post, harm, alternative="less")
-        better = stats.ttest_1samp(post, threshold, alternative="greater")
-        ci = stats.ttest_1samp(post, 0.0).confidence_interval(level)
-        estimate = statistics.fmean(post)
-    numbers = dict(effect=math.exp(estimate), ci_low=math.exp(ci.low), ci_high=math.exp(ci.high),
-                   p_worse=float(worse.pvalue), p_not_worse=float(better.pvalue), method=method, **common, **counts)
-    alpha = 1 - cfg.confidence
-    summary = (f"effect x{numbers['effect']:.3f} ({int(cfg.confidence * 100)}% CI x{numbers['ci_low']:.3f}..x{numbers['ci_high']:.3f}), "
-               f"threshold x{1 - cfg.tolerance:.3f}, n={len(post)} after / {len(pre)} before, {n_controls} controls")
-    if worse.pvalue < alpha and estimate < threshold:
-        return Judgement("fail", f"decode speed worse than tolerance: {summary}", **numbers)
-    if better.pvalue < alpha and ci.low > threshold:
-        return Judgement("pass", f"not worse than tolerance: {summary}", **numbers)
-    return Judgement("inconclusive", f"not enough evidence either way: {summary}", **numbers)
+    t = panel.times
+    sign = 1.0 if cfg.direction == "higher" else -1.0
+    empty = np.full(len(t), np.nan)
+    l = sign * (_log(panel.speed.get(node, empty), cfg.min_traffic) - ref.speed)
+    x = _log(panel.load.get(node, np.full((len(t), len(COVARIATES)), np.nan))) - ref.load
+    previous = _restore(state, changed_at)
+    base = previous.get("baseline") if previous else _baseline(l, x, (t >= changed_at - baseline) & (t < changed_at), cfg, ref)
+    post_state = previous.get("post") or {"n": 0, "s": 0.0, "x": [0.0] * len(base["cols"] if base else []), "until": changed_at + warmup - 1e-3}
+    cols = base["cols"] if base else []
+    window = (t >= changed_at + warmup) & (t <= now) & np.isfinite(l)
+    if cols:
+        window &= np.isfinite(x[:, cols]).all(axis=1)
+    adjusted = np.where(window, l, np.nan)
+    if cols:
+        shift = np.where(window[:, None], x[:, cols] - np.array(base["x"]), 0.0)
+        adjusted = adjusted - shift @ np.array(base["beta"])
+    scale = base["s"] if base else (_robust_scale(adjusted) if window.any() else 1.0)
+    adjusted = _clip(adjusted, scale)
+    new = window & (t > post_state["until"])
+    n = post_state["n"] + int(new.sum())
+    total = post_state["s"] + float(adjusted[new].sum())
+    sum_x = (np.array(post_state["x"]) + (x[new][:, cols].sum(axis=0) if cols else 0.0)).tolist() if cols else []
+    until = float(t[new].max()) if new.any() else post_state["until"]
+    looks = previous.get("looks", 0) + 1
+    batch = _batch_size(t)
+    batches = _add_to_batches(post_state.get("bm"), adjusted[new], batch)
+    kept = {"changedAt": float(changed_at), "baseline": base, "post": {"n": n, "s": total, "x": sum_x, "until": until, "bm": batches},
+            "looks": looks, "pw": previous.get("pw", 1.0), "pn": previous.get("pn", 1.0)}
+    n_pre = base["n"] if base else 0
+    counts = dict(n_post=n, n_pre=n_pre, looks=looks)
+    if n < cfg.min_samples:
+        return Judgement("inconclusive", f"{n} samples with traffic after warm-up, need {cfg.min_samples}",
+                         **common, **counts, state=_round(kept))
+    recent = np.where(window, adjusted - (np.nanmean(adjusted) if window.any() else 0.0), np.nan)
+    inflation, phi = max(_inflation(recent, int(window.sum())), (base["f"], base["phi"]) if base else (1.0, 0.0), (ref.inflation, ref.phi))
+    recent_lrv = _long_run_variance(recent, inflation)
+    lrv = max(recent_lrv if math.isfinite(recent_lrv) else 0.0, base["lrv"] if base else 0.0, _batch_lrv(batches, batch)) or math.inf
+    shift = (np.array(sum_x) / n - np.array(base["x"])) if cols else np.zeros(0)
+    beta_var = float(shift @ np.array(base["cov"]) @ shift) if cols else 0.0
+    # The baseline shares the post period's noise process: its variance grows with what the batch
+    # means learn about the long-run variance (a 20 min baseline alone cannot see 10 min memory).
+    variance = lrv / n + (max(base["v"], lrv / base["n"]) if base else 0.0) + beta_var
+    marginal = base["g"] if base else float(np.nanvar(recent)) if window.sum() > 1 else lrv
+    inflation = max(inflation, lrv / marginal if marginal > 0 else 1.0)
+    estimate = total / n - (base["m"] if base else 0.0)
+    rho, alpha = _mixture_variance(threshold, cfg), 1 - cfg.confidence
+    half = mixture_halfwidth(variance, rho, alpha)
+    p_worse = min(kept["pw"], mixture_p_value(estimate, harm, variance, rho, "below"))
+    p_not_worse = min(kept["pn"], mixture_p_value(estimate, threshold, variance, rho, "above"))
+    kept.update(pw=p_worse, pn=p_not_worse)
+    method = ("difference in differences vs control" + (f", load-adjusted ({', '.join(COVARIATES[c] for c in cols)})" if cols else "")
+              if base else "vs control only (no pre-enable baseline)") + ", ARMA(1,1) long-run variance, normal-mixture confidence sequence"
+    numbers = dict(effect=math.exp(estimate), ci_low=math.exp(estimate - half), ci_high=math.exp(min(estimate + half, 700.0)),
+                   n_eff=n / inflation, inflation=inflation, phi=phi, adjustment=math.exp(-float(shift @ np.array(base["beta"]))) if cols else 1.0,
+                   p_worse=p_worse, p_not_worse=p_not_worse, method=method, **common, **counts)
+    summary = (f"effect x{numbers['effect']:.3f} ({int(cfg.confidence * 100)}% sequence x{numbers['ci_low']:.3f}..x{numbers['ci_high']:.3f}), "
+               f"threshold x{1 - cfg.tolerance:.3f}, load adjustment x{numbers['adjustment']:.3f}, "
+               f"n={n} after (effective {numbers['n_eff']:.1f}) / {n_pre} before, {ref.n_controls} controls, look {looks}")
+    if estimate + half < harm and estimate < threshold:
+        return Judgement("fail", f"decode speed worse than tolerance: {summary}", **numbers, state=_round(kept))
+    if estimate - half > threshold:
+        return Judgement("pass", f"not worse than tolerance: {summary}", **numbers, state=_round(kept))
+    return Judgement("inconclusive", f"not enough evidence either way: {summary}", **numbers, state=_round(kept))
+
+
+def judge_nodes(panel: Panel, ref: Reference, nodes: Mapping[str, tuple[float, Mapping[str, Any] | None]], warmup: float,
+                now: float, baseline: float, cfg: JudgeConfig) -> dict[str, Judgement]:
+    """Every judged node against the same reference: {node: (changed_at, previous state)}."""
+    return {node: judge(panel, ref, node, changed_at, warmup, now, baseline, cfg, state)
+            for node, (changed_at, state) in nodes.items()}
 
 
 # ---------------------------------------------------------------- per-node bookkeeping across intervals
@@ -183,15 +554,3 @@ def decide(judgement: Judgement, streak: int, inconclusive_since: float | None, 
         verdict = "pass" if on_no_data == "promote" else "fail"
         return Decision(verdict, f"inconclusive for {now - since:.0f} s, onNoData={on_no_data}: {judgement.reason}", 0, since)
     return Decision(None, f"inconclusive: {judgement.reason}", 0, since)
-
-
-def series_by_node(result: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """Prometheus matrix result -> {node: [(t, v)]}. Series without a node label are ignored."""
-    out: dict[str, list[tuple[float, float]]] = {}
-    for item in result:
-        node = (item.get("metric") or {}).get("node")
-        if not node:
-            continue
-        values = item.get("values") or ([item["value"]] if item.get("value") else [])
-        out.setdefault(node, []).extend((float(t), float(v)) for t, v in values)
-    return out

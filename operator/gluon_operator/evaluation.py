@@ -1,16 +1,27 @@
-"""The analysis shell: one Prometheus query per rollout per interval, a judgement and a decision for
-every node in Analyzing or Promoted (guard mode). The statistics are analysis.py's (pure)."""
+"""The analysis shell: a fixed number of Prometheus queries per rollout per interval (decode speed and
+the two load gauges, whatever the fleet size), a judgement and a decision for every node in Analyzing
+or Promoted (guard mode). The statistics are analysis.py's (pure). Any failure, a hanging Prometheus
+included (one overall deadline), is an inconclusive verdict for every judged node, with the error in
+the summary and a metric: the analysis never stops the reconcile."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from typing import Any, Mapping
+
+from gluon_agent import contract
 
 from . import analysis, gating
 from .metrics import METRICS
-from .promclient import PrometheusClient, PrometheusError
+from .promclient import PrometheusClient, PrometheusError, is_trusted
 from .spec import GluonRolloutSpec
+
+# The analysis runs beside the reconcile (it never delays stepping nodes); a 5000-node first look costs about
+# 6 s of CPU here (docs/benchmarks), so the default leaves room for it.
+DEFAULT_DEADLINE_SECONDS = 15.0
 
 
 def control_nodes(statuses: Mapping[str, gating.NodeStatus]) -> list[str]:
@@ -28,43 +39,138 @@ def analysis_due(spec: GluonRolloutSpec, status: Mapping[str, Any], now: float) 
     return now - last >= spec.analysis.intervalSeconds
 
 
+def deadline_seconds() -> float:
+    """GLUON_ANALYSIS_DEADLINE_SECONDS, or the default when unset or not a positive number."""
+    try:
+        value = float(os.environ.get(contract.ENV_ANALYSIS_DEADLINE, DEFAULT_DEADLINE_SECONDS))
+    except ValueError:
+        return DEFAULT_DEADLINE_SECONDS
+    return value if value > 0 else DEFAULT_DEADLINE_SECONDS
+
+
+def prometheus_client(url: str, timeout: float) -> tuple[PrometheusClient, str | None]:
+    """The token goes only to base URLs the cluster admin listed (GLUON_PROMETHEUS_TRUSTED_URLS);
+    any other URL a rollout names is queried without it, and the note says so."""
+    token = os.environ.get(contract.ENV_PROMETHEUS_TOKEN) or None
+    note = None
+    if token and not is_trusted(url, os.environ.get(contract.ENV_PROMETHEUS_TRUSTED_URLS)):
+        token, note = None, f"queried without credentials: {url} is not listed in {contract.ENV_PROMETHEUS_TRUSTED_URLS}"
+    client = PrometheusClient(url, token=token, ca_file=os.environ.get(contract.ENV_PROMETHEUS_CA) or None,
+                              timeout=timeout, retries=1, backoff=min(0.5, timeout / 10))
+    return client, note
+
+
+def judged_nodes(statuses: Mapping[str, gating.NodeStatus]) -> list[str]:
+    return [n for n, s in statuses.items() if s.state in (gating.ANALYZING, gating.PROMOTED)]
+
+
 async def analyse(namespace: str, rollout: str, spec: GluonRolloutSpec, statuses: Mapping[str, gating.NodeStatus],
                   now: float, logger: logging.Logger) -> tuple[dict[str, gating.Verdict], dict[str, Any]]:
-    """One query for the whole rollout; a verdict for every node in Analyzing or Promoted (guard mode)."""
-    a = spec.analysis
-    judged = [n for n, s in statuses.items() if s.state in (gating.ANALYZING, gating.PROMOTED)]
+    """A verdict for every node in Analyzing or Promoted (guard mode), and the summary for the status."""
+    judged = judged_nodes(statuses)
     summary: dict[str, Any] = {"lastRun": now, "nodes": len(judged)}
     if not judged:
         return {}, summary
-    query = analysis.render(a.query or analysis.DEFAULT_QUERY, namespace, spec.podSelector.matchLabels, a.stepSeconds)
-    earliest = min((statuses[n].changed_at or now) for n in judged)
-    # Enough for every judged node's baseline, but bounded: long-promoted nodes in guard mode fall back
-    # to the comparison with controls alone rather than making every query reach back forever.
-    start = max(now - a.baselineSeconds - a.warmupSeconds - 4 * a.windowSeconds, min(now - a.windowSeconds, earliest - a.baselineSeconds))
-    step = a.stepSeconds
-    client = PrometheusClient(a.prometheusUrl, token=os.environ.get("GLUON_PROMETHEUS_TOKEN"), ca_file=os.environ.get("GLUON_PROMETHEUS_CA"))
-    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic)
+    deadline = deadline_seconds()
     try:
-        with METRICS.query_seconds.time():
-            series = analysis.series_by_node(await client.query_range(query, start, now, step))
-        error = None
-    except PrometheusError as exc:
-        METRICS.analysis_errors.labels(exc.kind.split()[0]).inc()
-        logger.warning("analysis: %s", exc)
-        series, error = {}, str(exc)
-    controls = [series[n] for n in control_nodes(statuses) if n in series]
+        judgements, details = await asyncio.wait_for(_judge(namespace, spec, statuses, judged, now, deadline, logger), deadline)
+        summary.update(details, error=None)
+    except Exception as exc:  # noqa: BLE001 - every failure is an inconclusive verdict, never a stopped reconcile
+        kind, error = _error(exc, deadline)
+        METRICS.analysis_errors.labels(kind).inc()
+        logger.warning("analysis of %s/%s: %s", namespace, rollout, error)
+        summary.update(error=error, errorKind=kind)
+        source = "Prometheus error" if isinstance(exc, (PrometheusError, analysis.MalformedAnswer)) else "analysis error"
+        judgements = {n: analysis.Judgement("inconclusive", f"{source}: {error}",
+                                            state=statuses[n].numbers.get("sequential") or {}) for n in judged}
     verdicts = {}
+    a = spec.analysis
     for node in judged:
-        status = statuses[node]
-        judgement = (analysis.Judgement("inconclusive", f"Prometheus error: {error}") if error else
-                     analysis.judge(series.get(node, []), controls, status.changed_at or now, a.warmupSeconds, now, a.windowSeconds,
-                                    a.baselineSeconds, cfg))
-        decision = analysis.decide(judgement, int(status.numbers.get("failStreak", 0)), status.numbers.get("inconclusiveSince"),
+        status, judgement = statuses[node], judgements[node]
+        decision = analysis.decide(judgement, _int(status.numbers.get("failStreak")), _float(status.numbers.get("inconclusiveSince")),
                                    now, a.consecutiveFailures, a.onNoData, a.noDataDeadlineSeconds)
         METRICS.verdicts.labels(namespace, rollout, judgement.result).inc()
-        if judgement.effect is not None:
-            METRICS.effect.labels(namespace, rollout, node).set(judgement.effect)
+        METRICS.observe_judgement(namespace, rollout, node, judgement)
         numbers = judgement.to_dict() | {"failStreak": decision.streak, "inconclusiveSince": decision.inconclusive_since, "at": now}
         verdicts[node] = gating.Verdict(decision.verdict or "inconclusive", decision.reason, numbers)
-    summary.update(query=query, error=error, controls=len(controls))
     return verdicts, summary
+
+
+async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, gating.NodeStatus], judged: list[str], now: float,
+                 deadline: float, logger: logging.Logger) -> tuple[dict[str, analysis.Judgement], dict[str, Any]]:
+    a = spec.analysis
+    labels = spec.podSelector.matchLabels
+    queries = {"speed": analysis.render(a.query or analysis.DEFAULT_QUERY, namespace, labels, a.stepSeconds)}
+    queries |= {name: analysis.render(q, namespace, labels, a.stepSeconds) for name, q in analysis.COVARIATE_QUERIES.items()}
+    states = {n: statuses[n].numbers.get("sequential") for n in judged}
+    changed = {n: statuses[n].changed_at or now for n in judged}
+    needing = [changed[n] for n in judged if not _has_baseline(states[n], changed[n])]
+    # Nodes without a kept baseline need the history before their flip; the others only the recent
+    # window (their running sums are in the status). Bounded either way.
+    reach = min(needing) - a.baselineSeconds if needing else now - a.windowSeconds
+    start = max(now - a.baselineSeconds - a.warmupSeconds - 4 * a.windowSeconds, min(now - a.windowSeconds, reach))
+    client, note = prometheus_client(a.prometheusUrl or "", timeout=deadline)
+    with METRICS.query_seconds.time():
+        answers = await asyncio.gather(*(client.query_range(q, start, now, a.stepSeconds) for q in queries.values()), return_exceptions=True)
+    results = dict(zip(queries, answers))
+    if isinstance(results["speed"], BaseException):
+        raise results["speed"]
+    load, covariate_errors = {}, {}
+    for name in analysis.COVARIATES:
+        try:
+            if isinstance(results[name], BaseException):
+                raise results[name]
+            load[name] = analysis.series_by_node(results[name])
+        except (PrometheusError, analysis.MalformedAnswer) as exc:
+            covariate_errors[name] = str(exc)[:300]  # judged without that gauge: no load adjustment from it
+            logger.warning("analysis: load gauge %s: %s", name, exc)
+    speed = analysis.series_by_node(results["speed"])
+    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic)
+    controls = [n for n in control_nodes(statuses) if n in speed]
+    began = time.process_time()
+    judgements = await asyncio.to_thread(_judge_all, speed, load, controls, {n: (changed[n], states[n]) for n in judged}, now, a, cfg)
+    cpu = time.process_time() - began
+    METRICS.judge_seconds.observe(cpu)
+    details = {"query": queries["speed"], "queries": len(queries), "controls": len(controls), "judgeCpuSeconds": round(cpu, 4)}
+    if covariate_errors:
+        details["covariateErrors"] = covariate_errors
+    if note:
+        details["credentials"] = note
+    return judgements, details
+
+
+def _judge_all(speed: Mapping[str, analysis.Series], load: Mapping[str, Mapping[str, analysis.Series]], controls: list[str],
+               nodes: Mapping[str, tuple[float, Any]], now: float, a: Any, cfg: analysis.JudgeConfig) -> dict[str, analysis.Judgement]:
+    panel = analysis.build_panel(speed, load)
+    ref = analysis.reference(panel, controls, cfg)
+    return analysis.judge_nodes(panel, ref, nodes, a.warmupSeconds, now, a.baselineSeconds, cfg)
+
+
+def _has_baseline(state: Any, changed_at: float) -> bool:
+    return isinstance(state, Mapping) and state.get("changedAt") == changed_at and bool(state.get("baseline"))
+
+
+def _error(exc: BaseException, deadline: float) -> tuple[str, str]:
+    """(metric kind, message) of an analysis failure."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return "deadline", f"analysis did not finish within {deadline:g} s ({contract.ENV_ANALYSIS_DEADLINE})"
+    if isinstance(exc, PrometheusError):
+        kind = {"server": "server", "bad": "bad_response", "tls": "tls", "unreachable": "unreachable"}.get(exc.kind.split()[0], exc.kind.split()[0])
+        return kind, str(exc)[:1000]
+    if isinstance(exc, analysis.MalformedAnswer):
+        return "bad_response", f"malformed Prometheus answer: {exc}"[:1000]
+    return "internal", f"{type(exc).__name__}: {exc}"[:1000]
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None

@@ -22,7 +22,7 @@ from gluon_agent import contract
 
 from . import gating, webhook
 from .admission import AdmissionServer
-from .evaluation import analyse, analysis_due
+from .evaluation import analyse, analysis_due, deadline_seconds
 from .executor import Runtime, core, execute, own_write_pending, patch_node
 from .metrics import METRICS
 from .plan import Claim, plan, rollout_view, unix
@@ -39,7 +39,8 @@ def env_float(name: str, default: float) -> float:
 
 # Read when the decorators run (import time).
 RECONCILE_SECONDS = env_float("GLUON_RECONCILE_SECONDS", 10.0)
-ANALYSIS_DEADLINE_SECONDS = env_float("GLUON_ANALYSIS_DEADLINE_SECONDS", 30.0)
+# A backstop around the analysis task: evaluation.analyse keeps its own deadline (contract.ENV_ANALYSIS_DEADLINE).
+ANALYSIS_DEADLINE_SECONDS = deadline_seconds() + 5.0
 
 
 class Analyses:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -12,6 +12,8 @@ from . import webhook
 
 ROLLBACK_REASONS = ("analysis", "preflight")
 VERDICT_RESULTS = ("pass", "fail", "inconclusive")
+# analysis_errors kinds: Prometheus's own (bad_data, ...) plus these, created at 0
+ANALYSIS_ERROR_KINDS = ("unreachable", "server", "bad_response", "tls", "deadline", "internal")
 
 
 class OperatorMetrics:
@@ -23,6 +25,15 @@ class OperatorMetrics:
         self.verdicts = Counter(contract.M_ROLLOUT_VERDICTS, "Analysis verdicts by result", ["namespace", "rollout", "result"], registry=r)
         self.rollbacks = Counter(contract.M_ROLLOUT_ROLLBACKS, "Node rollbacks by reason", ["reason"], registry=r)
         self.effect = Gauge(contract.M_ROLLOUT_EFFECT, "Estimated throughput ratio flag=1 vs control per node", ["namespace", "rollout", "node"], registry=r)
+        node = ["namespace", "rollout", "node"]
+        self.effect_lower = Gauge(contract.M_ROLLOUT_EFFECT_LOWER, "Lower end of the anytime-valid interval of the effect ratio", node, registry=r)
+        self.effect_upper = Gauge(contract.M_ROLLOUT_EFFECT_UPPER, "Upper end of the anytime-valid interval of the effect ratio", node, registry=r)
+        self.effective_samples = Gauge(contract.M_ROLLOUT_EFFECTIVE_SAMPLES, "Post-flip samples worth of independent ones", node, registry=r)
+        self.load_adjustment = Gauge(contract.M_ROLLOUT_LOAD_ADJUSTMENT, "Ratio the load-gauge adjustment applied to the effect", node, registry=r)
+        self.sequential_p = Gauge(contract.M_ROLLOUT_SEQUENTIAL_P, "Always-valid p-value of the sequential test", node + ["hypothesis"], registry=r)
+        self.looks = Gauge(contract.M_ROLLOUT_ANALYSIS_LOOKS, "Evaluations of the node since its flag flipped", node, registry=r)
+        self.judge_seconds = Histogram(contract.M_ROLLOUT_JUDGE_SECONDS, "CPU seconds of one rollout's judgement (every node)", registry=r,
+                                       buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
         self.analysis_errors = Counter(contract.M_ROLLOUT_ANALYSIS_ERRORS, "Analysis errors by kind", ["kind"], registry=r)
         self.query_seconds = Histogram(contract.M_ROLLOUT_QUERY_SECONDS, "Prometheus query latency", registry=r)
         self.api_errors = Counter(contract.M_ROLLOUT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
@@ -37,6 +48,21 @@ class OperatorMetrics:
         # appears at 1 hides it: the usual Prometheus pitfall with lazily created children).
         for reason in ROLLBACK_REASONS:
             self.rollbacks.labels(reason)
+        for kind in ANALYSIS_ERROR_KINDS:
+            self.analysis_errors.labels(kind)
+
+    def observe_judgement(self, namespace: str, rollout: str, node: str, judgement: Any) -> None:
+        """The judge's numbers for one node (an analysis.Judgement), where it has them."""
+        labels = (namespace, rollout, node)
+        for gauge, value in ((self.effect, judgement.effect), (self.effect_lower, judgement.ci_low), (self.effect_upper, judgement.ci_high),
+                             (self.effective_samples, judgement.n_eff), (self.load_adjustment, judgement.adjustment)):
+            if value is not None:
+                gauge.labels(*labels).set(value)
+        for hypothesis, value in (("worse", judgement.p_worse), ("not_worse", judgement.p_not_worse)):
+            if value is not None:
+                self.sequential_p.labels(*labels, hypothesis).set(value)
+        if judgement.looks:
+            self.looks.labels(*labels).set(judgement.looks)
 
     def observe_rollout(self, namespace: str, rollout: str, statuses: Mapping[str, object]) -> None:
         for result in VERDICT_RESULTS:

@@ -1,0 +1,263 @@
+"""The analysis shell (evaluation.analyse) and the Prometheus client against a local Prometheus-API
+server on 127.0.0.1 that answers well, wrongly, slowly or not at all: a fixed number of queries per
+rollout, every failure an inconclusive verdict with the error in the summary and a metric, one
+deadline, and the token only for trusted URLs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from gluon_agent import contract
+from gluon_operator import evaluation, gating
+from gluon_operator.metrics import METRICS
+from gluon_operator.promclient import PrometheusClient, PrometheusError, is_trusted
+from gluon_operator.spec import GluonRolloutSpec
+
+NOW, ENABLE, STEP = 10_000.0, 9_400.0, 15.0
+LOG = logging.getLogger("test")
+UNSET = object()
+
+
+class FakePrometheus:
+    """/api/v1/query_range with samples per node: speed 30 tokens/s (x `effect` on the treated node
+    after ENABLE), 12 running requests, 0.5 KV usage, each with 3% noise. `body` overrides the answer
+    (a JSON value, or bytes sent as is); `hang` sleeps before answering."""
+
+    def __init__(self, nodes: list[str], treated: str, effect: float = 1.0) -> None:
+        self.nodes, self.treated, self.effect = nodes, treated, effect
+        self.requests: list[dict] = []
+        self.body: object = UNSET
+        self.hang = 0.0
+        self.released = asyncio.Event()  # set at teardown: a hanging answer ends then
+        self.fail_query: str | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        query = request.query["query"]
+        self.requests.append({"query": query, "auth": request.headers.get("Authorization")})
+        if self.hang:
+            try:
+                await asyncio.wait_for(self.released.wait(), self.hang)
+            except asyncio.TimeoutError:
+                pass
+        if self.fail_query and self.fail_query in query:
+            return web.json_response({"status": "error", "errorType": "internal", "error": "boom"}, status=503)
+        if isinstance(self.body, bytes):
+            return web.Response(body=self.body, content_type="text/html")
+        if self.body is not UNSET:
+            return web.Response(text=json.dumps(self.body), content_type="application/json")
+        start, end = float(request.query["start"]), float(request.query["end"])
+        times = np.arange(start, end + 1e-6, float(request.query["step"]))
+        rng = np.random.default_rng(len(self.requests))
+        scale = 12.0 if "num_running_reqs" in query else 0.5 if "token_usage" in query else 30.0
+        result = []
+        for node in self.nodes:
+            effect = np.where((times >= ENABLE) & (node == self.treated) & (scale == 30.0), self.effect, 1.0)
+            values = scale * effect * np.exp(rng.normal(0, 0.03, len(times)))
+            result.append({"metric": {"node": node}, "values": [[float(t), f"{v:.5f}"] for t, v in zip(times, values)]})
+        return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+
+@pytest.fixture
+async def prom():
+    servers = []
+
+    async def start(nodes: list[str], treated: str, effect: float = 1.0) -> tuple[FakePrometheus, str]:
+        fake = FakePrometheus(nodes, treated, effect)
+        app = web.Application()
+        app.router.add_get("/api/v1/query_range", fake.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        servers.append((fake, runner))
+        return fake, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    yield start
+    for fake, runner in servers:
+        fake.released.set()
+        await runner.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in (contract.ENV_PROMETHEUS_TOKEN, contract.ENV_PROMETHEUS_CA, contract.ENV_PROMETHEUS_TRUSTED_URLS, contract.ENV_ANALYSIS_DEADLINE):
+        monkeypatch.delenv(name, raising=False)
+
+
+def spec(url: str) -> GluonRolloutSpec:
+    return GluonRolloutSpec.model_validate({"podSelector": {"matchLabels": {"app": "sglang"}}, "analysis": {
+        "prometheusUrl": url, "stepSeconds": int(STEP), "intervalSeconds": 60, "warmupSeconds": 60, "windowSeconds": 300}})
+
+
+def fleet(n: int) -> dict[str, gating.NodeStatus]:
+    """n0 under analysis since ENABLE, n1 promoted (guard mode), the rest eligible controls."""
+    out = {"n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE), "n1": gating.NodeStatus(gating.PROMOTED, changed_at=ENABLE)}
+    out |= {f"c{i}": gating.NodeStatus(gating.ELIGIBLE) for i in range(n - 2)}
+    return out
+
+
+def errors(kind: str) -> float:
+    return METRICS.registry.get_sample_value(contract.M_ROLLOUT_ANALYSIS_ERRORS + "_total", {"kind": kind}) or 0.0
+
+
+@pytest.mark.parametrize("size", [6, 60])
+async def test_three_queries_per_interval_whatever_the_fleet_size(prom, size):
+    statuses = fleet(size)
+    fake, url = await prom(list(statuses), "n0", effect=0.8)
+    verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    assert len(fake.requests) == 3 and summary["queries"] == 3 and summary["error"] is None
+    queries = " ".join(r["query"] for r in fake.requests)
+    assert "inter_token_latency" in queries and "num_running_reqs" in queries and "token_usage" in queries
+    assert all('namespace="serving",app="sglang"' in r["query"] for r in fake.requests)
+    assert set(verdicts) == {"n0", "n1"} and summary["controls"] == size - 2 and summary["judgeCpuSeconds"] >= 0
+    numbers = verdicts["n0"].numbers
+    assert numbers["failStreak"] == 1 and "failing evaluation 1/2" in verdicts["n0"].reason  # 20% slower
+    for key in ("effect", "ci_low", "ci_high", "n_eff", "adjustment", "p_worse", "p_not_worse", "looks", "method"):
+        assert key in numbers, key
+    assert numbers["effect"] < 0.85 and numbers["sequential"]["baseline"]["n"] == 80
+    labels = {"namespace": "serving", "rollout": "r", "node": "n0"}
+    assert METRICS.registry.get_sample_value(contract.M_ROLLOUT_EFFECT_UPPER, labels) == pytest.approx(numbers["ci_high"], rel=1e-4)
+    assert METRICS.registry.get_sample_value(contract.M_ROLLOUT_SEQUENTIAL_P, labels | {"hypothesis": "worse"}) < 0.05
+
+
+async def test_the_sequential_state_is_carried_and_guard_mode_queries_only_the_window(prom):
+    statuses = fleet(6)
+    fake, url = await prom(list(statuses), "n0")
+    verdicts, _ = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    statuses = {n: (gating.NodeStatus(s.state, changed_at=s.changed_at, numbers=verdicts[n].numbers) if n in verdicts else s)
+                for n, s in statuses.items()}
+    fake.requests.clear()
+    again, _ = await evaluation.analyse("serving", "r", spec(url), statuses, NOW + 60, LOG)
+    assert again["n0"].numbers["looks"] == 2 and again["n0"].numbers["n_post"] > verdicts["n0"].numbers["n_post"]
+    assert again["n1"].numbers["sequential"]["baseline"] == verdicts["n1"].numbers["sequential"]["baseline"]
+
+
+BAD_ANSWERS = [
+    ([1, 2], "bad_response"),
+    (None, "bad_response"),
+    ({"status": "success"}, "bad_response"),
+    ({"status": "success", "data": {"result": [{"metric": {"node": "n0"}, "values": [[1, "x"]]}]}}, "bad_response"),
+    ({"status": "success", "data": {"result": [{"metric": {"node": "n0"}, "values": [[1]]}]}}, "bad_response"),
+    ({"status": "success", "data": {"result": {"n0": 1}}}, "bad_response"),
+    (b"<html>proxy error</html>", "bad_response"),
+    ({"status": "error", "errorType": "bad_data", "error": "parse error"}, "bad_data"),
+]
+
+
+@pytest.mark.parametrize("body,kind", BAD_ANSWERS)
+async def test_a_wrong_answer_is_an_inconclusive_verdict_with_the_error_and_a_metric(prom, body, kind):
+    statuses = fleet(6)
+    fake, url = await prom(list(statuses), "n0")
+    fake.body = body
+    before = errors(kind)
+    previous = {"changedAt": ENABLE, "post": {"n": 3}}
+    statuses["n0"] = gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE, numbers={"sequential": previous, "failStreak": 1})
+    verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    assert {v.result for v in verdicts.values()} == {"inconclusive"} and set(verdicts) == {"n0", "n1"}
+    assert summary["error"] and summary["errorKind"] == kind and errors(kind) == before + 1
+    assert verdicts["n0"].reason.startswith("inconclusive: Prometheus error: ")
+    assert verdicts["n0"].numbers["sequential"] == previous and verdicts["n0"].numbers["failStreak"] == 0  # kept, not lost
+
+
+async def test_a_failing_gauge_query_judges_without_that_gauge(prom):
+    statuses = fleet(6)
+    fake, url = await prom(list(statuses), "n0")
+    fake.fail_query = "token_usage"
+    verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    assert summary["error"] is None and "usage" in summary["covariateErrors"]
+    assert "load-adjusted (running)" in verdicts["n0"].numbers["method"]
+
+
+async def test_a_hanging_prometheus_is_bounded_by_one_deadline(prom, monkeypatch):
+    monkeypatch.setenv(contract.ENV_ANALYSIS_DEADLINE, "0.5")
+    statuses = fleet(6)
+    fake, url = await prom(list(statuses), "n0")
+    fake.hang = 30.0
+    began = time.monotonic()
+    verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    assert time.monotonic() - began < 3.0
+    assert summary["errorKind"] == "deadline" and "0.5 s" in summary["error"] and contract.ENV_ANALYSIS_DEADLINE in summary["error"]
+    assert {v.result for v in verdicts.values()} == {"inconclusive"}
+
+
+@pytest.mark.parametrize("value", ["", "x", "-1", "0"])
+def test_a_bad_deadline_setting_falls_back_to_the_default(monkeypatch, value):
+    monkeypatch.setenv(contract.ENV_ANALYSIS_DEADLINE, value)
+    assert evaluation.deadline_seconds() == evaluation.DEFAULT_DEADLINE_SECONDS
+
+
+async def test_a_missing_ca_file_is_inconclusive_with_a_clear_error(prom, monkeypatch, tmp_path):
+    monkeypatch.setenv(contract.ENV_PROMETHEUS_CA, str(tmp_path / "absent" / "ca.crt"))
+    statuses = fleet(6)
+    _, url = await prom(list(statuses), "n0")
+    verdicts, summary = await evaluation.analyse("serving", "r", spec(url.replace("http:", "https:")), statuses, NOW, LOG)
+    assert summary["errorKind"] == "tls" and "does not exist" in summary["error"] and "absent/ca.crt" in summary["error"]
+    assert {v.result for v in verdicts.values()} == {"inconclusive"}
+    with pytest.raises(PrometheusError) as bad:
+        await PrometheusClient("https://127.0.0.1:1", ca_file=str(tmp_path / "x")).query("up")
+    assert bad.value.kind == "tls configuration"
+
+
+async def test_the_token_goes_only_to_trusted_prometheus_urls(prom, monkeypatch):
+    monkeypatch.setenv(contract.ENV_PROMETHEUS_TOKEN, "s3cret")
+    statuses = fleet(6)
+    fake, url = await prom(list(statuses), "n0")
+    _, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    assert {r["auth"] for r in fake.requests} == {None} and "without credentials" in summary["credentials"]
+    monkeypatch.setenv(contract.ENV_PROMETHEUS_TRUSTED_URLS, f"https://elsewhere:9090, {url}/")
+    fake.requests.clear()
+    _, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    assert {r["auth"] for r in fake.requests} == {"Bearer s3cret"} and "credentials" not in summary
+
+
+@pytest.mark.parametrize("url,trusted,expected", [
+    ("http://prom:9090", "http://prom:9090", True),
+    ("http://PROM:9090/", "http://prom:9090", True),
+    ("https://prom", "https://prom:443", True),
+    ("http://prom", "http://prom:80/", True),
+    ("http://prom:9091", "http://prom:9090", False),
+    ("https://prom:9090", "http://prom:9090", False),
+    ("http://prom:9090/other", "http://prom:9090", False),
+    ("http://evil.example/prom:9090", "http://prom:9090", False),
+    ("http://prom:9090", "", False),
+    ("http://prom:9090", None, False),
+])
+def test_trusted_url_matching(url, trusted, expected):
+    assert is_trusted(url, trusted) is expected
+
+
+async def test_a_non_http_url_is_refused_before_any_request():
+    with pytest.raises(PrometheusError) as bad:
+        await PrometheusClient("file:///etc/passwd").query("up")
+    assert bad.value.kind == "bad url"
+
+
+def test_verdict_numbers_are_json_and_finite():
+    statuses = fleet(6)
+
+    async def run():
+        async def handler(request):
+            return web.json_response({"status": "success", "data": {"result": []}})
+        app = web.Application()
+        app.router.add_get("/api/v1/query_range", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            return await evaluation.analyse("serving", "r", spec(f"http://127.0.0.1:{runner.addresses[0][1]}"), statuses, NOW, LOG)
+        finally:
+            await runner.cleanup()
+
+    verdicts, summary = asyncio.run(run())
+    assert {v.result for v in verdicts.values()} == {"inconclusive"} and "no control" in verdicts["n0"].reason
+    text = json.dumps({n: v.numbers for n, v in verdicts.items()} | {"summary": summary}, allow_nan=False)
+    assert not math.isnan(len(text))

@@ -1,0 +1,69 @@
+"""bench/judge.py (a SIMULATION of serving samples): its scenarios produce what its docstring says,
+its Kayenta-style anchor computes the Hodges-Lehmann interval, and a small run reports every judge."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import judge as bench  # noqa: E402
+
+
+def test_scenarios_cover_every_family_and_count_guard_mode_on_harmless_runs():
+    todo = bench.scenarios(1)
+    assert {s.family for s in todo} == {"iid", *bench.FAMILIES} and len({s.key for s in todo}) == 21 + 3 * len(bench.FAMILIES)
+    harmless = bench.simulate(bench.Scenario("ar1_wander", "none", 0.05, 1.0, 1), guard=True)
+    regression = bench.simulate(bench.Scenario("ar1_wander", "regression_10pct", 0.05, 0.9, 1), guard=False)
+    per_look = bench.PER_INTERVAL
+    assert harmless["speed"].shape[1] - regression["speed"].shape[1] == bench.GUARD_INTERVALS * per_look
+    assert harmless["speed"].shape[0] == bench.CONTROLS + 1 and np.isnan(harmless["speed"]).mean() > 0.04
+
+
+def test_the_treated_nodes_own_load_moves_its_gauges_and_its_speed():
+    sim = bench.simulate(bench.Scenario("own_load", "none", 0.05, 1.0, 3), guard=False)
+    post = (sim["t"] >= sim["enable"]) & (sim["t"] < sim["enable"] + 180)
+    pre = sim["t"] < sim["enable"]
+    gauge = np.nanmean(np.log(sim["running"][0][post])) - np.nanmean(np.log(sim["running"][0][pre]))
+    speed = np.nanmedian(np.log(sim["speed"][0][post])) - np.nanmedian(np.log(sim["speed"][0][pre]))
+    assert abs(gauge) > 0.15 and np.sign(speed) == -np.sign(gauge)
+
+
+def test_hodges_lehmann_is_the_median_pairwise_shift_with_a_rank_interval():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(1.0, 1, 40), rng.normal(0.0, 1, 50)
+    estimate, low, high = bench.hodges_lehmann(x, y, 0.98)
+    assert estimate == pytest.approx(np.median(np.subtract.outer(x, y)))
+    assert low < estimate < high and 0.3 < estimate < 1.7
+    wider = bench.hodges_lehmann(x, y, 0.999)
+    assert wider[1] < low and wider[2] > high
+
+
+@pytest.mark.parametrize("judge_name", ["flagger_style", "argo_style", "kayenta_style"])
+def test_every_anchor_rolls_back_a_large_regression_and_keeps_a_large_speedup(judge_name):
+    judge = bench.ANCHORS[judge_name]
+    slow = bench.simulate(bench.Scenario("iid", "regression_20pct", 0.02, 0.6, 5), guard=False)
+    fast = bench.simulate(bench.Scenario("iid", "speedup_x2.7", 0.02, 2.7, 5), guard=False)
+    assert judge(slow) is not None and judge(fast) is None
+
+
+def test_ours_rolls_back_a_clear_regression_and_reports_the_cost():
+    slow = bench.simulate(bench.Scenario("iid", "regression_20pct", 0.02, 0.7, 7), guard=False)
+    assert bench.ours(slow, bench.HORIZON) is not None
+    cost = bench.cost(nodes=40, holdouts=8, repeats=1)
+    assert cost["judged"] == 32 and cost["first_look_cpu_seconds"] > 0 and cost["guard_look_samples_per_series"] < cost["first_look_samples_per_series"]
+
+
+def test_summary_grades_every_judge_and_names_the_targets():
+    runs = [(s, {"ours": None, "flagger_style": 3, "argo_style": None, "kayenta_style": 1 if s.effect < 1 else None})
+            for s in bench.scenarios(1)]
+    report = bench.summarize(runs)
+    assert set(report) == set(bench.JUDGES)
+    assert report["flagger_style"]["false_rollback_rate_worst_harmless"] == 1.0
+    assert report["ours"]["by_scenario"]["none@5pct_noise"]["rollback_rate_with_6h_guard"] == 0.0
+    met = bench.targets(report)
+    assert met["false_rollbacks_at_most_1pct_every_harmless_scenario"] and not met["power_10pct_5pct_noise_at_least_95pct_within_10"]
