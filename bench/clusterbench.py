@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from gluon_localcluster.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD_DATE = "2026-12-01"
@@ -57,14 +58,7 @@ def mb(value: float) -> float:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+    return wait_for(predicate, timeout, interval, what, error=TimeoutError)
 
 
 # ---------------------------------------------------------------- the record

@@ -5,27 +5,16 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from gluon_localcluster.prometheus import Prometheus
+from gluon_localcluster.waiting import wait_for
 
 NODES = ("", "v1", "nodes")
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def free_port() -> int:

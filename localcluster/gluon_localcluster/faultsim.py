@@ -8,12 +8,13 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gluon_agent import contract
 from gluon_operator import gating
 from .faultproxy import Rule, everything, path_is
 from .simcluster import DEMO_STRATEGY, SimCluster, SimNode
+from .waiting import wait_for
 
 # The faults each rollout scenario injects (kills: how many; the benchmark's --kills replaces the count).
 SCENARIO_FAULTS: dict[str, dict[str, Any]] = {
@@ -90,14 +91,6 @@ def injected(cluster: SimCluster) -> dict[str, int]:
     assert cluster.proxy is not None
     seen = cluster.proxy.requests()
     return {"requests": len(seen), "500": sum(s.status == 500 for s in seen), "409": sum(s.status == 409 for s in seen)}
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def kill_repeatedly(cluster: SimCluster, kills: int, rng: random.Random, done: threading.Event, log: list[float]) -> None:
