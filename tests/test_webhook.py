@@ -208,6 +208,14 @@ def test_an_annotation_naming_no_container_is_a_warning():
     assert "names no container of this pod (it has istio-proxy, sglang)" in answer.warnings[0]
 
 
+def test_an_annotation_that_is_not_a_string_is_a_warning_not_an_internal_error():
+    """Found by the property test below: a review whose annotation value is a list (no API server sends one)."""
+    answer = admit(pod_with([SGLANG], {contract.ANNOTATION_POD_SERVING_CONTAINER: []}))
+    assert answer.outcome == "not-injected" and "names no container" in answer.warnings[0]
+    answer = admit(pod_with([PROXY, SGLANG], {contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER: ["sglang"]}))
+    assert answer.outcome != "error"
+
+
 def test_shell_mode_leaves_a_sidecar_without_a_command_alone():
     shell = webhook.Injection(agent_image="a", mode="shell")
     pod = pod_with([PROXY, SGLANG])

@@ -108,12 +108,12 @@ def serving_container(containers: list[dict[str, Any]], annotations: Mapping[str
     by_name = {c["name"]: c for c in containers}
     wanted = annotations.get(contract.ANNOTATION_POD_SERVING_CONTAINER)
     if wanted is not None:
-        if wanted not in by_name:
+        if not isinstance(wanted, str) or wanted not in by_name:  # annotations are strings; a review may lie
             raise NotInjectable(f"annotation {contract.ANNOTATION_POD_SERVING_CONTAINER}={wanted!r} names no container "
                                 f"of this pod (it has {', '.join(sorted(by_name))})")
         return by_name[wanted]
     default = annotations.get(contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER)
-    if default in by_name:
+    if isinstance(default, str) and default in by_name:
         return by_name[default]
     for container in containers:
         if container["name"] not in KNOWN_SIDECARS:
