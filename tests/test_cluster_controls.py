@@ -190,7 +190,9 @@ def test_a_failing_node_is_disabled_at_once_despite_a_poisoned_node_and_a_hangin
     wait_for(lambda: node_meta(control_plane, flagged)["labels"][contract.LABEL_ENABLED] == "false", timeout=30, what="the disable")
     took = time.monotonic() - started
     assert took < 5.0, f"the disable took {took:.1f} s: it waited on the analysis"  # the hanging query takes 10 s or more
-    current = status(control_plane, namespace)["nodes"]
-    assert current[flagged]["state"] == "Disabled" and "self-test not passed" in current[flagged]["reason"]
+    # The node (its labels and record) is written first, then the status that summarizes it, in the same reconcile.
+    current = wait_for(lambda: (lambda nodes: nodes if nodes[flagged]["state"] == "Disabled" else None)(
+        status(control_plane, namespace)["nodes"]), timeout=10, what="the status to follow the node")
+    assert "self-test not passed" in current[flagged]["reason"]
     assert current[poisoned]["state"] == "Ineligible" and "field selftest.gpus.0" in current[poisoned]["reason"]
     assert current[other]["state"] in ("Eligible", "Enabling", "Analyzing")
