@@ -17,10 +17,9 @@ from kubernetes import client
 from gluon_agent import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.controlplane import free_port
-from gluon_localcluster.faultproxy import Rule
 from gluon_operator.spec import GROUP, PLURAL, VERSION
 from tests.clusterkit import (MERGE, Nodes, PreflightReporter, create_rollout, evictions, events, kopf_operator, pods,
-                              proxy_for, ready, rollout_status, serve)
+                              proxy_for, rollout_status, serve)
 from tests.helpers import wait_for
 
 FLEET = {
