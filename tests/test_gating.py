@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -233,6 +234,22 @@ def test_a_rollback_recorded_on_the_node_wins_over_a_stale_status():
     assert step.status.state == DISABLED
 
 
+def test_a_node_whose_pods_are_evicted_and_not_yet_replaced_is_not_analyzing():
+    el = gating.Eligibility(True, "ok", "fp")
+    enabling = gating.enable(NodeStatus(ELIGIBLE, since=1.0), NOW).status
+    old = [gating.PodFacts(f"p{i}", NOW - 50, None, None, True, False) for i in range(2)]
+    restarting = gating.advance(enabling, el, gating.summarize_pods(old, NOW), None, NOW + 2, True).status
+    assert restarting.state == ENABLING and restarting.numbers[gating.RESTARTED_PODS] == 2
+    gone = gating.advance(restarting, el, gating.summarize_pods([], NOW), None, NOW + 3, True).status  # evicted, not yet replaced
+    assert gone.state == ENABLING and "replacements of 2 restarted" in gone.reason
+    back = [gating.PodFacts("p9", NOW + 4, "1", None, True, False)]
+    analyzing = gating.advance(gone, el, gating.summarize_pods(back, NOW), None, NOW + 5, True).status
+    assert analyzing.state == ANALYZING and gating.RESTARTED_PODS not in analyzing.numbers
+    # a node without serving pods has nothing to wait for
+    empty = gating.advance(enabling, el, gating.summarize_pods([], NOW), None, NOW + 2, True).status
+    assert empty.state == ANALYZING
+
+
 @pytest.mark.parametrize("pod", [
     gating.PodFacts("p1", NOW + 2, None, None, True, False, injected=False),  # admitted without the webhook
     gating.PodFacts("p1", NOW + 2, "0", "agent says 0: not enabled", True, False, transient=True),  # stale agent view
@@ -248,3 +265,9 @@ def test_stray_pods_are_restarted_not_waited_for_nor_a_refusal(pod):
     # a '0' from the serving image's own stack is a refusal: rolled back, sticky
     refused = gating.summarize_pods([gating.PodFacts("p3", NOW + 9, "0", "not capable", True, False)], NOW)
     assert refused.refused and gating.advance(step.status, el, refused, None, NOW + 10, True).status.state == ROLLED_BACK
+
+    # not ready yet: not restarted yet either, but never taken for a node whose pods run flag 1
+    starting = gating.summarize_pods([replace(pod, ready=False), gating.PodFacts("p4", NOW + 9, "1", None, True, False)], NOW)
+    assert starting.retry == [] and starting.starting == ["p1"] and starting.new_flags == {"p4": "1"}
+    waiting = gating.advance(step.status, el, starting, None, NOW + 10, True).status
+    assert waiting.state == ENABLING and "to start, to restart them" in waiting.reason

@@ -17,9 +17,10 @@ from kubernetes import client
 from gluon_agent import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.controlplane import free_port
+from gluon_localcluster.faultproxy import Rule
 from gluon_operator.spec import GROUP, PLURAL, VERSION
 from tests.clusterkit import (MERGE, Nodes, PreflightReporter, create_rollout, evictions, events, kopf_operator, pods,
-                              proxy_for, rollout_status, serve)
+                              proxy_for, ready, rollout_status, serve)
 from tests.helpers import wait_for
 
 FLEET = {
@@ -155,6 +156,24 @@ def test_eviction_blocked_by_disruption_budget_waits(operator, admin, namespace,
     assert len([r for r in evictions(proxy) if r.status < 300]) == 2
 
 
+def test_a_rollout_deleted_mid_reconcile_goes_in_seconds_and_leaves_its_nodes_clean(operator, admin, namespace, nodes, proxy):
+    """Every node write held 1 s (a slow API server): the rollout is deleted while its first reconcile
+    still writes nodes. The cleanup waits for that reconcile's writes, then takes every key off every node;
+    the finalizer goes in seconds (kopf's default re-check of a busy timer is a minute)."""
+    proxy.rules.append(Rule(lambda method, path, _: method == "PATCH" and path.startswith("/api/v1/nodes/"), delay=1.0))
+    create_rollout(admin, rollout(namespace, nodes))
+    keys = (contract.LABEL_STATE, contract.LABEL_ENABLED)
+    wait_for(lambda: any(k in nodes.labels(name) for name in nodes.bodies for k in keys), timeout=30, what="a first node written")
+    started = time.monotonic()
+    client.CustomObjectsApi(admin).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "kimi")
+    wait_for(lambda: not rollout_status(admin, namespace) and not client.CustomObjectsApi(admin).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL)["items"], timeout=40, interval=0.2, what="the rollout gone")
+    seconds = time.monotonic() - started
+    left = {name: [k for k in keys if k in nodes.labels(name)] + [a for a in (contract.ANNOTATION_NODE_RECORD,) if a in nodes.annotations(name)]
+            for name in nodes.bodies}
+    assert not any(left.values()), (left, seconds)
+
+
 @contextmanager
 def webhook_unreachable(admin, installed, namespace):
     """The chart's webhook configuration pointed at a port nothing listens on (as when the API server cannot
@@ -181,6 +200,31 @@ def webhook_unreachable(admin, installed, namespace):
         yield
     finally:
         point(url, True)
+
+
+def test_pod_admitted_without_the_webhook_is_restarted(operator, admin, installed, namespace, nodes, proxy):
+    """Pods created while the API server could not reach the webhook (failurePolicy Ignore): no preflight,
+    the template's flag. The node must not wait for them forever, nor go on with them: they are restarted
+    and their replacements are injected."""
+    old = {p["metadata"]["name"] for p in serving_on(admin, namespace, "n1")}
+    # The restarts of the pods admitted without the webhook are held 5 s in the proxy (a slow API server),
+    # time enough to make the webhook reachable again before their replacements are created.
+    proxy.rules.append(Rule(lambda method, path, _: method == "POST" and path.endswith("/eviction") and path.split("/")[-2] not in old,
+                            delay=5.0))
+    with webhook_unreachable(admin, installed, namespace):
+        create_rollout(admin, rollout(namespace, nodes, nodeSelector=only("n1", nodes)))
+        strays = wait_for(lambda: (running := [p for p in serving_on(admin, namespace, "n1") if p["metadata"]["name"] not in old])
+                          and len(running) == 2 and all(ready(p) and not p["spec"].get("initContainers") for p in running)
+                          and {p["metadata"]["name"] for p in running}, timeout=30,
+                          what="the 2 replacements admitted without the webhook")
+    wait_for(lambda: node_state(admin, namespace, "n1") == "Analyzing", timeout=45, what="n1 analyzing")
+    evicted = evicted_names(proxy)
+    # Its 2 old pods, then the 2 admitted without injection; on a slow machine the webhook may come back only
+    # after a first restart of those, and one more round follows (stray restarts are at most one per 15 s).
+    assert set(evicted[:2]) == old and strays <= set(evicted) and len(evicted) in (4, 6), evicted
+    running = serving_on(admin, namespace, "n1")
+    assert len(running) == 2 and not {p["metadata"]["name"] for p in running} & set(evicted)
+    assert all([c["name"] for c in p["spec"]["initContainers"]] == ["gluon-install", "gluon-preflight"] for p in running)
 
 
 def test_preflight_refusal_rolls_back_sticky(operator, cluster, admin, namespace, nodes):

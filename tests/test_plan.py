@@ -128,6 +128,41 @@ def test_canary_then_parallel_with_records_on_nodes_and_no_double_restart():
     assert idle.writes() == 0 and idle.events == []
 
 
+def test_a_write_that_frees_a_slot_comes_before_one_that_takes_it():
+    fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 1})
+    fleet.label("n0", contract.LABEL_SKIP, "true")
+    run_until(fleet, lambda: fleet.states().get("n1") == ANALYZING)
+    fleet.label("n0", contract.LABEL_SKIP, None)
+    p = fleet.step({"n1": Verdict("pass", "x1.9", {"effect": 1.9})})
+    assert [(w.node, w.labels[contract.LABEL_STATE], w.starts) for w in p.node_writes] == [("n1", PROMOTED, False), ("n0", ENABLING, True)]
+
+
+def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
+    import asyncio
+    import logging
+
+    from gluon_agent.kube import ApiFailure
+    from gluon_operator import executor
+
+    written: list[str] = []
+
+    async def patch_node(name, labels, annotations=None):
+        if name == "n1":
+            raise ApiFailure("server", 500, "injected")
+        written.append(name)
+
+    async def write_status(*args):
+        return {}
+    monkeypatch.setattr(executor, "patch_node", patch_node)
+    monkeypatch.setattr(executor, "write_status", write_status)
+    monkeypatch.setattr(executor.kopf, "info", lambda *a, **k: None)
+    writes = [planner.NodeWrite("n1", {contract.LABEL_STATE: PROMOTED}, {}),
+              planner.NodeWrite("n2", {contract.LABEL_STATE: ROLLED_BACK}, {}),
+              planner.NodeWrite("n0", {contract.LABEL_STATE: ENABLING}, {}, starts=True)]
+    asyncio.run(executor.execute(planner.Plan(node_writes=writes), SERVING_NS, "kimi", "uid", {}, {}, logging.getLogger("t")))
+    assert written == ["n2"]  # n0's slot may still be n1's
+
+
 def test_a_state_change_costs_one_node_write_and_reasons_alone_none():
     fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 1})
     writes: dict[str, int] = {}
@@ -136,7 +171,9 @@ def test_a_state_change_costs_one_node_write_and_reasons_alone_none():
         for w in p.node_writes:
             writes[w.node] = writes.get(w.node, 0) + 1
     changes = sum(1 for p in fleet.history for t in p.transitions if t.node == "n0")
-    assert writes["n0"] == changes  # new->Enabling, Enabling->Analyzing: one write each (the reason changed more often)
+    # new->Enabling, Enabling->Analyzing: one write each, and one when its restarts begin (how many pods it
+    # had); the reason changed more often
+    assert writes["n0"] == changes + 1
 
 
 def test_preview_is_json_and_matches_the_plan():
@@ -489,6 +526,12 @@ def test_random_histories_keep_the_invariants(n, canary, parallel, approval, dry
         limit = max(resolve(canary, n, True), resolve(parallel, n, True), 1)
         already = sum(1 for m in active if recorded[m] is not None and recorded[m].state in IN_PROGRESS)
         assert sum(1 for m in active if p.statuses[m].state in IN_PROGRESS) <= max(limit, already)
+        # ... nor after any prefix of the node writes (an operator stopped between two of them)
+        states = {m: recorded[m].state if recorded[m] else None for m in active}
+        for write in p.node_writes:
+            if write.node in states:
+                states[write.node] = write.labels.get(contract.LABEL_STATE)
+            assert sum(1 for s in states.values() if s in IN_PROGRESS) <= max(limit, already), p.node_writes
         for m, v in world_before.nodes.items():  # never an ineligible, skipped or held node enabled
             if p.statuses[m].state == ENABLING and (recorded[m] is None or recorded[m].state != ENABLING):
                 assert v.labels.get(contract.LABEL_SKIP) != "true" and not planner.held_reason(v)

@@ -2,6 +2,8 @@
 
 1. Node writes: labels and the node's record (and a rollback record) in one merge patch per node. A
    failed write is logged and left for the next reconcile: the record on the node stays the truth.
+   Writes that free a strategy slot come first; after a failed write none that takes a slot is made
+   (the slot it counted on may still be held).
 2. The status (only the keys that changed).
 3. Events.
 4. Pod restarts: only those the plan allows, which are of nodes whose record an earlier reconcile wrote.
@@ -198,11 +200,16 @@ async def execute(plan: Plan, namespace: str, name: str, uid: str, status: Mappi
     """Carry out `plan` in the safe order (see the module docstring); returns the status as written."""
     if plan.dry_run and plan.writes():
         raise AssertionError(f"a dry run's plan asks for {plan.writes()} writes")  # plan.dry_run_only clears them: a bug, not input
+    failed = False
     for write in plan.node_writes:
+        if write.starts and failed:
+            logger.warning("node %s not started: an earlier node write of this reconcile failed", write.node)
+            continue
         try:
             await patch_node(write.node, write.labels, write.annotations)
             Caches.wrote(write.node, write.labels, write.annotations)
         except ApiFailure as failure:  # e.g. the node was deleted: its record is unchanged, the next reconcile retries
+            failed = True
             logger.warning("node %s not written: %s", write.node, failure)
     for t in plan.transitions:
         METRICS.transitions.labels(t.old or "None", t.new).inc()

@@ -118,6 +118,9 @@ class PodFacts:
     transient: bool = False  # a '0' from the agent's view, not the stack: unreachable, stale, not enabled yet
 
 
+RESTARTED_PODS = "restartedPods"  # an Enabling node's record: serving pods it had when their restarts began
+
+
 @dataclass(frozen=True)
 class PodSummary:
     old: list[str]  # created before the node's change: still to restart
@@ -125,6 +128,7 @@ class PodSummary:
     new_ready: bool
     refused: list[str]  # new pods whose preflight chose '0', with its reason
     retry: list[str] = field(default_factory=list)  # new, running pods to restart: not injected, or a transient '0'
+    starting: list[str] = field(default_factory=list)  # such pods not ready yet: restarted once they run
 
 
 def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSummary:
@@ -142,7 +146,8 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     settled = [p for p in new if p not in stray]
     refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in settled if p.flag == "0"]
     retry = sorted(p.name for p in stray if p.ready)
-    return PodSummary(old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry)
+    starting = sorted(p.name for p in stray if not p.ready)
+    return PodSummary(old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry, starting)
 
 
 # ---------------------------------------------------------------- the state machine
@@ -231,13 +236,22 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
         if pods.refused:
             return Step(move(prev, ROLLED_BACK, "the serving image's preflight chose 0: " + "; ".join(pods.refused),
                              now, changed_at=now, numbers={"refused": pods.refused}), "rollback")
-        if pods.old:
-            return Step(move(prev, ENABLING, f"restarting {len(pods.old)} serving pods", now))
+        if pods.old:  # how many it had, so that a moment with none (evicted, not yet replaced) is not taken for done
+            had = len(pods.old) + len(pods.new_flags) + len(pods.retry) + len(pods.starting)
+            return Step(move(prev, ENABLING, f"restarting {len(pods.old)} serving pods", now,
+                             numbers={**prev.numbers, RESTARTED_PODS: max(had, int(prev.numbers.get(RESTARTED_PODS, 0)))}))
         if pods.retry:
             return Step(move(prev, ENABLING, f"restarting {len(pods.retry)} serving pods not injected or refused by a stale agent view", now))
+        if pods.starting:  # they run the template's flag, not 1: never Analyzing with them
+            return Step(move(prev, ENABLING, f"waiting for {len(pods.starting)} serving pods not injected or refused by a stale "
+                                             "agent view to start, to restart them", now))
         if not pods.new_ready or any(flag != "1" for flag in pods.new_flags.values()):
             return Step(move(prev, ENABLING, "waiting for restarted pods to be ready with flag 1", now))
-        return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now))
+        restarted = int(prev.numbers.get(RESTARTED_PODS, 0))
+        if restarted and not pods.new_flags:
+            return Step(move(prev, ENABLING, f"waiting for the replacements of {restarted} restarted serving pods", now))
+        return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now,
+                         numbers={k: v for k, v in prev.numbers.items() if k != RESTARTED_PODS}))
     if s in (ANALYZING, PROMOTED) and verdict is not None:
         if verdict.result == "fail":
             return Step(move(prev, ROLLED_BACK, verdict.reason, now, changed_at=now, numbers=verdict.numbers), "rollback")
@@ -260,7 +274,8 @@ def choose_holdouts(statuses: Mapping[str, NodeStatus], wanted: int) -> list[str
 
 
 def enable(prev: NodeStatus, now: float) -> Step:
-    return Step(move(prev, ENABLING, "chosen by the rollout strategy", now, changed_at=now), "restart")
+    return Step(move(prev, ENABLING, "chosen by the rollout strategy", now, changed_at=now,
+                     numbers={k: v for k, v in prev.numbers.items() if k != RESTARTED_PODS}), "restart")
 
 
 def restart_due(status: NodeStatus, now: float, delay: float) -> bool:

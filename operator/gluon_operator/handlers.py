@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import kopf
 
 from gluon_agent import contract
+from gluon_agent.kube import ApiFailure
 
 from . import gating, webhook
 from .admission import AdmissionServer
@@ -49,6 +50,19 @@ class Analyses:
     tasks: dict[str, asyncio.Task[tuple[dict[str, gating.Verdict], dict[str, Any]]]] = {}
 
 
+class Reconciles:
+    """One lock per rollout uid, held by a reconcile while it plans and writes. kopf stops a deleted
+    rollout's timer but lets a reconcile in flight finish, concurrently with the deletion handler: the
+    cleanup takes the lock, so it runs after that reconcile's node writes, never before them."""
+
+    locks: dict[str, asyncio.Lock] = {}
+    deleted: set[str] = set()
+
+    @classmethod
+    def lock(cls, uid: str) -> asyncio.Lock:
+        return cls.locks.setdefault(uid, asyncio.Lock())
+
+
 # ---------------------------------------------------------------- startup, login
 
 
@@ -68,6 +82,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.scanning.disabled = os.environ.get("GLUON_SCANNING", "on") == "off"
     settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # A deleted rollout's timer that was mid-reconcile is checked again after this many seconds (kopf's
+    # default, 60 s, held every deletion that met a running reconcile for a minute).
+    settings.background.cancellation_polling = 1.0
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     cert, key = os.environ.get("GLUON_WEBHOOK_CERT"), os.environ.get("GLUON_WEBHOOK_KEY")
@@ -83,6 +100,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     if port:
         METRICS.serve(os.environ.get("GLUON_METRICS_ADDR", "0.0.0.0"), port)
     Analyses.tasks = {}
+    Reconciles.locks, Reconciles.deleted = {}, set()
 
     def count(failure: Any) -> None:
         METRICS.api_errors.labels(failure.kind).inc()
@@ -147,6 +165,15 @@ def start_analysis(uid: str, namespace: str, name: str, spec: Any, statuses: Map
 async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],
                     body: kopf.Body, rollout_index: kopf.Index, logger: logging.Logger, **_: Any) -> None:
     uid = meta["uid"]
+    if meta.get("deletionTimestamp"):
+        return  # the cleanup handler's work now
+    async with Reconciles.lock(uid):
+        if uid not in Reconciles.deleted:
+            await reconcile_once(uid, namespace, name, spec, status, body, rollout_index, logger)
+
+
+async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any], body: kopf.Body,
+                         rollout_index: kopf.Index, logger: logging.Logger) -> None:
     if own_write_pending(uid, status):
         logger.debug("waiting for the watch to deliver our last status write")
         return
@@ -168,8 +195,16 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
 async def cleanup(namespace: str, name: str, status: Mapping[str, Any], meta: Mapping[str, Any], logger: logging.Logger, **_: Any) -> None:
     """Deleting a rollout takes its labels and records off the nodes it managed: new pods start at flag 0.
     Running pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
-    Runtime.written.pop(meta.get("uid"), None)
-    task = Analyses.tasks.pop(meta.get("uid"), None)
+    uid = meta.get("uid", "")
+    Reconciles.deleted.add(uid)
+    async with Reconciles.lock(uid):  # a reconcile in flight writes first
+        await clean_nodes(uid, namespace, name, status, logger)
+    Reconciles.locks.pop(uid, None)
+
+
+async def clean_nodes(uid: str, namespace: str, name: str, status: Mapping[str, Any], logger: logging.Logger) -> None:
+    Runtime.written.pop(uid, None)
+    task = Analyses.tasks.pop(uid, None)
     if task is not None:
         task.cancel()
     nodes = set(status.get("nodes") or {})  # without caches (never synced), what the status names
@@ -179,11 +214,16 @@ async def cleanup(namespace: str, name: str, status: Mapping[str, Any], meta: Ma
             record, _ = read_json(NodeRecord, view.annotations.get(contract.ANNOTATION_NODE_RECORD), "record")
             if record is not None and record.rollout == f"{namespace}/{name}" or record is None and node in (status.get("nodes") or {}):
                 nodes.add(node)
+    failed = []
     for node in sorted(nodes):
         try:
             await patch_node(node, {contract.LABEL_ENABLED: None, contract.LABEL_STATE: None}, {contract.ANNOTATION_NODE_RECORD: None})
-        except Exception as failure:  # a node deleted meanwhile
-            logger.warning("cleanup of node %s: %s", node, failure)
+        except ApiFailure as failure:
+            if failure.status != 404:  # a node deleted meanwhile has nothing left to clean
+                logger.warning("cleanup of node %s: %s", node, failure)
+                failed.append(node)
+    if failed:  # the finalizer stays until every node is clean
+        raise kopf.TemporaryError(f"{len(failed)} nodes not cleaned yet ({', '.join(failed[:5])}); retrying", delay=RECONCILE_SECONDS)
 
 
 # ---------------------------------------------------------------- the admission webhook

@@ -48,7 +48,7 @@ DRY_RUN_CAP = 200  # entries of status.dryRun.plan
 CONFLICT_NAMES = 20  # nodes named in the Conflict condition's message
 FLEET = "fleet"  # the one batch without strategy.batches
 CANARY_GATE = "canary"
-DECIDING_NUMBERS = ("failStreak", "inconclusiveSince")  # record fields beside the state that the next reconcile reads
+DECIDING_NUMBERS = ("failStreak", "inconclusiveSince", gating.RESTARTED_PODS)  # record fields beside the state that the next reconcile reads
 
 
 # ---------------------------------------------------------------- the world, as plain data
@@ -149,11 +149,13 @@ def selects_node(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool
 
 @dataclass(frozen=True)
 class NodeWrite:
-    """One merge patch of a node's metadata (None removes a key)."""
+    """One merge patch of a node's metadata (None removes a key). `starts`: it puts the node in progress
+    (Enabling or Analyzing) from a state that is not, so it takes one of the strategy's slots."""
 
     node: str
     labels: Mapping[str, str | None]
     annotations: Mapping[str, str | None]
+    starts: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,9 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
 
     for name, w in sorted(work.items()):
         node_plan(rollout, spec, w, now, out)
+    # Writes that free a slot before those that take one: an operator stopped between two writes, or a
+    # write that fails, never leaves more nodes in progress than the strategy allows.
+    out.node_writes.sort(key=lambda write: write.starts)
     for gate in granted_gates(approval)[len(approval["_before"]):]:
         out.events.append(Event("Normal", "Approved", f"approval gate {gate!r} granted by annotation {contract.ANNOTATION_ROLLOUT_APPROVE}"))
     if aborted and not rollout.status.get("aborted"):
@@ -447,7 +452,8 @@ def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: fl
     if core(w.recorded) != core(new) or annotations:
         annotations[contract.ANNOTATION_NODE_RECORD] = json.dumps(new.record(rollout.key), sort_keys=True, separators=(",", ":"))
     if annotations or any(view.labels.get(k) != v for k, v in labels.items()):
-        out.node_writes.append(NodeWrite(name, labels, annotations))
+        starts = new.state in IN_PROGRESS and (w.recorded is None or w.recorded.state not in IN_PROGRESS)
+        out.node_writes.append(NodeWrite(name, labels, annotations, starts))
 
     # Restarts only against a change the node's own record already carries (written by an earlier reconcile).
     persisted = w.recorded is not None and w.recorded.state == new.state and w.recorded.changed_at == new.changed_at
