@@ -33,7 +33,7 @@ def test_cache_adds_moves_deletes_and_replaces():
     informer.apply("DELETED", pod("1", "n1"))
     index = informer.snapshot("by_node")
     assert index.get("n1") is None and index.get("n2") == ["p-2"] and len(index) == 1
-    informer.replace([pod("9", "n9")])  # a relist: what is not listed is gone
+    informer.replace([[pod("9", "n9")]])  # a relist: what is not listed is gone
     assert list(informer.snapshot("by_node")) == ["n9"]
     assert index.get("n2") == ["p-2"]  # an earlier snapshot does not change under the reader
 
@@ -79,11 +79,39 @@ def test_list_then_watch_survives_dropped_watches_and_errors(installed, nodes):
             informer.close()
 
 
+def test_the_list_comes_in_pages_and_a_page_failing_relists_from_the_start(installed, nodes, monkeypatch):
+    from gluon_operator import informer as informer_module
+
+    monkeypatch.setattr(informer_module, "LIST_PAGE", 2)
+    for i in range(5):
+        nodes.create(f"p{i}", 383 + i, agent=False)
+    with proxy_for(installed) as proxy:
+        failed = {"n": 0}
+
+        def second_page_once(method: str, path: str, query: str) -> bool:
+            if path == "/api/v1/nodes" and "continue=" in query and not failed["n"]:
+                failed["n"] += 1
+                return True
+            return False
+        proxy.rules.append(Rule(second_page_once, status=500))
+        core = client.CoreV1Api(api_for(installed.operator_kubeconfig(server=proxy.url)))
+        informer = Informer("nodes", core.list_node, {"names": lambda o: {o["metadata"]["name"]: True}}, watch_timeout=5).start()
+        try:
+            wait_for(informer.synced.is_set, timeout=15, what="first list")
+            assert {f"inf-p{i}" for i in range(5)} <= set(informer.snapshot("names"))
+            lists = [r for r in proxy.requests("GET", r"^/api/v1/nodes$") if "watch=" not in r.query]
+            assert all("limit=2" in r.query for r in lists) and failed["n"] == 1
+            assert [("continue=" in r.query, r.status) for r in lists][:2] == [(False, 200), (True, 500)]  # then from the start
+            assert sum(1 for r in lists if "continue=" not in r.query) >= 2
+        finally:
+            informer.close()
+
+
 def test_an_object_an_indexer_cannot_read_is_left_out_not_fatal():
     def strict(obj):
         return {obj["spec"]["nodeName"].upper(): obj["metadata"]["name"]}  # fails on a pod without a node
     informer = Informer("pods", lambda **_: None, {"strict": strict})
-    informer.replace([pod("1", "n1"), pod("2", None), pod("3", "n3")])
+    informer.replace([[pod("1", "n1"), pod("2", None), pod("3", "n3")]])
     informer.apply("ADDED", pod("4", None))
     index = informer.snapshot("strict")
     assert sorted(index) == ["N1", "N3"] and informer.unreadable == 2

@@ -163,6 +163,17 @@ def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
     assert written == ["n2"]  # n0's slot may still be n1's
 
 
+def test_a_fleet_met_for_the_first_time_is_one_event_a_few_nodes_one_each():
+    few = Fleet(3, strategy={"canaryNodes": 1}).step()
+    assert sorted(e.message.split(":")[0] for e in few.events if e.reason == ELIGIBLE) == ["node n1", "node n2"]
+    fleet = Fleet(40, pods_per_node=0, strategy={"canaryNodes": 1})
+    fleet.label("n7", contract.LABEL_SELFTEST, "fail")
+    first = fleet.step()
+    seen = [e for e in first.events if e.reason == "NodesSeen"]
+    assert len(seen) == 1 and seen[0].message.startswith("39 nodes new to this rollout: 38 Eligible, 1 Ineligible")
+    assert "1 x " in seen[0].message and [e.reason for e in first.events if e.reason != "NodesSeen"] == [ENABLING]
+
+
 def test_a_state_change_costs_one_node_write_and_reasons_alone_none():
     fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 1})
     writes: dict[str, int] = {}

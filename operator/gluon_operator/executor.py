@@ -2,8 +2,8 @@
 
 1. Node writes: labels and the node's record (and a rollback record) in one merge patch per node. A
    failed write is logged and left for the next reconcile: the record on the node stays the truth.
-   Writes that free a strategy slot come first; after a failed write none that takes a slot is made
-   (the slot it counted on may still be held).
+   Concurrent; writes that free a strategy slot all land before any that takes one, and after a failed
+   write none that takes a slot is made (the slot it counted on may still be held).
 2. The status (only the keys that changed).
 3. Events.
 4. Pod restarts: only those the plan allows, which are of nodes whose record an earlier reconcile wrote.
@@ -27,7 +27,7 @@ from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify,
 
 from . import webhook
 from .metrics import METRICS
-from .plan import Plan, Restart
+from .plan import NodeWrite, Plan, Restart
 from .spec import GROUP, PLURAL, VERSION
 from .world import Caches
 
@@ -36,6 +36,7 @@ log = logging.getLogger("gluon_operator")
 JSON_PATCH = "application/json-patch+json"
 STALE_WRITE_SECONDS = 30.0  # see own_write_pending
 STRAY_RESTART_SECONDS = 15.0  # see restart_strays
+NODE_WRITE_CONCURRENCY = 8  # node patches in flight at once (the client's connection pool holds 10)
 
 
 class Runtime:
@@ -93,6 +94,24 @@ async def patch_node(name: str, labels: Mapping[str, Any], annotations: Mapping[
     if annotations:
         body["metadata"]["annotations"] = dict(annotations)
     await call(core().patch_node, name, body, _content_type=MERGE_PATCH)
+
+
+async def write_nodes(writes: list[NodeWrite], logger: logging.Logger) -> bool:
+    """Concurrently, at most NODE_WRITE_CONCURRENCY in flight (a fleet's first reconcile writes every
+    node); True when every one landed. A failed write is logged and left for the next reconcile: e.g. the
+    node was deleted, and its record is unchanged."""
+    gate = asyncio.Semaphore(NODE_WRITE_CONCURRENCY)
+
+    async def write_one(write: NodeWrite) -> bool:
+        async with gate:
+            try:
+                await patch_node(write.node, write.labels, write.annotations)
+            except ApiFailure as failure:
+                logger.warning("node %s not written: %s", write.node, failure)
+                return False
+            Caches.wrote(write.node, write.labels, write.annotations)
+            return True
+    return all(await asyncio.gather(*(write_one(w) for w in writes)))
 
 
 async def restart_pod(namespace: str, name: str, policy: str) -> str:
@@ -200,17 +219,12 @@ async def execute(plan: Plan, namespace: str, name: str, uid: str, status: Mappi
     """Carry out `plan` in the safe order (see the module docstring); returns the status as written."""
     if plan.dry_run and plan.writes():
         raise AssertionError(f"a dry run's plan asks for {plan.writes()} writes")  # plan.dry_run_only clears them: a bug, not input
-    failed = False
-    for write in plan.node_writes:
-        if write.starts and failed:
-            logger.warning("node %s not started: an earlier node write of this reconcile failed", write.node)
-            continue
-        try:
-            await patch_node(write.node, write.labels, write.annotations)
-            Caches.wrote(write.node, write.labels, write.annotations)
-        except ApiFailure as failure:  # e.g. the node was deleted: its record is unchanged, the next reconcile retries
-            failed = True
-            logger.warning("node %s not written: %s", write.node, failure)
+    starts = [w for w in plan.node_writes if w.starts]
+    if not await write_nodes([w for w in plan.node_writes if not w.starts], logger) and starts:
+        logger.warning("%d nodes not started (%s): an earlier node write of this reconcile failed", len(starts),
+                       ", ".join(w.node for w in starts[:5]))
+    elif starts:
+        await write_nodes(starts, logger)
     for t in plan.transitions:
         METRICS.transitions.labels(t.old or "None", t.new).inc()
         if t.rollback:

@@ -16,7 +16,7 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from gluon_agent import decisions
@@ -27,6 +27,7 @@ log = logging.getLogger("gluon_operator.informer")
 # obj -> {key: value} (one object may feed several keys), or None to leave it out; kopf.index's contract.
 Indexer = Callable[[Mapping[str, Any]], Mapping[Any, Any] | None]
 ListCall = Callable[..., Any]  # a kubernetes client list_* function
+LIST_PAGE = 500  # client-go's reflector default
 
 
 class Index:
@@ -81,12 +82,13 @@ class Informer:
         with self.lock:
             self._apply(self.indexes, self._keys, kind, obj)
 
-    def replace(self, objects: list[Mapping[str, Any]]) -> None:
+    def replace(self, pages: Iterable[list[Mapping[str, Any]]]) -> None:
         """A full list: what is not in it is gone. Built aside and swapped in, so a reader never sees a
         half-filled cache (a reconcile must not mistake a relist for nodes gone)."""
         indexes, keys = {index: Index() for index in self.indexers}, {}
-        for obj in objects:
-            self._apply(indexes, keys, "ADDED", obj)
+        for page in pages:
+            for obj in page:
+                self._apply(indexes, keys, "ADDED", obj)
         with self.lock:
             self.indexes, self._keys = indexes, keys
 
@@ -130,11 +132,27 @@ class Informer:
         return {"label_selector": self.label_selector} if self.label_selector else {}
 
     def _list(self) -> str:
-        response = self.list_call(_preload_content=False, _request_timeout=(REQUEST_TIMEOUT[0], 120), **self._selector())
-        body = json.loads(response.data)
-        self.replace(body.get("items") or [])
+        version: list[str] = []
+        self.replace(self._pages(version))
         self.synced.set()
-        return body["metadata"]["resourceVersion"]
+        return version[0]
+
+    def _pages(self, version: list[str]) -> Iterator[list[Mapping[str, Any]]]:
+        """The list in pages of LIST_PAGE objects, as client-go's reflector lists: the raw JSON of one page
+        at a time, not of the whole fleet at once (the operator's peak memory). A continue token that has
+        expired (410) fails the list, which is then retried from the start after a back-off."""
+        token = None
+        while True:
+            response = self.list_call(_preload_content=False, _request_timeout=(REQUEST_TIMEOUT[0], 120), limit=LIST_PAGE,
+                                      **({"_continue": token} if token else {}), **self._selector())
+            body = json.loads(response.data)
+            del response
+            if not version:
+                version.append(body["metadata"]["resourceVersion"])  # the first page's: the list's snapshot
+            yield body.get("items") or []
+            token = body["metadata"].get("continue")
+            if not token:
+                return
 
     def _watch(self, version: str) -> str | None:
         """Until the server ends the watch (returns the last version) or says 410 (returns None)."""

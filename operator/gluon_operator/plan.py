@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -46,6 +47,7 @@ FULL_STATUS_NODES = 500  # up to this many nodes, status.nodes lists every node 
 ATTENTION_CAP = 200  # beyond it, at most this many nodes needing attention; the rest are counted, and on their Nodes
 DRY_RUN_CAP = 200  # entries of status.dryRun.plan
 CONFLICT_NAMES = 20  # nodes named in the Conflict condition's message
+FIRST_SIGHT_EVENTS = 10  # nodes new to the rollout, one Event each up to this many; beyond, one summary Event
 FLEET = "fleet"  # the one batch without strategy.batches
 CANARY_GATE = "canary"
 DECIDING_NUMBERS = ("failStreak", "inconclusiveSince", gating.RESTARTED_PODS)  # record fields beside the state that the next reconcile reads
@@ -261,6 +263,7 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
 
     for name, w in sorted(work.items()):
         node_plan(rollout, spec, w, now, out)
+    out.events[:0] = first_sight_events(out)
     # Writes that free a slot before those that take one: an operator stopped between two writes, or a
     # write that fails, never leaves more nodes in progress than the strategy allows.
     out.node_writes.sort(key=lambda write: write.starts)
@@ -471,9 +474,29 @@ def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: fl
     if old is None or old.state != new.state:
         kind = ("preflight" if "refused" in new.numbers else "analysis") if w.action == "rollback" else None
         out.transitions.append(Transition(name, old.state if old else None, new.state, kind))
-        warn = new.state in (ROLLED_BACK, DISABLED)
-        message = f"node {name}: {old.state if old else 'new'} -> {new.state}: {new.reason}"
-        out.events.append(Event("Warning" if warn else "Normal", new.state, message[:1000]))
+        if old is None and new.state in (ELIGIBLE, INELIGIBLE):
+            return  # first sight: first_sight_events tells of these
+        out.events.append(node_event(name, old.state if old else "new", new))
+
+
+def node_event(name: str, old: str, new: NodeStatus) -> Event:
+    warn = new.state in (ROLLED_BACK, DISABLED)
+    return Event("Warning" if warn else "Normal", new.state, f"node {name}: {old} -> {new.state}: {new.reason}"[:1000])
+
+
+def first_sight_events(out: Plan) -> list[Event]:
+    """Nodes the rollout meets for the first time and finds Eligible or Ineligible: an Event each for a
+    few; for a fleet, one Event with the counts and the commonest reasons (one object's Events at fleet
+    scale would be thousands of writes, and client-go's own recorder would drop all but a burst of them)."""
+    seen = [t.node for t in out.transitions if t.old is None and t.new in (ELIGIBLE, INELIGIBLE)]
+    if len(seen) <= FIRST_SIGHT_EVENTS:
+        return [node_event(node, "new", out.statuses[node]) for node in seen]
+    states = Counter(out.statuses[node].state for node in seen)
+    reasons = Counter(out.statuses[node].reason for node in seen if out.statuses[node].state == INELIGIBLE)
+    message = (f"{len(seen)} nodes new to this rollout: " + ", ".join(f"{count} {state}" for state, count in sorted(states.items())) +
+               ("; commonest reasons for Ineligible: " + "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(3))
+                if reasons else ""))
+    return [Event("Normal", "NodesSeen", message[:1000])]
 
 
 def needs_attention(status: NodeStatus) -> bool:

@@ -41,9 +41,11 @@ def condition_true(status: Mapping[str, Any], kind: str) -> bool | None:
 
 
 def node_view(obj: Mapping[str, Any]) -> NodeView:
+    """Every label (a rollout's nodeSelector may name any), but only our own annotations: other tools'
+    annotations on a Node can be large, and the cache holds every Node of the fleet."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    return NodeView(meta["name"], dict(meta.get("labels") or {}), dict(meta.get("annotations") or {}),
-                    bool(spec.get("unschedulable")), condition_true(status, "Ready"))
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(contract.PREFIX)}
+    return NodeView(meta["name"], dict(meta.get("labels") or {}), annotations, bool(spec.get("unschedulable")), condition_true(status, "Ready"))
 
 
 def is_agent(obj: Mapping[str, Any]) -> bool:
