@@ -248,6 +248,10 @@ def test_a_node_whose_pods_are_evicted_and_not_yet_replaced_is_not_analyzing():
     # a node without serving pods has nothing to wait for
     empty = gating.advance(enabling, el, gating.summarize_pods([], NOW), None, NOW + 2, True).status
     assert empty.state == ANALYZING
+    # a bare pod (no controller) is not recreated: once restarted, the node serves nothing, and that is done
+    bare = [replace(old[0], controlled=False)]
+    restarting = gating.advance(enabling, el, gating.summarize_pods(bare, NOW), None, NOW + 2, True).status
+    assert gating.advance(restarting, el, gating.summarize_pods([], NOW), None, NOW + 3, True).status.state == ANALYZING
 
 
 @pytest.mark.parametrize("pod", [

@@ -52,7 +52,8 @@ class Fleet:
             status["initContainerStatuses"] = [{"name": "gluon-preflight", "state": {"terminated": {"message": message}}}]
         name = f"sglang-{node}-{self.serial}"
         self.pods[name] = {"metadata": {"name": name, "namespace": SERVING_NS, "labels": dict(SERVING_LABELS),
-                                        "creationTimestamp": planner.iso(created)},
+                                        "creationTimestamp": planner.iso(created),
+                                        "ownerReferences": [{"kind": "ReplicaSet", "name": "sglang", "controller": True}]},
                            "spec": {"nodeName": node}, "status": status}
 
     def label(self, node: str, key: str, value: str | None) -> None:

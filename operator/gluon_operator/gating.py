@@ -116,9 +116,10 @@ class PodFacts:
     deleting: bool
     injected: bool = True  # the webhook added the preflight (False: admitted while it was unreachable)
     transient: bool = False  # a '0' from the agent's view, not the stack: unreachable, stale, not enabled yet
+    controlled: bool = True  # a controller recreates it when it is restarted (a bare pod is just gone)
 
 
-RESTARTED_PODS = "restartedPods"  # an Enabling node's record: serving pods it had when their restarts began
+RESTARTED_PODS = "restartedPods"  # an Enabling node's record: serving pods it will have again once restarted
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class PodSummary:
     refused: list[str]  # new pods whose preflight chose '0', with its reason
     retry: list[str] = field(default_factory=list)  # new, running pods to restart: not injected, or a transient '0'
     starting: list[str] = field(default_factory=list)  # such pods not ready yet: restarted once they run
+    replaced: int = 0  # old pods a controller recreates once they are restarted
 
 
 def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSummary:
@@ -147,7 +149,8 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in settled if p.flag == "0"]
     retry = sorted(p.name for p in stray if p.ready)
     starting = sorted(p.name for p in stray if not p.ready)
-    return PodSummary(old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry, starting)
+    replaced = sum(1 for p in pods if p.created < cutoff and p.controlled)
+    return PodSummary(old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry, starting, replaced)
 
 
 # ---------------------------------------------------------------- the state machine
@@ -236,10 +239,10 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
         if pods.refused:
             return Step(move(prev, ROLLED_BACK, "the serving image's preflight chose 0: " + "; ".join(pods.refused),
                              now, changed_at=now, numbers={"refused": pods.refused}), "rollback")
-        if pods.old:  # how many it had, so that a moment with none (evicted, not yet replaced) is not taken for done
-            had = len(pods.old) + len(pods.new_flags) + len(pods.retry) + len(pods.starting)
+        if pods.old:  # how many it will have, so that a moment with none (evicted, not yet replaced) is not taken for done
+            had = max(pods.replaced + len(pods.new_flags) + len(pods.retry) + len(pods.starting), int(prev.numbers.get(RESTARTED_PODS, 0)))
             return Step(move(prev, ENABLING, f"restarting {len(pods.old)} serving pods", now,
-                             numbers={**prev.numbers, RESTARTED_PODS: max(had, int(prev.numbers.get(RESTARTED_PODS, 0)))}))
+                             numbers={**prev.numbers, RESTARTED_PODS: had} if had else prev.numbers))
         if pods.retry:
             return Step(move(prev, ENABLING, f"restarting {len(pods.retry)} serving pods not injected or refused by a stale agent view", now))
         if pods.starting:  # they run the template's flag, not 1: never Analyzing with them

@@ -80,10 +80,11 @@ class PodView:
     preflight_reason: str | None = None
     injected: bool = True
     transient: bool = False
+    controlled: bool = True  # a controller (ReplicaSet, StatefulSet, ...) recreates it when it is restarted
 
     def facts(self) -> gating.PodFacts:
         return gating.PodFacts(self.name, self.created, self.flag, self.preflight_reason, self.ready, self.deleting, self.injected,
-                               self.transient)
+                               self.transient, self.controlled)
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
                 or any(isinstance(c, Mapping) and c.get("name") == webhook.PREFLIGHT_CONTAINER for c in spec.get("initContainers") or []))
     return PodView(meta.get("namespace") or "", meta.get("name") or "", node, dict(meta.get("labels") or {}), unix(meta.get("creationTimestamp")),
                    bool(condition_true(status, "Ready")), bool(meta.get("deletionTimestamp")), verdict.flag if verdict else None,
-                   verdict.reason if verdict else problem, injected, verdict is not None and verdict.flag == "0" and transient)
+                   verdict.reason if verdict else problem, injected, verdict is not None and verdict.flag == "0" and transient,
+                   any(isinstance(o, Mapping) and o.get("controller") is True for o in meta.get("ownerReferences") or []))
 
 
 def label_selector(selector: Mapping[str, Any]) -> str:
