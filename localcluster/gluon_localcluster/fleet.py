@@ -19,7 +19,7 @@ from gluon_operator.spec import GROUP, KIND, VERSION
 from .controlplane import KWOK_NODE_ANNOTATION
 
 GPU_NODE_LABEL = {"feature.node.kubernetes.io/amd-gpu": "true"}  # what the agent DaemonSet selects (chart default)
-SERVING_LABELS = {"app": "sglang"}
+SERVING_LABELS = {"app": "sglang", contract.LABEL_INJECT: "true"}  # the chart's default webhook objectSelector needs the opt-in
 STALE_FINGERPRINT = "0ldf1ngerpr1nt00"
 
 
