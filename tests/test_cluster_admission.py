@@ -230,7 +230,7 @@ def test_api_server_calls_the_webhook_and_fails_open(installed, namespace):
     custom = client.CustomObjectsApi(installed.cp.admin_client())
     core = client.CoreV1Api(installed.cp.admin_client())
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, fleet.rollout("kimi", namespace))
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "sglang-", "labels": dict(fleet.SERVING_LABELS)},
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "sglang-", "labels": dict(fleet.SERVING_POD_LABELS)},
            "spec": {"containers": [{"name": "sglang", "image": "lmsysorg/sglang:rocm", "command": ["python3", "-m", "sglang.launch_server"],
                                     "env": [{"name": contract.FLAG_ENV, "value": "0"}]}]}}
     operator = start_operator(installed)
@@ -315,11 +315,11 @@ def test_only_opted_in_pods_of_selected_namespaces_reach_the_webhook(installed, 
     namespace or an opted-out namespace, are never sent at all."""
     core = client.CoreV1Api(installed.cp.admin_client())
     tag = uuid.uuid4().hex[:5]
-    sent_for = {f"in-{tag}": (namespace, fleet.SERVING_LABELS)}
+    sent_for = {f"in-{tag}": (namespace, fleet.SERVING_POD_LABELS)}
     never = {f"no-label-{tag}": (namespace, {"app": "sglang"}),
-             f"kube-system-{tag}": ("kube-system", fleet.SERVING_LABELS),
-             f"own-{tag}": (installed.namespace, fleet.SERVING_LABELS),
-             f"opted-out-{tag}": (opted_out, fleet.SERVING_LABELS)}
+             f"kube-system-{tag}": ("kube-system", fleet.SERVING_POD_LABELS),
+             f"own-{tag}": (installed.namespace, fleet.SERVING_POD_LABELS),
+             f"opted-out-{tag}": (opted_out, fleet.SERVING_POD_LABELS)}
     with recording_webhook(installed) as seen:
         def create(name: str) -> None:
             where, labels = {**sent_for, **never}[name]
@@ -350,12 +350,12 @@ def test_operator_restarts_only_pods_within_the_webhooks_reach(installed, namesp
     admin_core = client.CoreV1Api(installed.cp.admin_client())
     operator_core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
     tag = uuid.uuid4().hex[:5]
-    pods = {"serving": (namespace, fleet.SERVING_LABELS, None),
+    pods = {"serving": (namespace, fleet.SERVING_POD_LABELS, None),
             "injected": (namespace, {"app": "sglang"}, {contract.ANNOTATION_POD_INJECTED: "kimi"}),
             "unrelated": (namespace, {"app": "x"}, None),
-            "kube-system": ("kube-system", fleet.SERVING_LABELS, None),
-            "own": (installed.namespace, fleet.SERVING_LABELS, None),
-            "opted-out": (opted_out, fleet.SERVING_LABELS, None)}
+            "kube-system": ("kube-system", fleet.SERVING_POD_LABELS, None),
+            "own": (installed.namespace, fleet.SERVING_POD_LABELS, None),
+            "opted-out": (opted_out, fleet.SERVING_POD_LABELS, None)}
     for key, (where, labels, annotations) in pods.items():
         admin_core.create_namespaced_pod(where, plain_pod(f"{key}-{tag}", dict(labels), annotations))
     try:
