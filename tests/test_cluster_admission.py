@@ -301,7 +301,7 @@ def plain_pod(name: str, labels: dict[str, str], annotations: dict[str, str] | N
 
 @pytest.fixture
 def opted_out(control_plane):
-    """A namespace labelled out of the webhook (gluonrollout.io/inject=false), deleted afterwards."""
+    """A namespace labelled out of the webhook (contract.LABEL_INJECT=false), deleted afterwards."""
     core = client.CoreV1Api(control_plane.admin_client())
     name = f"opted-out-{uuid.uuid4().hex[:5]}"
     core.create_namespace({"metadata": {"name": name, "labels": {contract.LABEL_INJECT: "false"}}})
