@@ -356,8 +356,8 @@ def test_operator_restarts_only_pods_within_the_webhooks_reach(installed, namesp
             "kube-system": ("kube-system", fleet.SERVING_POD_LABELS, None),
             "own": (installed.namespace, fleet.SERVING_POD_LABELS, None),
             "opted-out": (opted_out, fleet.SERVING_POD_LABELS, None)}
-    for key, (where, labels, annotations) in pods.items():
-        admin_core.create_namespaced_pod(where, plain_pod(f"{key}-{tag}", dict(labels), annotations))
+    for key, (where, labels, extra) in pods.items():
+        admin_core.create_namespaced_pod(where, plain_pod(f"{key}-{tag}", dict(labels), extra))
     try:
         name = {key: f"{key}-{tag}" for key in pods}
         def refused_delete() -> str | None:  # a dry run: nothing is deleted while the policy is not yet in force
