@@ -28,7 +28,11 @@ VALUE_SETS = {
                        "--set", "monitoring.servingPodMonitor.enabled=false", "--set", "monitoring.prometheusRule.enabled=false",
                        "--set", "monitoring.dashboard.enabled=false"],
     "gpu-resource": ["--set", "agent.gpuAccess=resource", "--set", "agent.gpuResourceCount=8"],
+    "gpu-privileged": ["--set", "agent.privileged=true"],
+    "webhook-opt-in": ["--set", "webhook.namespaceOptIn=true", "--set", "webhook.podOptIn=false"],
 }
+# The agent's GPU access modes (README "What each GPU access mode grants"): the value set of each.
+GPU_MODES = {"hostDevices": VALUE_SETS["defaults"], "privileged": VALUE_SETS["gpu-privileged"], "resource": VALUE_SETS["gpu-resource"]}
 # Kinds from CRDs that the Kubernetes schemas do not hold (Prometheus Operator, cert-manager, kopf).
 CUSTOM = {("monitoring.coreos.com/v1", k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")} | \
          {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"), ("kopf.dev/v1", "ClusterKopfPeering")}
@@ -102,19 +106,49 @@ def test_values_schema_rejects(bad, complaint):
     assert done.returncode != 0 and complaint in done.stderr
 
 
-def test_agent_gpu_access_modes():
-    default = by_kind(render([]), "DaemonSet")[0]["spec"]["template"]["spec"]
-    container = default["containers"][0]
-    assert container["securityContext"]["privileged"] is True
-    assert {v["name"]: v["hostPath"]["path"] for v in default["volumes"] if "hostPath" in v} == {"dev": "/dev", "sys": "/sys"}
-    assert default["priorityClassName"] == "system-node-critical"
-    assert default["nodeSelector"] == {"feature.node.kubernetes.io/amd-gpu": "true"}
+def agent_pod_spec(values: list[str]) -> dict:
+    return by_kind(render(values), "DaemonSet")[0]["spec"]["template"]["spec"]
+
+
+LEAST = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+
+
+@pytest.mark.parametrize("mode", GPU_MODES)
+def test_agent_gpu_access_modes(mode):
+    pod = agent_pod_spec(GPU_MODES[mode])
+    container = pod["containers"][0]
+    # every mode: non-root, seccomp RuntimeDefault, the device nodes' groups, CPU and memory limits
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["supplementalGroups"] == [44, 109]
+    assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"feature.node.kubernetes.io/amd-gpu": "true"}
     assert {e["name"] for e in container["env"]} >= {"NODE_NAME", "HOST_IP"}
     assert container["ports"][0]["hostPort"] == contract.AGENT_PORT  # the preflight calls HOST_IP:9477
-    resource = by_kind(render(VALUE_SETS["gpu-resource"]), "DaemonSet")[0]["spec"]["template"]["spec"]
-    assert resource["containers"][0]["resources"]["limits"]["amd.com/gpu"] == 8
-    assert "privileged" not in resource["containers"][0]["securityContext"] and resource["securityContext"]["runAsNonRoot"]
-    assert not any("hostPath" in v for v in resource["volumes"])
+    host_paths = {v["name"]: (v["hostPath"]["path"], v["hostPath"]["type"]) for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    if mode == "resource":
+        assert container["securityContext"] == LEAST
+        assert container["resources"]["limits"]["amd.com/gpu"] == 8
+        assert host_paths == {} and mounts == {"/tmp"}
+    else:
+        # the GPUs alone, never /dev or /sys
+        assert host_paths == {"kfd": ("/dev/kfd", "CharDevice"), "dri": ("/dev/dri", "Directory")}
+        assert mounts == {"/tmp", "/dev/kfd", "/dev/dri"}
+        assert "amd.com/gpu" not in container["resources"]["limits"]
+        if mode == "hostDevices":
+            assert container["securityContext"] == LEAST
+        else:  # the explicit opt-in: nothing else grants it
+            assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+
+
+def test_agent_privileged_is_an_opt_in_of_host_devices_only():
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["agent"]["privileged"] is False
+    done = helm("template", "t", str(CHART), "--set", "agent.gpuAccess=resource", "--set", "agent.privileged=true")
+    assert done.returncode != 0 and "agent.privileged applies to agent.gpuAccess: hostDevices only" in done.stderr
+    unconfined = agent_pod_spec(["--set", "agent.seccompProfile.type=Unconfined"])
+    assert unconfined["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
 
 
 def test_operator_is_hardened_and_highly_available():
@@ -140,6 +174,33 @@ def test_webhook_configuration():
     annotated = by_kind(managed, "MutatingWebhookConfiguration")[0]
     assert annotated["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/t-gluon-rollout-webhook"
     assert by_kind(managed, "Certificate") and not [s for s in by_kind(managed, "Secret") if s.get("type") == "kubernetes.io/tls"]
+
+
+def webhook_of(values: list[str]) -> dict:
+    return by_kind(render(values), "MutatingWebhookConfiguration")[0]["webhooks"][0]
+
+
+ALWAYS_OUT = [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE, "kube-system"]},
+              {"key": contract.LABEL_INJECT, "operator": "NotIn", "values": ["false"]}]
+
+
+def test_webhook_selectors_default_to_opted_in_pods():
+    hook = webhook_of([])
+    assert hook["objectSelector"] == {"matchLabels": {contract.LABEL_INJECT: "true"}}
+    assert hook["namespaceSelector"] == {"matchExpressions": ALWAYS_OUT}
+
+
+def test_webhook_selectors_keep_the_exclusions_whatever_the_user_sets():
+    hook = webhook_of(["--set", "webhook.namespaceSelector.matchLabels.team=ml",
+                       "--set", "webhook.namespaceSelector.matchExpressions[0].key=tier",
+                       "--set", "webhook.namespaceSelector.matchExpressions[0].operator=Exists",
+                       "--set", "webhook.objectSelector.matchLabels.app=sglang"])
+    assert hook["namespaceSelector"] == {"matchLabels": {"team": "ml"},
+                                         "matchExpressions": ALWAYS_OUT + [{"key": "tier", "operator": "Exists"}]}
+    assert hook["objectSelector"] == {"matchLabels": {"app": "sglang", contract.LABEL_INJECT: "true"}}
+    opted = webhook_of(VALUE_SETS["webhook-opt-in"])
+    assert opted["namespaceSelector"] == {"matchLabels": {contract.LABEL_INJECT: "true"}, "matchExpressions": ALWAYS_OUT}
+    assert "objectSelector" not in opted  # podOptIn false and no labels: every pod of the selected namespaces
 
 
 def test_monitoring_toggles_and_release_label():
@@ -193,14 +254,14 @@ def test_readme_lists_every_value():
 # ---------------------------------------------------------------- the agent's admission policy, evaluated
 
 
-def policy() -> dict:
-    return [d for d in render([]) if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-agent-own-node")][0]["spec"]
+def policy(suffix: str = "-agent-own-node", values: list[str] | None = None) -> dict:
+    return [d for d in render(values or []) if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith(suffix)][0]["spec"]
 
 
-def admit(request: dict, old: dict, new: dict) -> list[str]:
+def admit(request: dict, old: dict | None, new: dict | None, spec: dict | None = None, namespace: dict | None = None) -> list[str]:
     """Evaluate the policy's CEL as the API server would; returns the messages of failed validations."""
-    spec = policy()
-    context = {"request": request, "object": new, "oldObject": old}
+    spec = spec or policy()
+    context = {"request": request, "object": new, "oldObject": old, "namespaceObject": namespace}
     if not all(cel.evaluate(m["expression"], context) for m in spec["matchConditions"]):
         return []
     variables = {}
@@ -251,6 +312,63 @@ def test_policy_denies(case, expected):
 def test_policy_ignores_everyone_else():
     old, new = node("n1", {"a": "1"}), node("n1", {"a": "2"})
     assert admit(request(user="system:serviceaccount:gluon-system:t-gluon-rollout-operator"), old, new) == []
+
+
+# ---------------------------------------------------------------- the operator's restart policy, evaluated
+
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:t-gluon-rollout-operator"
+RESTARTS = "-operator-restarts"
+
+
+def namespace_object(name: str, labels: dict | None = None) -> dict:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **(labels or {})}}}
+
+
+def serving_pod(labels: dict, annotations: dict | None = None) -> dict:
+    return {"metadata": {"name": "p", "namespace": "inference", "labels": labels, "annotations": annotations or {}}, "spec": {}}
+
+
+def restart(spec: dict, how: str, namespace: dict, pod: dict | None = None, user: str = OPERATOR_USER) -> list[str]:
+    if how == "evict":  # admission sees the Eviction, never the pod (oldObject null)
+        request = {"operation": "CREATE", "subResource": "eviction", "namespace": namespace["metadata"]["name"], "userInfo": {"username": user}}
+        return admit(request, None, {"metadata": {"name": "p"}}, spec, namespace)
+    request = {"operation": "DELETE", "namespace": namespace["metadata"]["name"], "userInfo": {"username": user}}  # no subResource key
+    return admit(request, pod, None, spec, namespace)
+
+
+OPTED_IN = {"app": "sglang", contract.LABEL_INJECT: "true"}
+NOT_HERE = "the operator may delete or evict pods only in the namespaces its webhook selects"
+NOT_THIS_POD = "the operator may delete only pods its webhook selects or injected"
+
+
+@pytest.mark.parametrize("how", ["delete", "evict"])
+@pytest.mark.parametrize("where", ["kube-system", NAMESPACE, "opted-out"])
+def test_restart_policy_keeps_the_operator_out_of_excluded_namespaces(how, where):
+    spec = policy(RESTARTS)
+    namespace = namespace_object(where, {contract.LABEL_INJECT: "false"} if where == "opted-out" else {})
+    assert NOT_HERE in restart(spec, how, namespace, serving_pod(OPTED_IN))
+
+
+def test_restart_policy_by_default():
+    spec = policy(RESTARTS)
+    inference = namespace_object("inference")
+    assert restart(spec, "delete", inference, serving_pod(OPTED_IN)) == []
+    assert restart(spec, "evict", inference) == []
+    assert restart(spec, "delete", inference, serving_pod({"app": "sglang"}, {contract.ANNOTATION_POD_INJECTED: "kimi"})) == []
+    assert restart(spec, "delete", inference, serving_pod({"app": "sglang"})) == [NOT_THIS_POD]
+    assert restart(spec, "delete", inference, serving_pod({"app": "sglang", contract.LABEL_INJECT: "false"})) == [NOT_THIS_POD]
+    assert restart(spec, "delete", namespace_object("kube-system"), serving_pod({}), user="system:admin") == []  # others: untouched
+
+
+def test_restart_policy_follows_the_webhook_selectors():
+    spec = policy(RESTARTS, VALUE_SETS["webhook-opt-in"] + ["--set", "webhook.objectSelector.matchExpressions[0].key=tier",
+                                                            "--set", "webhook.objectSelector.matchExpressions[0].operator=In",
+                                                            "--set", "webhook.objectSelector.matchExpressions[0].values[0]=serving"])
+    opted = namespace_object("inference", {contract.LABEL_INJECT: "true"})
+    assert restart(spec, "evict", namespace_object("inference")) == [NOT_HERE]  # namespaceOptIn: unlabelled is out
+    assert restart(spec, "evict", opted) == []
+    assert restart(spec, "delete", opted, serving_pod({"tier": "serving"})) == []
+    assert restart(spec, "delete", opted, serving_pod({"tier": "batch", contract.LABEL_INJECT: "true"})) == [NOT_THIS_POD]
 
 
 # ---------------------------------------------------------------- the post-delete hook's command

@@ -3,8 +3,13 @@ operator's webhook, evaluates the agent's ValidatingAdmissionPolicy, enforces RB
 
 from __future__ import annotations
 
+import http.server
 import json
+import ssl
+import threading
 import time
+import uuid
+from contextlib import contextmanager
 
 import pytest
 from kubernetes import client, config
@@ -225,7 +230,7 @@ def test_api_server_calls_the_webhook_and_fails_open(installed, namespace):
     custom = client.CustomObjectsApi(installed.cp.admin_client())
     core = client.CoreV1Api(installed.cp.admin_client())
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, fleet.rollout("kimi", namespace))
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "sglang-", "labels": dict(fleet.SERVING_LABELS)},
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "sglang-", "labels": dict(fleet.SERVING_POD_LABELS)},
            "spec": {"containers": [{"name": "sglang", "image": "lmsysorg/sglang:rocm", "command": ["python3", "-m", "sglang.launch_server"],
                                     "env": [{"name": contract.FLAG_ENV, "value": "0"}]}]}}
     operator = start_operator(installed)
@@ -249,3 +254,143 @@ def test_api_server_calls_the_webhook_and_fails_open(installed, namespace):
     plain = core.create_namespaced_pod(namespace, pod)
     assert not plain.spec.init_containers and contract.ANNOTATION_POD_INJECTED not in (plain.metadata.annotations or {})
     assert {e.name: e.value for e in plain.spec.containers[0].env}[contract.FLAG_ENV] == "0"
+
+
+# ---------------------------------------------------------------- what reaches the webhook (its selectors)
+
+
+@contextmanager
+def recording_webhook(installed):
+    """At the chart's webhook URL, in place of the operator: an HTTPS server (the certificate the chart's
+    caBundle trusts) that admits every review unchanged and records the name of each pod it was sent."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(review["request"]["object"]["metadata"].get("name", ""))
+            body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                               "response": {"uid": review["request"]["uid"], "allowed": True}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", installed.webhook_port), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(installed.webhook_tls.cert), str(installed.webhook_tls.key))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def plain_pod(name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "sglang", "image": "lmsysorg/sglang:rocm", "env": [{"name": contract.FLAG_ENV, "value": "0"}]}],
+                     "terminationGracePeriodSeconds": 0}}
+
+
+@pytest.fixture
+def opted_out(control_plane):
+    """A namespace labelled out of the webhook (contract.LABEL_INJECT=false), deleted afterwards."""
+    core = client.CoreV1Api(control_plane.admin_client())
+    name = f"opted-out-{uuid.uuid4().hex[:5]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {contract.LABEL_INJECT: "false"}}})
+    yield name
+    core.delete_namespace(name, _preload_content=False)
+
+
+def test_only_opted_in_pods_of_selected_namespaces_reach_the_webhook(installed, namespace, opted_out):
+    """The API server itself applies the chart's default selectors: an opted-in pod of an ordinary namespace is
+    sent to the webhook; a pod without the opt-in label, and opted-in pods in kube-system, the release's own
+    namespace or an opted-out namespace, are never sent at all."""
+    core = client.CoreV1Api(installed.cp.admin_client())
+    tag = uuid.uuid4().hex[:5]
+    sent_for = {f"in-{tag}": (namespace, fleet.SERVING_POD_LABELS)}
+    never = {f"no-label-{tag}": (namespace, {"app": "sglang"}),
+             f"kube-system-{tag}": ("kube-system", fleet.SERVING_POD_LABELS),
+             f"own-{tag}": (installed.namespace, fleet.SERVING_POD_LABELS),
+             f"opted-out-{tag}": (opted_out, fleet.SERVING_POD_LABELS)}
+    with recording_webhook(installed) as seen:
+        def create(name: str) -> None:
+            where, labels = {**sent_for, **never}[name]
+            core.create_namespaced_pod(where, plain_pod(name, dict(labels)), dry_run="All")
+
+        create(f"in-{tag}")
+        wait_for(lambda: f"in-{tag}" in seen or create(f"in-{tag}"), timeout=20, interval=0.5, what="the recording webhook called")
+        for name in never:
+            create(name)
+        create(f"in-{tag}")  # after the others: any call for them would have come before this one's
+        wait_for(lambda: seen.count(f"in-{tag}") >= 2, timeout=10, what="the second call")
+    assert {name for name in seen if name.endswith(tag)} == set(sent_for)
+
+
+# ---------------------------------------------------------------- the operator's restarts (delete, evict)
+
+
+def evict(core: client.CoreV1Api, name: str, namespace: str, dry_run: str | None = None):
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+    return core.create_namespaced_pod_eviction(name, namespace, body, **({"dry_run": dry_run} if dry_run else {}))
+
+
+NOT_HERE = "the operator may delete or evict pods only in the namespaces its webhook selects"
+NOT_THIS_POD = "the operator may delete only pods its webhook selects or injected"
+
+
+def test_operator_restarts_only_pods_within_the_webhooks_reach(installed, namespace, opted_out):
+    admin_core = client.CoreV1Api(installed.cp.admin_client())
+    operator_core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
+    tag = uuid.uuid4().hex[:5]
+    pods = {"serving": (namespace, fleet.SERVING_POD_LABELS, None),
+            "injected": (namespace, {"app": "sglang"}, {contract.ANNOTATION_POD_INJECTED: "kimi"}),
+            "unrelated": (namespace, {"app": "x"}, None),
+            "kube-system": ("kube-system", fleet.SERVING_POD_LABELS, None),
+            "own": (installed.namespace, fleet.SERVING_POD_LABELS, None),
+            "opted-out": (opted_out, fleet.SERVING_POD_LABELS, None)}
+    for key, (where, labels, extra) in pods.items():
+        admin_core.create_namespaced_pod(where, plain_pod(f"{key}-{tag}", dict(labels), extra))
+    try:
+        name = {key: f"{key}-{tag}" for key in pods}
+        def refused_delete() -> str | None:  # a dry run: nothing is deleted while the policy is not yet in force
+            try:
+                operator_core.delete_namespaced_pod(name["unrelated"], namespace, dry_run="All")
+            except client.ApiException as exc:
+                return json.loads(exc.body)["message"] if exc.status in (403, 422) else None
+            return None
+        wait_for(refused_delete, timeout=20, interval=0.5, what="the restart policy in force")
+        # a pod outside the webhook's selector: its delete is denied (admission sees the pod: oldObject)
+        text = denial(lambda: operator_core.delete_namespaced_pod(name["unrelated"], namespace))
+        assert NOT_THIS_POD in text, text
+        # namespaces the webhook never selects: delete and eviction both denied (an eviction shows its namespace)
+        for key in ("kube-system", "own", "opted-out"):
+            where = pods[key][0]
+            assert NOT_HERE in denial(lambda: operator_core.delete_namespaced_pod(name[key], where)), key
+            assert NOT_HERE in denial(lambda: evict(operator_core, name[key], where)), key
+        # a rollout's serving pods (opted in, or injected): allowed, by delete and by eviction (both restart strategies)
+        operator_core.delete_namespaced_pod(name["injected"], namespace, dry_run="All")
+        operator_core.delete_namespaced_pod(name["serving"], namespace, dry_run="All")
+        evict(operator_core, name["serving"], namespace)
+        wait_for(lambda: name["serving"] not in {p.metadata.name for p in admin_core.list_namespaced_pod(namespace).items}, timeout=20,
+                 what="the evicted serving pod gone")
+        # The documented limit: an eviction's admission sees the Eviction, not the pod (eviction.go), so within a
+        # selected namespace an unrelated pod's eviction is judged by its namespace alone (namespaceOptIn narrows it).
+        evict(operator_core, name["unrelated"], namespace, dry_run="All")
+        for key in pods:  # everything but the eviction above is still there
+            if key != "serving":
+                assert admin_core.read_namespaced_pod(name[key], pods[key][0]).metadata.deletion_timestamp is None, key
+    finally:
+        for key, (where, _, _) in pods.items():
+            try:
+                admin_core.delete_namespaced_pod(f"{key}-{tag}", where, grace_period_seconds=0)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise

@@ -24,7 +24,7 @@ from tests.helpers import wait_for
 def sglang_pod(namespace: str, labels=None, env=None) -> dict:
     container = {"name": "sglang", "image": "lmsysorg/sglang:v0.5-rocm", "env": env or [{"name": "HF_HOME", "value": "/models"}]}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": "sglang-", "namespace": namespace, "labels": labels if labels is not None else {"app": "sglang"}},
+            "metadata": {"generateName": "sglang-", "namespace": namespace, "labels": labels if labels is not None else dict(fleet.SERVING_POD_LABELS)},
             "spec": {"containers": [container, {"name": "sidecar", "image": "busybox"}], "volumes": [{"name": "models", "emptyDir": {}}]}}
 
 

@@ -58,6 +58,13 @@ NODE_STATES: Final = (
 # read from its preflight verdict, so metrics and dashboards can split by the flag in use.
 LABEL_POD_FLAG: Final = PREFIX + "flag"
 
+# ---------------------------------------------------------------- pod and namespace label, person-owned
+# The webhook's opt-in/opt-out (as Istio's sidecar.istio.io/inject and istio-injection labels): with the
+# chart's default webhook.podOptIn only pods labelled "true" (in their template) reach the webhook, and the
+# operator may delete only such pods; a namespace labelled "false" never reaches it, and with
+# webhook.namespaceOptIn only namespaces labelled "true" do.
+LABEL_INJECT: Final = PREFIX + "inject"
+
 # ---------------------------------------------------------------- pod annotation, webhook-owned
 # Set by the mutating webhook on pods it injected: the GluonRollout whose selector matched.
 ANNOTATION_POD_INJECTED: Final = PREFIX + "injected"

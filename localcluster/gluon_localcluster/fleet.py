@@ -19,7 +19,9 @@ from gluon_operator.spec import GROUP, KIND, VERSION
 from .controlplane import KWOK_NODE_ANNOTATION
 
 GPU_NODE_LABEL = {"feature.node.kubernetes.io/amd-gpu": "true"}  # what the agent DaemonSet selects (chart default)
-SERVING_LABELS = {"app": "sglang"}
+SERVING_LABELS = {"app": "sglang"}  # what a rollout's podSelector names (and its analysis query's label matchers)
+# A serving pod's labels: the rollout's, plus the opt-in the chart's default webhook objectSelector needs.
+SERVING_POD_LABELS = {**SERVING_LABELS, contract.LABEL_INJECT: "true"}
 STALE_FINGERPRINT = "0ldf1ngerpr1nt00"
 
 
@@ -63,7 +65,7 @@ def serving_deployment(name: str, node: str | None = None, replicas: int = 1, la
                        image: str = "lmsysorg/sglang:rocm-demo", spread: bool = False) -> dict[str, Any]:
     """A serving Deployment whose template carries SGLANG_AITER_MLA_GLUON=0 (the safe path if the webhook
     is down). `node` pins it to one node; `spread` puts at most one pod per node (anti-affinity)."""
-    pod_labels = {**SERVING_LABELS, "serving": name, **(labels or {})}
+    pod_labels = {**SERVING_POD_LABELS, "serving": name, **(labels or {})}
     spec: dict[str, Any] = {
         "containers": [{"name": "sglang", "image": image, "command": ["python3", "-m", "sglang.launch_server"],
                         "env": [{"name": contract.FLAG_ENV, "value": "0"}],

@@ -56,3 +56,63 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: ["ALL"]
 {{- end -}}
+
+{{- /* The webhook's namespaceSelector: the user's, plus what is always kept out (our own namespace,
+       kube-system, namespaces labelled gluonrollout.io/inject=false) and, with namespaceOptIn, only
+       namespaces labelled gluonrollout.io/inject=true. The operator's restart policy reads the same. */ -}}
+{{- define "gluon.webhook.namespaceSelector" -}}
+{{- $user := .Values.webhook.namespaceSelector | default dict -}}
+{{- $labels := deepCopy ($user.matchLabels | default dict) -}}
+{{- if .Values.webhook.namespaceOptIn -}}
+{{- $_ := set $labels "gluonrollout.io/inject" "true" -}}
+{{- end -}}
+{{- $expressions := list
+      (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" (list .Release.Namespace "kube-system"))
+      (dict "key" "gluonrollout.io/inject" "operator" "NotIn" "values" (list "false")) -}}
+{{- $expressions = concat $expressions ($user.matchExpressions | default list) -}}
+{{- $selector := dict "matchExpressions" $expressions -}}
+{{- if $labels -}}{{- $_ := set $selector "matchLabels" $labels -}}{{- end -}}
+{{- toYaml $selector -}}
+{{- end -}}
+
+{{- /* The webhook's objectSelector: the user's, plus, with podOptIn, pods labelled gluonrollout.io/inject=true.
+       Empty: every pod of the selected namespaces. */ -}}
+{{- define "gluon.webhook.objectSelector" -}}
+{{- $user := .Values.webhook.objectSelector | default dict -}}
+{{- $labels := deepCopy ($user.matchLabels | default dict) -}}
+{{- if .Values.webhook.podOptIn -}}
+{{- $_ := set $labels "gluonrollout.io/inject" "true" -}}
+{{- end -}}
+{{- $selector := dict -}}
+{{- if $labels -}}{{- $_ := set $selector "matchLabels" $labels -}}{{- end -}}
+{{- with $user.matchExpressions -}}{{- $_ := set $selector "matchExpressions" . -}}{{- end -}}
+{{- if $selector -}}{{- toYaml $selector -}}{{- end -}}
+{{- end -}}
+
+{{- /* A label selector as a CEL expression over a map of labels (dict "labels" CEL-expr "selector" selector),
+       with the API server's semantics: matchLabels and each expression must all hold; empty is true. */ -}}
+{{- define "gluon.selectorCEL" -}}
+{{- $l := .labels -}}
+{{- $terms := list -}}
+{{- range $key, $value := (.selector.matchLabels | default dict) -}}
+{{- $terms = append $terms (printf "(%s in %s && %s[%s] == %s)" (squote $key) $l $l (squote $key) (squote $value)) -}}
+{{- end -}}
+{{- range (.selector.matchExpressions | default list) -}}
+{{- $values := list -}}
+{{- range (.values | default list) -}}{{- $values = append $values (squote .) -}}{{- end -}}
+{{- $set := printf "[%s]" (join ", " $values) -}}
+{{- $k := squote .key -}}
+{{- if eq .operator "In" -}}
+{{- $terms = append $terms (printf "(%s in %s && %s[%s] in %s)" $k $l $l $k $set) -}}
+{{- else if eq .operator "NotIn" -}}
+{{- $terms = append $terms (printf "(!(%s in %s) || !(%s[%s] in %s))" $k $l $l $k $set) -}}
+{{- else if eq .operator "Exists" -}}
+{{- $terms = append $terms (printf "(%s in %s)" $k $l) -}}
+{{- else if eq .operator "DoesNotExist" -}}
+{{- $terms = append $terms (printf "!(%s in %s)" $k $l) -}}
+{{- else -}}
+{{- fail (printf "label selector operator %q is not In, NotIn, Exists or DoesNotExist" .operator) -}}
+{{- end -}}
+{{- end -}}
+{{- if $terms -}}{{- join " && " $terms -}}{{- else -}}true{{- end -}}
+{{- end -}}
