@@ -290,6 +290,7 @@ def run(nodes: int, timeout: float, interval: int, agent_pods: str, promote_too:
                     "operator_peak_rss_mb": mb(peak_rss_bytes(operator.proc.pid)),  # type: ignore[union-attr]
                     **requests, "promql_queries_per_rollout_per_interval": round(queries, 2), "components_while_converging": costs}
                 if promote_too:
+                    result["operator_peak_rss_mb_before_promoting"] = result["operator_peak_rss_mb"]
                     result["fully_promoted"] = promote(cp, proxy, watch, nodes, timeout)
                     result["operator_peak_rss_mb"] = mb(peak_rss_bytes(operator.proc.pid))  # type: ignore[union-attr]
             finally:

@@ -47,6 +47,28 @@ def test_verdict_exhaustive(enabled, import_ok, cga_ok, archs, fp8):
     assert ("cannot run it" in v.summary) == (v.ready and not v.capable)
 
 
+@pytest.mark.parametrize("access", [None, "absent", "ok", "denied (EPERM)"])
+def test_no_gpu_names_a_denied_kfd_and_the_chart_values_that_grant_it(access):
+    missing = decide(Facts(True, True, "3.7.0", True, (), True, kfd_access=access)).missing_for_capable
+    if access == "denied (EPERM)":
+        assert missing == ["GPU arch gfx950 (no GPU visible: opening /dev/kfd was denied (EPERM); on a standard container runtime "
+                           "only a privileged container or a device plugin's allocation may open it: the chart's agent.privileged "
+                           "or agent.gpuAccess=resource)"]
+    else:
+        assert missing == ["GPU arch gfx950 (no GPU visible)"]
+    assert decide(Facts(True, True, "3.7.0", True, ("gfx950",), True, kfd_access=access)).capable
+
+
+def test_device_access_reads_absent_ok_and_denied(tmp_path):
+    from gluon_agent import probe_child
+
+    assert probe_child.device_access(str(tmp_path / "none")) == "absent"
+    present = tmp_path / "dev"
+    present.write_text("")
+    assert probe_child.device_access(str(present)) == "ok"
+    assert probe_child.device_access("/sys/kernel/notes").startswith("denied (")  # read-only for root too: EACCES
+
+
 def test_verdict_unknown_triton_version():
     v = decide(Facts(True, True, None, False, ("gfx950",), True))
     assert v.missing_for_ready == [CGA.format("unknown")]

@@ -67,6 +67,7 @@ class Facts:
     triton_cga_layout_ok: bool
     gpu_archs: tuple[str, ...]
     fp8_e4m3fn_ok: bool
+    kfd_access: str | None = None  # probe_child.device_access of /dev/kfd (None: not checked)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,11 @@ def missing_for_capable(facts: Facts) -> list[str]:
     if not facts.triton_cga_layout_ok:
         have = facts.triton_version or "unknown"
         missing.append(f"Triton Gluon cga_layout (have {have}, need >= {CGA_MIN_TRITON})")
-    if not facts.gpu_archs:
+    if not facts.gpu_archs and (facts.kfd_access or "").startswith("denied"):
+        missing.append(f"GPU arch {REQUIRED_ARCH} (no GPU visible: opening /dev/kfd was {facts.kfd_access}; on a standard container "
+                       "runtime only a privileged container or a device plugin's allocation may open it: the chart's "
+                       "agent.privileged or agent.gpuAccess=resource)")
+    elif not facts.gpu_archs:
         missing.append(f"GPU arch {REQUIRED_ARCH} (no GPU visible)")
     else:
         wrong = sorted({a for a in facts.gpu_archs if a != REQUIRED_ARCH})
@@ -188,6 +193,7 @@ def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: flo
         triton_cga_layout_ok=bool(triton.get("triton_cga_layout_ok")),
         gpu_archs=tuple(g["arch"] for g in gpus),
         fp8_e4m3fn_ok=bool(torch.get("fp8_e4m3fn_ok")),
+        kfd_access=meta.get("kfd_access"),
     )
     verdict = decide(facts)
     crash = None if facts.import_ok else import_crash(runs["aiter"])
@@ -211,6 +217,7 @@ def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: flo
         "hip_version": torch.get("hip_version"),
         "cuda_version": torch.get("cuda_version"),
         "driver_version": meta.get("driver_version"),
+        "kfd_access": meta.get("kfd_access"),
         "gpus": gpus,
         "fp8_e4m3fn_ok": facts.fp8_e4m3fn_ok,
         "capable": verdict.capable,

@@ -5,6 +5,7 @@ import that raises, aborts, segfaults or hangs only ends that child. The result 
 that starts with RESULT_MARKER: imported packages may print anything before it.
 """
 
+import errno
 import inspect
 import json
 import os
@@ -22,6 +23,9 @@ SGLANG_ATTENTION = ("srt", "layers", "attention")
 FLAG0_GUARD = re.compile(r"if\s+prefer_mla_gluon_decode\(\s*head_pad_mode\s*=")
 # PR #37601: mla_gluon_decode(..., qlen: int = 1) routes q_len > 1 through mla_gluon.
 MTP_QLEN = re.compile(r"def\s+mla_gluon_decode\([^)]*\bqlen\b", re.S)
+
+
+KFD = "/dev/kfd"  # ROCm's compute interface, shared by every GPU of the node
 
 
 def describe(exc):
@@ -50,6 +54,18 @@ def read_first_line(path):
         return None
 
 
+def device_access(path):
+    """'absent', 'ok', or the error opening it: on a standard container runtime the device cgroup answers
+    EPERM to a container that holds neither privilege nor a device plugin's allocation of the device."""
+    if not os.path.exists(path):
+        return "absent"
+    try:
+        os.close(os.open(path, os.O_RDWR))
+    except OSError as exc:
+        return "denied (%s)" % (errno.errorcode.get(exc.errno) or exc.errno)
+    return "ok"
+
+
 def check_meta():
     """Versions from package metadata and the kernel driver: cheap and safe, never imports the stack."""
     import platform
@@ -61,6 +77,7 @@ def check_meta():
         "torch_dist_version": dist_version(TORCH_DISTS),
         "driver_version": read_first_line("/sys/module/amdgpu/version")
         or read_first_line("/sys/module/nvidia/version"),
+        "kfd_access": device_access(KFD),
     }
 
 
