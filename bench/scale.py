@@ -208,16 +208,15 @@ def kubectl_get_gr(cp: ControlPlane, repeats: int = 5) -> dict[str, Any]:
 
 
 def promote(cp: ControlPlane, proxy: FaultProxy, watch: NodeLabels, nodes: int, timeout: float) -> dict[str, Any]:
-    """Promote on no data, every eligible node at once (each node's serving pod deleted, as a restart
-    would; a plain pod is not recreated, so the node then serves nothing); then the size of what the
+    """Promote on no data, every eligible node at once (each node's serving pod evicted, as the default
+    restart does; a plain pod is not recreated, so the node then serves nothing); then the size of what the
     operator wrote and how `kubectl get gr` copes."""
     from kubernetes import client
 
     custom = client.CustomObjectsApi(cp.admin_client())
     started, since = time.monotonic(), time.time()
     custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, ROLLOUT, {"spec": {
-        # Delete, not Evict: the operator's eviction call is answered 415 by kube-apiserver 1.36 (reported).
-        "strategy": {"maxParallel": nodes, "restart": "Delete", "restartDelaySeconds": 0},
+        "strategy": {"maxParallel": nodes, "restart": "Evict", "restartDelaySeconds": 0},
         "analysis": {"onNoData": "promote", "noDataDeadlineSeconds": 0, "warmupSeconds": 0}}},
         _content_type="application/merge-patch+json")
     try:

@@ -169,7 +169,10 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         return  # the cleanup handler's work now
     async with Reconciles.lock(uid):
         if uid not in Reconciles.deleted:
-            await reconcile_once(uid, namespace, name, spec, status, body, rollout_index, logger)
+            try:
+                await reconcile_once(uid, namespace, name, spec, status, body, rollout_index, logger)
+            except ApiFailure as failure:  # the API's trouble, not a bug: retried next interval, logged without a traceback
+                raise kopf.TemporaryError(f"API call failed: {failure}", delay=RECONCILE_SECONDS) from failure
 
 
 async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any], body: kopf.Body,
