@@ -62,7 +62,7 @@ class Component:
     def start(self, env: dict[str, str] | None = None) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env=env or _clean_env(), preexec_fn=_die_with_parent)
+                                         env=env or _clean_env(), preexec_fn=die_with_parent)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -87,7 +87,7 @@ class Component:
             return ""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """A component outlives no test run: killed with the thread that started it, even when that process is
     killed without running its exit handlers (prctl PR_SET_PDEATHSIG, Linux)."""
     import ctypes

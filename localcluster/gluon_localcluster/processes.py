@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gluon_agent import contract
 
-from .controlplane import free_port
+from .controlplane import die_with_parent, free_port
 from .install import Installed
 
 
@@ -37,8 +38,13 @@ class Process:
     proc: subprocess.Popen | None = None
 
     def start(self) -> "Process":
+        # Started from the main thread, it dies with its starter even when that is SIGKILLed (a bench
+        # killed by a test's timeout). The signal follows the starting thread, so a process a helper
+        # thread starts (faultsim's restarts) is left to stop() alone.
+        dies_with_starter = die_with_parent if threading.current_thread() is threading.main_thread() else None
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=dies_with_starter)
         return self
 
     def alive(self) -> bool:
