@@ -257,7 +257,7 @@ class Reference:
     min_controls: int = 1
     _cache: dict = field(default_factory=dict, repr=False)
 
-    def _cached(self, key: str, compute: Any) -> Any:
+    def _cached(self, key: Any, compute: Any) -> Any:
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
@@ -487,7 +487,8 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
     lrv = _long_run_variance(residuals, inflation, dof=len(cols) + 1)
     return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi, "s": scale,
             "cols": cols, "beta": beta, "cov": cov, "x": mean_x, "pooled": effect_nodes if pooled else 0,
-            "pl": _placebo_baselines(ref, pre, cols, cfg)}
+            "pl": ref._cached(("placebo baselines", pre.tobytes(), tuple(cols), cfg.direction, cfg.min_samples),
+                              lambda: _placebo_baselines(ref, pre, cols, cfg))}
 
 
 def _placebo_baselines(ref: Reference, pre: np.ndarray, cols: list[int], cfg: JudgeConfig) -> dict[str, list[float]]:
@@ -657,8 +658,11 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     batch = _batch_size(t)
     batches = _add_to_batches(post_state.get("bm"), adjusted[new], batch)
     placebos = base.get("pl", {}) if base else {}
-    placebo_sums = _placebo_looks(ref, placebos, post_state.get("pl"), (t >= changed_at + warmup) & (t <= now), t, cols,
-                                  base["beta"] if base else [], changed_at + warmup - 1e-3, sign) if placebos else {}
+    # nodes flipped together share their placebos' sums: computed once per evaluation for all of them
+    key = ("placebo looks", changed_at + warmup, now, tuple(cols), tuple(base["beta"]) if base else (), sign,
+           tuple((k, tuple(v), tuple((post_state.get("pl") or {}).get(k, ()))) for k, v in placebos.items()))
+    placebo_sums = ref._cached(key, lambda: _placebo_looks(ref, placebos, post_state.get("pl"), (t >= changed_at + warmup) & (t <= now), t,
+                                                           cols, base["beta"] if base else [], changed_at + warmup - 1e-3, sign)) if placebos else {}
     kept = {"changedAt": float(changed_at), "baseline": base, "post": {"n": n, "s": total, "x": sum_x, "until": until, "bm": batches, "pl": placebo_sums},
             "looks": looks, "pw": previous.get("pw", 1.0), "pn": previous.get("pn", 1.0)}
     n_pre = base["n"] if base else 0
