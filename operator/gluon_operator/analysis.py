@@ -5,17 +5,22 @@ Per node under analysis T, against the control nodes C (flag 0) in the same wind
     l_t = log T_t - log median(C_t)          (sign flipped when lower is better)
     x_t = log load_T,t - log median(load_C,t) (the node's own load gauges against the controls')
 
-1. Baseline (once per flip, then kept in the node's status): the `baselineSeconds` before the flip.
-   An OLS of l on x (statsmodels, HAC / Newey-West covariance) gives how much the node's own load moves
-   its speed (beta, with its covariance); the baseline mean of l, and its long-run variance from an ARMA(1,1)
-   fit of the residuals (statsmodels acf, gaps allowed), give the node's own offset against the controls.
+1. Baseline (once per flip, then kept in the node's status): the `baselineSeconds` before the flip,
+   the node's mean of l and of x. How much a node's own load moves its speed (beta, with its
+   covariance) is fitted on the controls, each against the median of the others: one within-node OLS
+   (statsmodels, cluster-robust covariance by node); with fewer than 3 such controls, on the node's own
+   baseline (HAC / Newey-West covariance). The long-run variance comes from an ARMA(1,1) fit of the
+   residuals' autocorrelations (statsmodels acf, gaps allowed), the node's and the controls' pooled.
 2. Every look: post-flip samples (after `warmupSeconds`) are load-adjusted, CUPED-style,
    l_t - beta . (x_t - mean pre x), and added to running sums kept in the status, so the estimate is
    the mean over everything since the flip, not a sliding window: a random-walk-like sequence of looks.
-3. The estimate (difference in differences), its variance (long-run variance / n, plus the baseline's,
-   plus beta's through the load shift) and an anytime-valid confidence sequence: the normal-mixture
-   boundary (Robbins; the mixture SPRT of Johari et al. 2017; Netflix's sequential canary tests, Lindon
-   et al., KDD 2022), so looking every interval, for hours of guard mode, keeps the error rate.
+3. Placebo flips: the first 8 controls get the node's flip time and the same estimate, every look.
+   Their flag never changed; the mean square of their estimates is a floor under the variance.
+4. The estimate (difference in differences), its variance (max(long-run variance / n plus the
+   baseline's, the placebos' mean square), plus beta's through the load shift) and an anytime-valid
+   confidence sequence: the normal-mixture boundary (Robbins; the mixture SPRT of Johari et al. 2017;
+   Netflix's sequential canary tests, Lindon et al., KDD 2022), so looking every interval, for hours of
+   guard mode, keeps the error rate.
 
 Verdicts: fail when the whole sequence interval lies below half the tolerance and the estimate is beyond
 the tolerance; pass when the whole interval lies above the tolerance; inconclusive otherwise, and always
