@@ -272,3 +272,40 @@ def test_prometheus_client_errors_quote_query_and_message(tmp_path):
     with pytest.raises(PrometheusError) as gone:
         asyncio.run(down.query_range("up", 0, 10, 1))
     assert gone.value.kind == "unreachable" and "'up'" in str(gone.value)
+
+
+def test_the_load_effect_is_pooled_over_the_controls_and_signed_with_the_direction():
+    """Every node's speed answers its load with elasticity -0.4 (fleet()): the controls' within-node
+    fit finds it, with a cluster-robust covariance, and a node whose own load rose is judged at equal
+    load whichever way the metric points."""
+    j = look(*fleet(1.0, load_shift=0.4, seed=8), now=2400.0)
+    base = j.state["baseline"]
+    assert base["pooled"] == 7 and "pooled over 7 controls" in j.method
+    assert -0.55 < sum(base["beta"]) < -0.25 and all(base["cov"][k][k] > 0 for k in range(len(base["cols"])))
+    assert 0.95 < j.effect < 1.05 and j.adjustment > 1.1, j.reason
+    lower = JudgeConfig(direction="lower", tolerance=0.05, confidence=0.95, min_samples=5)
+    jl = look(*fleet(1.0, load_shift=0.4, seed=8, lower=True), now=2400.0, cfg=lower)
+    assert 0.95 < jl.effect < 1.05 and jl.result != "fail" and -0.55 < sum(jl.state["baseline"]["beta"]) < -0.25, jl.reason
+
+
+def test_too_few_controls_fall_back_to_the_nodes_own_load_fit_and_no_placebo_bound():
+    j = look(*fleet(1.0, load_shift=0.4, seed=8), now=2400.0, controls=CONTROLS[:2])
+    assert j.state["baseline"]["pooled"] == 0 and "node's own fit" in j.method
+    assert j.placebos < analysis.MIN_PLACEBOS and "placebo" not in j.method
+
+
+def test_placebo_controls_bound_the_variance_and_keep_their_sums_across_looks():
+    """The controls get the node's flip time: the spread of their differences in differences (no
+    effect, by construction) is a floor under the estimate's variance. Under long wander on every
+    node it is wider than under independent noise; a control that leaves the control set keeps its
+    last sums."""
+    calm = look(*fleet(1.0, seed=9), now=2400.0)
+    speed, load = fleet(1.0, seed=9, wander=(600.0, 0.10), end=2700.0)
+    wandering = look(speed, load, 2400.0)
+    assert calm.placebos == wandering.placebos == 7 and "placebo" in calm.method
+    assert wandering.placebo_sd > 2 * calm.placebo_sd > 0
+    half = math.log(wandering.ci_high / wandering.ci_low) / 2
+    assert half > 1.96 * wandering.placebo_sd
+    second = look(speed, load, 2460.0, state=wandering.state, start=2160.0, controls=CONTROLS[1:])
+    before, after = wandering.state["post"]["pl"], second.state["post"]["pl"]
+    assert after["c0"] == before["c0"] and after["c1"][0] == before["c1"][0] + 4 and second.looks == 2

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from gluon_agent import contract
-from gluon_operator import evaluation, gating
+from gluon_operator import analysis, evaluation, gating
 from gluon_operator.metrics import METRICS
 from gluon_operator.promclient import PrometheusClient, PrometheusError, is_trusted
 from gluon_operator.spec import GluonRolloutSpec
@@ -120,9 +120,11 @@ async def test_three_queries_per_interval_whatever_the_fleet_size(prom, size):
     assert set(verdicts) == {"n0", "n1"} and summary["controls"] == size - 2 and summary["judgeCpuSeconds"] >= 0
     numbers = verdicts["n0"].numbers
     assert numbers["failStreak"] == 1 and "failing evaluation 1/2" in verdicts["n0"].reason  # 20% slower
-    for key in ("effect", "ci_low", "ci_high", "n_eff", "adjustment", "p_worse", "p_not_worse", "looks", "method"):
+    for key in ("effect", "ci_low", "ci_high", "n_eff", "adjustment", "p_worse", "p_not_worse", "looks", "method",
+                "placebos", "placebo_sd", "model_sd", "beta_sd"):
         assert key in numbers, key
     assert numbers["effect"] < 0.85 and numbers["sequential"]["baseline"]["n"] == 80
+    assert numbers["placebos"] == min(size - 2, analysis.PLACEBOS) and len(numbers["sequential"]["post"]["pl"]) == numbers["placebos"]
     labels = {"namespace": "serving", "rollout": "r", "node": "n0"}
     assert METRICS.registry.get_sample_value(contract.M_ROLLOUT_EFFECT_UPPER, labels) == pytest.approx(numbers["ci_high"], rel=1e-4)
     assert METRICS.registry.get_sample_value(contract.M_ROLLOUT_SEQUENTIAL_P, labels | {"hypothesis": "worse"}) < 0.05

@@ -67,3 +67,10 @@ def test_summary_grades_every_judge_and_names_the_targets():
     assert report["ours"]["by_scenario"]["none@5pct_noise"]["rollback_rate_with_6h_guard"] == 0.0
     met = bench.targets(report)
     assert met["false_rollbacks_at_most_1pct_every_harmless_scenario"] and not met["power_10pct_5pct_noise_at_least_95pct_within_10"]
+
+
+def test_ours_keeps_a_healthy_node_through_combined_correlated_noise_and_6h_of_guard_mode():
+    """One fixed seed of the combined scenario (AR(1) wander, own load shift, diurnal lag, tails, gaps):
+    no rollback over the horizon and 6 h of guard mode, while the anchors' checks fail on such series."""
+    sim = bench.simulate(bench.Scenario("combined", "none", 0.05, 1.0, 424242), guard=True)
+    assert bench.ours(sim, bench.HORIZON + bench.GUARD_INTERVALS) is None

@@ -5,17 +5,22 @@ Per node under analysis T, against the control nodes C (flag 0) in the same wind
     l_t = log T_t - log median(C_t)          (sign flipped when lower is better)
     x_t = log load_T,t - log median(load_C,t) (the node's own load gauges against the controls')
 
-1. Baseline (once per flip, then kept in the node's status): the `baselineSeconds` before the flip.
-   An OLS of l on x (statsmodels, HAC / Newey-West covariance) gives how much the node's own load moves
-   its speed (beta, with its covariance); the baseline mean of l, and its long-run variance from an ARMA(1,1)
-   fit of the residuals (statsmodels acf, gaps allowed), give the node's own offset against the controls.
+1. Baseline (once per flip, then kept in the node's status): the `baselineSeconds` before the flip,
+   the node's mean of l and of x. How much a node's own load moves its speed (beta, with its
+   covariance) is fitted on the controls, each against the median of the others: one within-node OLS
+   (statsmodels, cluster-robust covariance by node); with fewer than 3 such controls, on the node's own
+   baseline (HAC / Newey-West covariance). The long-run variance comes from an ARMA(1,1) fit of the
+   residuals' autocorrelations (statsmodels acf, gaps allowed), the node's and the controls' pooled.
 2. Every look: post-flip samples (after `warmupSeconds`) are load-adjusted, CUPED-style,
    l_t - beta . (x_t - mean pre x), and added to running sums kept in the status, so the estimate is
    the mean over everything since the flip, not a sliding window: a random-walk-like sequence of looks.
-3. The estimate (difference in differences), its variance (long-run variance / n, plus the baseline's,
-   plus beta's through the load shift) and an anytime-valid confidence sequence: the normal-mixture
-   boundary (Robbins; the mixture SPRT of Johari et al. 2017; Netflix's sequential canary tests, Lindon
-   et al., KDD 2022), so looking every interval, for hours of guard mode, keeps the error rate.
+3. Placebo flips: the first 8 controls get the node's flip time and the same estimate, every look.
+   Their flag never changed; the mean square of their estimates is a floor under the variance.
+4. The estimate (difference in differences), its variance (max(long-run variance / n plus the
+   baseline's, the placebos' mean square), plus beta's through the load shift) and an anytime-valid
+   confidence sequence: the normal-mixture boundary (Robbins; the mixture SPRT of Johari et al. 2017;
+   Netflix's sequential canary tests, Lindon et al., KDD 2022), so looking every interval, for hours of
+   guard mode, keeps the error rate.
 
 Verdicts: fail when the whole sequence interval lies below half the tolerance and the estimate is beyond
 the tolerance; pass when the whole interval lies above the tolerance; inconclusive otherwise, and always
@@ -63,6 +68,9 @@ BATCH_SECONDS, MIN_BATCHES = 600.0, 5  # batch means: 10 min batches, used from 
 DEMEAN_ROUNDS = 10  # fixed-point rounds of the demeaning correction (it settles in a few)
 ACF_LAGS = 8  # autocorrelations the long-run variance is fitted to (2 min at a 15 s step)
 POOLED_CONTROLS = 64  # controls whose own autocorrelation is pooled into every node's
+LOO_CONTROLS = 16  # controls each compared with the median of the others: the load's effect is pooled over them
+POOLED_BETA_MIN = 3  # controls with gauges needed to pool the load's effect (else the node's own pre-flip fit)
+PLACEBOS, MIN_PLACEBOS = 8, 3  # controls given a placebo flip at the node's flip time; needed for their variance
 LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -111,6 +119,10 @@ class Judgement:
     inflation: float | None = None  # long-run variance / variance (1 for independent samples)
     phi: float | None = None  # decay per step of the autocorrelation behind that inflation
     adjustment: float | None = None  # ratio the load adjustment applied to the estimate (1 = none)
+    placebos: int = 0  # controls with a placebo flip whose estimates bound the variance from below
+    placebo_sd: float | None = None  # root mean square of their estimates (log ratio; 0 = too few yet)
+    model_sd: float | None = None  # the estimate's sd from the model of the noise, before that bound and beta's part
+    beta_sd: float | None = None  # the estimate's sd from the uncertainty of the load's effect
     p_worse: float | None = None  # always-valid p, H0: not worse than FAIL_NULL_FRACTION x tolerance
     p_not_worse: float | None = None  # always-valid p, H0: worse than the tolerance
     looks: int = 0
@@ -236,28 +248,113 @@ def _nanmedian(stack: np.ndarray, need: int) -> np.ndarray:
     return np.where(counts >= max(need, 1), (low + high) / 2, np.nan)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Reference:
-    """The controls, computed once per evaluation for every node judged against them."""
+    """The controls, computed once per evaluation for every node judged against them. What only a
+    baseline fit needs (the controls' pooled autocorrelation and load effect) is computed on first use."""
 
     speed: np.ndarray  # (T,) log median speed of the controls
     load: np.ndarray  # (T, K) log median of each gauge
     n_controls: int  # controls with any usable sample
-    inflation: float  # long-run variance inflation of the controls' own log ratios, pooled (1 when unknown)
-    phi: float
+    names: tuple[str, ...] = ()
+    stack: np.ndarray | None = None  # (C, T) the controls' log speeds
+    load_stack: np.ndarray | None = None  # (C, T, K) their gauges' logs
+    min_controls: int = 1
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def _cached(self, key: Any, compute: Any) -> Any:
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    @property
+    def pooled(self) -> tuple[float, float]:
+        """(long-run variance inflation, phi) of the controls' own log ratios, pooled (1, 0 when unknown)."""
+        if self.stack is None:
+            return 1.0, 0.0
+        return self._cached("pooled", lambda: _pooled_inflation(self.stack[:POOLED_CONTROLS] - self.speed,
+                                                                self.load_stack[:POOLED_CONTROLS] - self.load))
+
+    @property
+    def inflation(self) -> float:
+        return self.pooled[0]
+
+    @property
+    def phi(self) -> float:
+        return self.pooled[1]
+
+    @property
+    def loo(self) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """The first LOO_CONTROLS controls, each against the median of the others, as a judged node is
+        against all of them (a control inside its own median would hide half of its own load's effect):
+        (names, (P, T) log ratios, (P, T, K) gauges' log ratios)."""
+        def compute() -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+            count = min(len(self.names), LOO_CONTROLS) if self.stack is not None and len(self.names) > 1 else 0
+            t, k = self.speed.shape[0], self.load.shape[1]
+            if not count:
+                return (), np.empty((0, t)), np.empty((0, t, k))
+            l = np.stack([self.stack[i] - _nanmedian(np.delete(self.stack, i, axis=0), self.min_controls) for i in range(count)])
+            x = np.stack([self.load_stack[i] - _nanmedian(np.delete(self.load_stack, i, axis=0), self.min_controls) for i in range(count)])
+            return tuple(self.names[:count]), l, x
+        return self._cached("loo", compute)
+
+    @property
+    def load_effect(self) -> tuple[tuple[int, ...] | None, tuple[float, ...], tuple[tuple[float, ...], ...], int]:
+        """(gauge columns, beta, its covariance, controls used) of the load's effect pooled over the
+        controls; columns None when there are too few of them."""
+        return self._cached("beta", lambda: _pooled_beta(*self.loo[1:]))
 
 
 def reference(panel: Panel, controls: Sequence[str], cfg: JudgeConfig) -> Reference:
     k, t = len(COVARIATES), len(panel.times)
     names = [c for c in controls if c in panel.speed]
     if not names or not t:
-        return Reference(np.full(t, np.nan), np.full((t, k), np.nan), 0, 1.0, 0.0)
+        return Reference(np.full(t, np.nan), np.full((t, k), np.nan), 0)
     speed = np.vstack([_log(panel.speed[c], cfg.min_traffic) for c in names])
-    ref = _nanmedian(speed, cfg.min_controls)
     load = np.stack([_log(panel.load[c]) for c in names])  # (C, T, K)
-    ref_load = _nanmedian(load, cfg.min_controls)
-    pooled = _pooled_inflation(speed[:POOLED_CONTROLS] - ref, load[:POOLED_CONTROLS] - ref_load)
-    return Reference(ref, ref_load, int(np.isfinite(speed).any(axis=1).sum()), *pooled)
+    return Reference(_nanmedian(speed, cfg.min_controls), _nanmedian(load, cfg.min_controls), int(np.isfinite(speed).any(axis=1).sum()),
+                     tuple(names), speed, load, cfg.min_controls)
+
+
+def _robust_rows(rows: np.ndarray) -> np.ndarray:
+    """Each row clipped at its median +- CLIP robust sd (scipy's MAD along the rows, NaN omitted)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        scale = np.maximum(np.nan_to_num(stats.median_abs_deviation(rows, axis=1, scale="normal", nan_policy="omit"), nan=1e-6), 1e-6)
+        center = np.nan_to_num(np.nanmedian(rows, axis=1))
+    return np.clip(rows, (center - CLIP * scale)[:, None], (center + CLIP * scale)[:, None])
+
+
+def _pooled_beta(l: np.ndarray, x: np.ndarray) -> tuple:
+    """How the node's own load moves its speed, from the controls: one within-node OLS of their log
+    ratios on their gauges (each node demeaned, its offset is its own), with a cluster-robust covariance
+    by node (statsmodels cov_type="cluster"), valid whatever the autocorrelation within a node. Many
+    nodes' wander averages out, where one node's 20 min can confuse its own wander with its load.
+    Assumes the speed-load relation is the same on every node of the rollout (same hardware, model and
+    serving settings). Empty (None) with fewer than POOLED_BETA_MIN controls with gauges."""
+    none = (None, (), (), 0)
+    if len(l) < POOLED_BETA_MIN:
+        return none
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        l = _robust_rows(l)
+        flat = x[np.isfinite(x).all(axis=2) & np.isfinite(l)]
+        cols = _independent(flat, [k for k in range(x.shape[2]) if len(flat) > 20 and np.std(flat[:, k]) > 1e-4])
+        if not cols:
+            return none
+        rows = np.isfinite(l) & np.isfinite(x[:, :, cols]).all(axis=2)
+        used = rows.sum(axis=1) >= 10
+        if used.sum() < POOLED_BETA_MIN:
+            return none
+        l, x, rows = l[used], x[used][:, :, cols], rows[used]
+        y = np.where(rows, l, np.nan)
+        y = y - np.nanmean(y, axis=1, keepdims=True)
+        design = np.where(rows[:, :, None], x, np.nan)
+        design = design - np.nanmean(design, axis=1, keepdims=True)
+    groups = np.broadcast_to(np.arange(len(y))[:, None], y.shape)[rows]
+    fit = sm.OLS(y[rows], design[rows]).fit(cov_type="cluster", cov_kwds={"groups": groups})
+    cov = np.atleast_2d(fit.cov_params())
+    return (tuple(cols), tuple(float(b) for b in fit.params), tuple(tuple(float(c) for c in row) for row in cov), int(used.sum()))
 
 
 def _pooled_inflation(l: np.ndarray, x: np.ndarray) -> tuple[float, float]:
@@ -266,7 +363,7 @@ def _pooled_inflation(l: np.ndarray, x: np.ndarray) -> tuple[float, float]:
     demeaned (their offsets differ), joined with NaNs between them so no lag spans two nodes."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        l = np.vstack([_clip(row, _robust_scale(row)) if np.isfinite(row).sum() > 2 else row for row in l])  # outliers hide memory
+        l = _robust_rows(l)  # outliers hide memory
         l = l - np.nanmean(l, axis=1, keepdims=True)
         x = x - np.nanmean(x, axis=1, keepdims=True)
     rows = np.isfinite(l) & np.isfinite(x).all(axis=2)
@@ -362,17 +459,28 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
     if rows.sum() < cfg.min_samples:
         return None
     scale = _robust_scale(l[rows])
-    cols = [k for k in range(x.shape[1]) if np.isfinite(x[rows, k]).sum() >= max(cfg.min_samples, 10)
-            and np.nanstd(x[rows, k]) > 1e-4]
-    full = rows & np.isfinite(x[:, cols]).all(axis=1) if cols else rows
-    cols = _independent(x[full], cols)
-    full = rows & np.isfinite(x[:, cols]).all(axis=1) if cols else rows
-    if cols and full.sum() < max(cfg.min_samples, 4 * (len(cols) + 1)):
-        cols, full = [], rows  # too few samples with gauges to learn the load's effect: no adjustment
+    effect_cols, effect, effect_cov, effect_nodes = ref.load_effect
+    pooled = effect_cols is not None and (rows & np.isfinite(x[:, list(effect_cols)]).all(axis=1)).sum() >= cfg.min_samples
+    if pooled:
+        cols = list(effect_cols)
+        full = rows & np.isfinite(x[:, cols]).all(axis=1)
+    else:
+        cols = [k for k in range(x.shape[1]) if np.isfinite(x[rows, k]).sum() >= max(cfg.min_samples, 10)
+                and np.nanstd(x[rows, k]) > 1e-4]
+        full = rows & np.isfinite(x[:, cols]).all(axis=1) if cols else rows
+        cols = _independent(x[full], cols)
+        full = rows & np.isfinite(x[:, cols]).all(axis=1) if cols else rows
+        if cols and full.sum() < max(cfg.min_samples, 4 * (len(cols) + 1)):
+            cols, full = [], rows  # too few samples with gauges to learn the load's effect: no adjustment
     y = _clip(np.where(full, l, np.nan), scale)
     residuals = np.where(full, y - np.nanmean(y), np.nan)
     beta, cov, mean_x = [], [], []
-    if cols:
+    if pooled:
+        sign = 1.0 if cfg.direction == "higher" else -1.0  # the controls' fit is of log speed, l is signed
+        beta, cov = [sign * b for b in effect], [list(row) for row in effect_cov]
+        mean_x = x[full][:, cols].mean(axis=0).tolist()
+        residuals[full] = y[full] - np.mean(y[full]) - (x[full][:, cols] - np.array(mean_x)) @ np.array(beta)
+    elif cols:
         design = sm.add_constant(x[full][:, cols], has_constant="add")
         lags = max(1, min(int(full.sum()) // 4, int(math.ceil(4 * (full.sum() / 100) ** (2 / 9)))))
         fit = sm.OLS(y[full], design).fit(cov_type="HAC", cov_kwds={"maxlags": lags})
@@ -383,7 +491,78 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
     n = int(full.sum())
     lrv = _long_run_variance(residuals, inflation, dof=len(cols) + 1)
     return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi, "s": scale,
-            "cols": cols, "beta": beta, "cov": cov, "x": mean_x}
+            "cols": cols, "beta": beta, "cov": cov, "x": mean_x, "pooled": effect_nodes if pooled else 0,
+            "pl": ref._cached(("placebo baselines", pre.tobytes(), tuple(cols), cfg.direction, cfg.min_samples),
+                              lambda: _placebo_baselines(ref, pre, cols, cfg))}
+
+
+def _placebo_baselines(ref: Reference, pre: np.ndarray, cols: list[int], cfg: JudgeConfig) -> dict[str, list[float]]:
+    """Placebo flips: the first PLACEBOS controls get the judged node's flip time and baseline, and each
+    look the same difference in differences as the node (post mean, load-adjusted with the same beta,
+    minus the pre mean). Their flag never changed, so their estimates show how far the node's estimate
+    strays with no effect at all, whatever the memory of the noise. {control: [pre mean, clip scale,
+    pre mean of each gauge]}."""
+    out: dict[str, list[float]] = {}
+    names, loo_l, loo_x = ref.loo
+    sign = 1.0 if cfg.direction == "higher" else -1.0
+    for i, name in enumerate(names[:PLACEBOS]):
+        l, x = sign * loo_l[i], loo_x[i]
+        rows = pre & np.isfinite(l) & (np.isfinite(x[:, cols]).all(axis=1) if cols else True)
+        if rows.sum() < cfg.min_samples:
+            continue
+        scale = _robust_scale(l[rows])
+        y = _clip(l[rows], scale)
+        out[name] = [float(y.mean()), scale] + (x[rows][:, cols].mean(axis=0).tolist() if cols else [])
+    return out
+
+
+def _placebo_looks(ref: Reference, placebos: Mapping[str, list[float]], sums: Mapping[str, list[float]] | None,
+                   window: np.ndarray, t: np.ndarray, cols: list[int], beta: Sequence[float], start: float,
+                   sign: float) -> dict[str, list[float]]:
+    """The placebos' running post sums {control: [n, sum, last sample time]}, updated with this look's
+    new samples of the controls still in the reference (one that left the control set keeps its last
+    sums: an estimate over fewer samples, no less variable)."""
+    out = {name: list(v) for name, v in (sums or {}).items() if name in placebos}
+    names, loo_l, loo_x = ref.loo
+    index = {name: i for i, name in enumerate(names)}
+    live = [name for name in placebos if name in index]
+    for name in placebos:
+        out.setdefault(name, [0, 0.0, start])
+    if not live:
+        return out
+    rows_of = np.array([index[name] for name in live])
+    m, scale = (np.array([placebos[name][j] for name in live]) for j in (0, 1))
+    l = sign * loo_l[rows_of]
+    rows = window[None, :] & np.isfinite(l)
+    if cols:
+        x = loo_x[rows_of][:, :, cols] - np.array([placebos[name][2:] for name in live])[:, None, :]
+        rows &= np.isfinite(x).all(axis=2)
+        l = l - x @ np.array(beta)
+    l = np.where(rows, l, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        center = np.nan_to_num(np.nanmedian(l, axis=1))
+    l = np.clip(l, (center - CLIP * scale)[:, None], (center + CLIP * scale)[:, None])
+    until = np.array([out[name][2] for name in live])
+    new = rows & (t[None, :] > until[:, None])
+    counts, totals = new.sum(axis=1), np.where(new, l, 0.0).sum(axis=1)
+    last = np.where(new, t[None, :], -np.inf).max(axis=1)
+    for j, name in enumerate(live):
+        if counts[j]:
+            n, total, _ = out[name]
+            out[name] = [n + int(counts[j]), total + float(totals[j]), float(last[j])]
+    return out
+
+
+def _placebo_variance(placebos: Mapping[str, list[float]], sums: Mapping[str, list[float]], min_samples: int) -> tuple[float, int]:
+    """Mean square of the placebo estimates (their true effect is 0): the variance of a difference in
+    differences of exchangeable nodes, long memory, baseline error and tails included. (0, count) when
+    fewer than MIN_PLACEBOS have min_samples post samples."""
+    estimates = [sums[name][1] / sums[name][0] - placebos[name][0] for name in placebos
+                 if name in sums and sums[name][0] >= min_samples]
+    if len(estimates) < MIN_PLACEBOS:
+        return 0.0, len(estimates)
+    return float(np.mean(np.square(estimates))), len(estimates)
 
 
 def _independent(x: np.ndarray, cols: list[int]) -> list[int]:
@@ -434,12 +613,14 @@ def _restore(state: Any, changed_at: float) -> dict[str, Any]:
             base = {"m": float(base["m"]), "v": float(base["v"]), "n": int(base["n"]), "lrv": float(base["lrv"]),
                     "g": float(base["g"]), "f": float(base["f"]), "phi": float(base["phi"]), "s": float(base["s"]), "cols": cols,
                     "beta": [float(b) for b in base["beta"]], "cov": [[float(c) for c in row] for row in base["cov"]],
-                    "x": [float(v) for v in base["x"]]}
+                    "x": [float(v) for v in base["x"]], "pooled": int(base.get("pooled", 0)),
+                    "pl": {str(k): [float(v) for v in row] for k, row in (base.get("pl") or {}).items() if len(row) == 2 + len(cols)}}
             if not (len(base["beta"]) == len(base["x"]) == len(base["cov"]) == len(cols)) or any(c >= len(COVARIATES) for c in cols):
                 return {}
         bm = post.get("bm")
         bm = None if bm is None else {"k": int(bm["k"]), "s": float(bm["s"]), "q": float(bm["q"]), "ps": float(bm["ps"]), "pn": int(bm["pn"])}
-        post = {"n": int(post["n"]), "s": float(post["s"]), "x": [float(v) for v in post["x"]], "until": float(post["until"]), "bm": bm}
+        pl = {str(k): [int(row[0]), float(row[1]), float(row[2])] for k, row in (post.get("pl") or {}).items()}
+        post = {"n": int(post["n"]), "s": float(post["s"]), "x": [float(v) for v in post["x"]], "until": float(post["until"]), "bm": bm, "pl": pl}
         return {"changedAt": float(changed_at), "baseline": base, "post": post, "looks": int(state.get("looks", 0)),
                 "pw": float(state.get("pw", 1.0)), "pn": float(state.get("pn", 1.0))}
     except (AttributeError, KeyError, TypeError, ValueError):
@@ -481,7 +662,13 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     looks = previous.get("looks", 0) + 1
     batch = _batch_size(t)
     batches = _add_to_batches(post_state.get("bm"), adjusted[new], batch)
-    kept = {"changedAt": float(changed_at), "baseline": base, "post": {"n": n, "s": total, "x": sum_x, "until": until, "bm": batches},
+    placebos = base.get("pl", {}) if base else {}
+    # nodes flipped together share their placebos' sums: computed once per evaluation for all of them
+    key = ("placebo looks", changed_at + warmup, now, tuple(cols), tuple(base["beta"]) if base else (), sign,
+           tuple((k, tuple(v), tuple((post_state.get("pl") or {}).get(k, ()))) for k, v in placebos.items()))
+    placebo_sums = ref._cached(key, lambda: _placebo_looks(ref, placebos, post_state.get("pl"), (t >= changed_at + warmup) & (t <= now), t,
+                                                           cols, base["beta"] if base else [], changed_at + warmup - 1e-3, sign)) if placebos else {}
+    kept = {"changedAt": float(changed_at), "baseline": base, "post": {"n": n, "s": total, "x": sum_x, "until": until, "bm": batches, "pl": placebo_sums},
             "looks": looks, "pw": previous.get("pw", 1.0), "pn": previous.get("pn", 1.0)}
     n_pre = base["n"] if base else 0
     counts = dict(n_post=n, n_pre=n_pre, looks=looks)
@@ -489,14 +676,19 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
         return Judgement("inconclusive", f"{n} samples with traffic after warm-up, need {cfg.min_samples}",
                          **common, **counts, state=_round(kept))
     recent = np.where(window, adjusted - (np.nanmean(adjusted) if window.any() else 0.0), np.nan)
-    inflation, phi = max(_inflation(recent, int(window.sum())), (base["f"], base["phi"]) if base else (1.0, 0.0), (ref.inflation, ref.phi))
+    # With a baseline, its own and the controls' autocorrelation (fitted on 20 min, not on the last
+    # few minutes, whose autocorrelations are noise) scale the recent samples' variance.
+    inflation, phi = (base["f"], base["phi"]) if base else max(_inflation(recent, int(window.sum())), (ref.inflation, ref.phi))
     recent_lrv = _long_run_variance(recent, inflation)
     lrv = max(recent_lrv if math.isfinite(recent_lrv) else 0.0, base["lrv"] if base else 0.0, _batch_lrv(batches, batch)) or math.inf
     shift = (np.array(sum_x) / n - np.array(base["x"])) if cols else np.zeros(0)
     beta_var = float(shift @ np.array(base["cov"]) @ shift) if cols else 0.0
     # The baseline shares the post period's noise process: its variance grows with what the batch
     # means learn about the long-run variance (a 20 min baseline alone cannot see 10 min memory).
-    variance = lrv / n + (max(base["v"], lrv / base["n"]) if base else 0.0) + beta_var
+    model_var = lrv / n + (max(base["v"], lrv / base["n"]) if base else 0.0)
+    # The placebos' spread bounds it from below: what the model of the noise misses, they show.
+    placebo_var, n_placebos = _placebo_variance(placebos, placebo_sums, cfg.min_samples)
+    variance = max(model_var, placebo_var) + beta_var
     marginal = base["g"] if base else float(np.nanvar(recent)) if window.sum() > 1 else lrv
     inflation = max(inflation, lrv / marginal if marginal > 0 else 1.0)
     estimate = total / n - (base["m"] if base else 0.0)
@@ -505,11 +697,15 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     p_worse = min(kept["pw"], mixture_p_value(estimate, harm, variance, rho, "below"))
     p_not_worse = min(kept["pn"], mixture_p_value(estimate, threshold, variance, rho, "above"))
     kept.update(pw=p_worse, pn=p_not_worse)
-    method = ("difference in differences vs control" + (f", load-adjusted ({', '.join(COVARIATES[c] for c in cols)})" if cols else "")
-              if base else "vs control only (no pre-enable baseline)") + ", ARMA(1,1) long-run variance, normal-mixture confidence sequence"
+    method = ("difference in differences vs control" + (f", load-adjusted ({', '.join(COVARIATES[c] for c in cols)})"
+                                                     + (f" with the effect pooled over {base['pooled']} controls" if base.get("pooled") else " with the node's own fit")
+                                                     if cols else "")
+              if base else "vs control only (no pre-enable baseline)") + ", ARMA(1,1) long-run variance" \
+        + (f" bounded by {n_placebos} placebo controls" if n_placebos >= MIN_PLACEBOS else "") + ", normal-mixture confidence sequence"
     numbers = dict(effect=math.exp(estimate), ci_low=math.exp(estimate - half), ci_high=math.exp(min(estimate + half, 700.0)),
                    n_eff=n / inflation, inflation=inflation, phi=phi, adjustment=math.exp(-float(shift @ np.array(base["beta"]))) if cols else 1.0,
-                   p_worse=p_worse, p_not_worse=p_not_worse, method=method, **common, **counts)
+                   p_worse=p_worse, p_not_worse=p_not_worse, placebos=n_placebos, placebo_sd=math.sqrt(placebo_var),
+                   model_sd=math.sqrt(model_var), beta_sd=math.sqrt(max(beta_var, 0.0)), method=method, **common, **counts)
     summary = (f"effect x{numbers['effect']:.3f} ({int(cfg.confidence * 100)}% sequence x{numbers['ci_low']:.3f}..x{numbers['ci_high']:.3f}), "
                f"threshold x{1 - cfg.tolerance:.3f}, load adjustment x{numbers['adjustment']:.3f}, "
                f"n={n} after (effective {numbers['n_eff']:.1f}) / {n_pre} before, {ref.n_controls} controls, look {looks}")
