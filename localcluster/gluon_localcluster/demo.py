@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -104,6 +105,7 @@ def timeline(cluster: SimCluster, path: Path) -> None:
 
 def run(out: Path, timeout: float, quiet: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "work", ignore_errors=True)  # every demo starts from an empty cluster (etcd's data lives there)
     cluster = SimCluster(workdir=out / "work")
     try:
         cluster.start()
