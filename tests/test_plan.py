@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from gluon_agent import contract
 from gluon_operator import plan as planner
 from gluon_operator import gating, world
-from gluon_operator.gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, Verdict
+from gluon_operator.gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, Verdict
 from gluon_operator.analysis import Judgement
 from gluon_operator.spec import parse_spec, resolve
 from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout

@@ -253,8 +253,7 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
         restarted = int(prev.numbers.get(RESTARTED_PODS, 0))
         if restarted and not pods.new_flags:
             return Step(move(prev, ENABLING, f"waiting for the replacements of {restarted} restarted serving pods", now))
-        return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now,
-                         numbers={k: v for k, v in prev.numbers.items() if k != RESTARTED_PODS}))
+        return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now, numbers=without_restarted(prev.numbers)))
     if s in (ANALYZING, PROMOTED) and verdict is not None:
         if verdict.result == "fail":
             return Step(move(prev, ROLLED_BACK, verdict.reason, now, changed_at=now, numbers=verdict.numbers), "rollback")
@@ -277,8 +276,13 @@ def choose_holdouts(statuses: Mapping[str, NodeStatus], wanted: int) -> list[str
 
 
 def enable(prev: NodeStatus, now: float) -> Step:
-    return Step(move(prev, ENABLING, "chosen by the rollout strategy", now, changed_at=now,
-                     numbers={k: v for k, v in prev.numbers.items() if k != RESTARTED_PODS}), "restart")
+    return Step(move(prev, ENABLING, "chosen by the rollout strategy", now, changed_at=now, numbers=without_restarted(prev.numbers)),
+                "restart")
+
+
+def without_restarted(numbers: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's numbers without RESTARTED_PODS: it counts one Enabling's restarts only."""
+    return {k: v for k, v in numbers.items() if k != RESTARTED_PODS}
 
 
 def restart_due(status: NodeStatus, now: float, delay: float) -> bool:

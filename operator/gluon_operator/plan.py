@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 from gluon_agent import contract
 
 from . import gating, webhook
-from .gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, NodeStatus
+from .gating import DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, NodeStatus
 from .records import NodeRecord, read_json
 from .spec import GluonRolloutSpec, parse_spec, resolve
 
