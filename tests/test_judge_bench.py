@@ -74,3 +74,38 @@ def test_ours_keeps_a_healthy_node_through_combined_correlated_noise_and_6h_of_g
     no rollback over the horizon and 6 h of guard mode, while the anchors' checks fail on such series."""
     sim = bench.simulate(bench.Scenario("combined", "none", 0.05, 1.0, 424242), guard=True)
     assert bench.ours(sim, bench.HORIZON + bench.GUARD_INTERVALS) is None
+
+
+def test_anchors_look_through_guard_mode_on_harmless_runs_and_kayenta_slides_its_window():
+    sim = bench.simulate(bench.Scenario("iid", "none", 0.05, 1.0, 11), guard=True)
+    baseline, means = bench.per_interval_means(sim)
+    assert len(means) == bench.HORIZON + bench.GUARD_INTERVALS and baseline > 0
+    looks = bench.kayenta_looks(sim)
+    assert looks[-1][0] == bench.HORIZON + bench.GUARD_INTERVALS and set(looks[0][1]) == set(bench.KAYENTA_CONFIDENCES)
+    # a threshold no interval can miss fails at the threshold-th look, wherever that is
+    assert bench.flagger_style(sim, ratio=10.0, threshold=100, means=(baseline, means)) == 100
+    assert bench.argo_style(sim, ratio=10.0, failure_limit=99, means=(baseline, means)) == 100
+
+
+def test_at_equal_rate_keeps_only_settings_that_meet_the_target_and_takes_their_best_power():
+    """Two settings per anchor: the first rolls back every run (harmless ones too), the second only the
+    regressions of iid 2% noise. Only the second meets the target, so its power is the anchors' best."""
+    todo = bench.scenarios(2)
+    grids = {name: (knobs, grid[:2]) for name, (knobs, grid) in bench.GRIDS.items()}
+
+    def outcome(s, index):
+        if index == 0:
+            return 1
+        return 3 if not s.harmless and s.key.endswith("@2pct_noise") else None
+
+    results = [(s, {"ours": None, **{a: outcome(s, 0) for a in bench.ANCHORS},
+                    "knobs": {a: [outcome(s, 0), outcome(s, 1)] for a in bench.ANCHORS}}) for s in todo]
+    report = bench.summarize(results, grids)
+    tuned = report["anchors_at_equal_false_rollback_rate"]["horizon + 6 h guard mode"]["kayenta_style"]
+    assert tuned["settings_meeting_target"] == 1
+    best = tuned["best_power_by_regression"]
+    assert best["regression_10pct@2pct_noise"]["within_10_intervals"] == 1.0
+    assert best["regression_10pct@5pct_noise"]["within_10_intervals"] == 0.0
+    assert best["regression_10pct@2pct_noise"]["within_10_intervals_at"] == dict(zip(grids["kayenta_style"][0], grids["kayenta_style"][1][1]))
+    met = bench.targets(report)  # ours rolls back nothing: less power than the tuned anchors on 2% noise
+    assert met["equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks"] is False
