@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from gluon_localcluster.background import Background, list_then_watch
 from gluon_localcluster.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,57 +136,34 @@ def start_prometheus_stub() -> ThreadingHTTPServer:
 # ---------------------------------------------------------------- nodes' labels, from one watch
 
 
-class NodeLabels:
+class NodeLabels(Background):
     """Every node's labels, kept current by one list and watch (admin), so checks cost no requests."""
+
+    join_seconds = 40.0
 
     def __init__(self, api: Any) -> None:
         from kubernetes import client
 
+        super().__init__(("node-labels", self._watch))
         self.core = client.CoreV1Api(api)
         self.labels: dict[str, dict[str, str]] = {}
         self.lock = threading.Lock()
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="node-labels", daemon=True)
-
-    def __enter__(self) -> "NodeLabels":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_event.set()
-        self.thread.join(40)
 
     def snapshot(self) -> dict[str, dict[str, str]]:
         with self.lock:
             return dict(self.labels)
 
-    def _set(self, obj: dict[str, Any], deleted: bool = False) -> None:
+    def _listed(self, nodes: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.labels = {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in nodes}
+
+    def _changed(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         with self.lock:
-            if deleted:
+            if kind == "DELETED":
                 self.labels.pop(name, None)
             else:
                 self.labels[name] = dict(obj["metadata"].get("labels") or {})
 
     def _watch(self) -> None:
-        from kubernetes import watch
-
-        version = None
-        while not self.stop_event.is_set():
-            try:
-                if version is None:
-                    listing = json.loads(self.core.list_node(_preload_content=False).data)
-                    version = listing["metadata"]["resourceVersion"]
-                    with self.lock:
-                        self.labels = {n["metadata"]["name"]: dict(n["metadata"].get("labels") or {}) for n in listing["items"]}
-                for event in watch.Watch().stream(self.core.list_node, resource_version=version, timeout_seconds=5,
-                                                  allow_watch_bookmarks=True, _preload_content=False):
-                    raw = event["raw_object"]
-                    version = raw.get("metadata", {}).get("resourceVersion", version)
-                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        self._set(raw, deleted=event["type"] == "DELETED")
-                    if self.stop_event.is_set():
-                        return
-            except Exception:  # noqa: BLE001 - 410 Gone or a dropped stream: list again
-                version = None
-                self.stop_event.wait(0.5)
+        list_then_watch(self.core.list_node, self._listed, self._changed, self.stop_event)

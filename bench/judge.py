@@ -43,6 +43,18 @@ Tuning, written down (tolerance 5% for all):
                 step (one series per server group); "Low" when the Hodges-Lehmann interval lies below
                 -0.25 x |estimate| and mean ratio <= 1.0. With one metric a Low interval scores 0, below
                 any marginal threshold, so the canary fails at the first Low interval.
+
+Counting: on harmless runs the anchors too keep looking for the 6 h of guard mode, as if their analysis
+were left running (Kayenta with a lookback a horizon long), so every judge's false rollbacks can be
+counted over the same 380 looks. The defaults' comparison grades the anchors over the horizon alone (as
+their products run them), which favours them.
+
+At an equal false-rollback rate (`anchors_at_equal_false_rollback_rate`): at their defaults the anchors'
+"power" on noisy series is mostly the rate at which they roll back healthy nodes, so each anchor's own
+knobs are swept (GRIDS: Flagger's threshold ratio and `threshold`; Argo's ratio, failureLimit and
+consecutiveErrorLimit; Kayenta's allowedDecrease and confLevel), the settings with at most 1% false
+rollbacks on every harmless scenario are kept (counted over the same looks as ours, and again over the
+horizon alone), and the most power any kept setting has on each regression scenario is set against ours.
 """
 
 from __future__ import annotations

@@ -81,12 +81,12 @@ class StateChanges(NodeLabels):
         super().__init__(api)
         self.changes = 0
 
-    def _set(self, obj: dict[str, Any], deleted: bool = False) -> None:
+    def _changed(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         before = self.labels.get(name, {}).get(contract.LABEL_STATE)
-        super()._set(obj, deleted)
+        super()._changed(kind, obj)
         after = self.labels.get(name, {}).get(contract.LABEL_STATE)
-        if not deleted and after != before:
+        if kind != "DELETED" and after != before:
             self.changes += 1
 
 

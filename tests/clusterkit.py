@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from kubernetes import client, config
 
 from gluon_agent import contract
 from gluon_localcluster import fleet
+from gluon_localcluster.background import Background
 from gluon_localcluster.faultproxy import FaultProxy
 from gluon_localcluster.install import Installed
 from gluon_localcluster.processes import AGENT_IMAGE
@@ -223,7 +223,7 @@ def kopf_operator(monkeypatch: Any, installed: Installed, namespace: str, server
 # ---------------------------------------------------------------- the kubelet's report of the preflight (SIMULATION)
 
 
-class PreflightReporter:
+class PreflightReporter(Background):
     """SIMULATION of a kubelet running the injected init containers, for tests that need only the
     preflight's verdict: for each pod the webhook injected, once it is bound to a node, it writes through
     pods/status (admin credentials: the kubelet's write, not the operator's nor an agent's) what a kubelet
@@ -233,22 +233,13 @@ class PreflightReporter:
     image's own stack says 0 with that reason, as the real preflight does."""
 
     def __init__(self, admin: client.ApiClient, namespace: str, interval: float = 0.2) -> None:
+        super().__init__(("preflight-reporter", self._run))
         self.core = client.CoreV1Api(admin)
         self.namespace, self.interval = namespace, interval
         self.refuse: dict[str, str] = {}
         self.flags: dict[str, str] = {}  # node -> the flag its latest reported pod got
         self.reported: set[str] = set()
         self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="preflight-reporter", daemon=True)
-
-    def __enter__(self) -> "PreflightReporter":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(10)
 
     def agent_answer(self, node: dict[str, Any]) -> dict[str, Any]:
         labels = node["metadata"].get("labels") or {}
@@ -266,13 +257,13 @@ class PreflightReporter:
         return {"flag": answer["flag"], "reason": reason, "agent": answer}
 
     def _run(self) -> None:
-        while not self.stop.is_set():
+        while not self.stop_event.is_set():
             try:
                 for pod in json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]:
                     self._consider(pod)
             except Exception as exc:  # a pod deleted meanwhile: reported, the next tick goes on
                 self.errors.append(repr(exc))
-            self.stop.wait(self.interval)
+            self.stop_event.wait(self.interval)
 
     def _consider(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]

@@ -191,19 +191,30 @@ def test_a_clear_regression_is_rolled_back_within_a_few_intervals():
 
 
 @settings(max_examples=200, deadline=None)
-@given(estimate=st.floats(-1, 1), variance=st.floats(1e-6, 1), null=st.floats(-0.5, 0.5))
-def test_the_confidence_sequence_and_the_always_valid_p_value_agree(estimate, variance, null):
+@given(estimate=st.floats(-1, 1), variance=st.floats(1e-6, 1), null=st.floats(-0.5, 0.5), single=st.booleans())
+def test_the_confidence_sequence_and_the_always_valid_p_value_agree(estimate, variance, null, single):
     """The bound excludes `null` from one side exactly when that side's p-value is below alpha, and
-    the sequence is wider than the fixed-sample interval (the price of looking at every interval)."""
-    rho, alpha = math.log(0.95) ** 2, 0.05
-    half = analysis.mixture_halfwidth(variance, rho, alpha)
+    the sequence is wider than the fixed-sample interval (the price of looking at every interval);
+    for one mixing variance and for the judge's discrete mixture."""
+    alpha = 0.05
+    mixture = ((math.log(0.95) ** 2, 1.0),) if single else analysis._mixture(math.log(0.95), CFG)
+    half = analysis.mixture_halfwidth(variance, mixture, alpha)
     assert half > 1.96 * math.sqrt(variance)
-    below = analysis.mixture_p_value(estimate, null, variance, rho, "below")
-    if abs(estimate + half - null) > 1e-9:
+    below = analysis.mixture_p_value(estimate, null, variance, mixture, "below")
+    if abs(estimate + half - null) > 1e-6 * max(half, 1e-3):
         assert (below < alpha) == (estimate + half < null)
-    above = analysis.mixture_p_value(estimate, null, variance, rho, "above")
-    if abs(estimate - half - null) > 1e-9:
+    above = analysis.mixture_p_value(estimate, null, variance, mixture, "above")
+    if abs(estimate - half - null) > 1e-6 * max(half, 1e-3):
         assert (above < alpha) == (estimate - half > null)
+
+
+def test_the_discrete_mixture_narrows_the_sequence_for_a_noisy_estimate_and_costs_little_for_a_precise_one():
+    rho, alpha = math.log(0.95) ** 2, 0.05
+    mixture = analysis._mixture(math.log(0.95), CFG)
+    assert sum(w for _, w in mixture) == pytest.approx(1.0)
+    noisy, precise = 0.088 ** 2, 0.014 ** 2  # an estimate's variance under 10 min wander; at 5% independent noise
+    assert analysis.mixture_halfwidth(noisy, mixture, alpha) < 0.85 * analysis.mixture_halfwidth(noisy, ((rho, 1.0),), alpha)
+    assert analysis.mixture_halfwidth(precise, mixture, alpha) < 1.03 * analysis.mixture_halfwidth(precise, ((rho, 1.0),), alpha)
 
 
 @pytest.mark.parametrize("results,expected", [

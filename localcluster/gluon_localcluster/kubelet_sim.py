@@ -36,6 +36,7 @@ from typing import Any
 
 from gluon_agent import contract
 
+from .background import Background, list_then_watch
 from .stages import EXIT_CODE, PREFLIGHT_CONTAINER, PREFLIGHT_MESSAGE
 
 log = logging.getLogger("kubelet-sim")
@@ -96,7 +97,7 @@ def mount_script(binds: list[tuple[Path, str]], argv: list[str]) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
 
-class KubeletSim:
+class KubeletSim(Background):
     """Watches pods with the injected annotation and runs their init containers (see the module doc)."""
 
     def __init__(self, api: Any, images: dict[str, Image], on_outcome: Callable[[InitOutcome], None] | None = None,
@@ -107,6 +108,7 @@ class KubeletSim:
         address, once a second, as the kubelet's readiness probe would (kwok alone reports every pod Ready)."""
         from kubernetes import client
 
+        super().__init__(("kubelet-sim", self._watch), ("kubelet-sim-probes", self._probe_loop))
         self.core = client.CoreV1Api(api)
         self.images, self.on_outcome, self.timeout = images, on_outcome, timeout
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="kubelet-sim-"))
@@ -115,50 +117,26 @@ class KubeletSim:
         self.started: set[str] = set()
         self.outcomes: list[InitOutcome] = []
         self.errors: list[str] = []
-        self.stop_event = threading.Event()
         self.readiness = readiness or {}
         self.api_server, self.token_for = api_server, token_for  # (host, port, CA file) and token_for(ns, sa, pod): Job pods
-        self.threads = [threading.Thread(target=self._watch, name="kubelet-sim", daemon=True),
-                        threading.Thread(target=self._probe_loop, name="kubelet-sim-probes", daemon=True)]
         self.lock = threading.Lock()
 
-    def __enter__(self) -> "KubeletSim":
-        for thread in self.threads:
-            thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self.stop_event.set()
-        for thread in self.threads:
-            thread.join(10)
+        super().__exit__(*exc)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------ the watch
 
     def _watch(self) -> None:
-        from kubernetes import watch
+        list_then_watch(self.core.list_pod_for_all_namespaces, self._listed, self._changed, self.stop_event, retry_seconds=0.2)
 
-        resource_version = None
-        while not self.stop_event.is_set():
-            try:
-                if resource_version is None:
-                    listing = json.loads(self.core.list_pod_for_all_namespaces(_preload_content=False).data)
-                    resource_version = listing["metadata"]["resourceVersion"]
-                    for pod in listing["items"]:
-                        self._consider(pod)
-                stream = watch.Watch().stream(self.core.list_pod_for_all_namespaces, resource_version=resource_version,
-                                              timeout_seconds=5, allow_watch_bookmarks=True, _preload_content=False)
-                for event in stream:
-                    raw = event["raw_object"]
-                    resource_version = raw.get("metadata", {}).get("resourceVersion", resource_version)
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self._consider(raw)
-                    if self.stop_event.is_set():
-                        return
-            except Exception as exc:  # 410 Gone and dropped connections: list again
-                log.debug("kubelet-sim watch: %s", exc)
-                resource_version = None
-                self.stop_event.wait(0.2)
+    def _listed(self, pods: list[dict[str, Any]]) -> None:
+        for pod in pods:
+            self._consider(pod)
+
+    def _changed(self, kind: str, pod: dict[str, Any]) -> None:
+        if kind != "DELETED":
+            self._consider(pod)
 
     def _consider(self, pod: dict[str, Any]) -> None:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}

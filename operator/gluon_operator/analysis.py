@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import statsmodels.api as sm
-from scipy import stats
+from scipy import optimize, stats
 from statsmodels.tsa.stattools import acf
 
 Series = Sequence[tuple[float, float]]  # (unix seconds, value)
@@ -71,6 +71,7 @@ POOLED_CONTROLS = 64  # controls whose own autocorrelation is pooled into every 
 LOO_CONTROLS = 16  # controls each compared with the median of the others: the load's effect is pooled over them
 POOLED_BETA_MIN = 3  # controls with gauges needed to pool the load's effect (else the node's own pre-flip fit)
 PLACEBOS, MIN_PLACEBOS = 8, 3  # controls given a placebo flip at the node's flip time; needed for their variance
+MIXTURE_SCALES, MIXTURE_WEIGHTS = (1.0, 4.0, 16.0, 64.0), (0.85, 0.05, 0.05, 0.05)  # the sequential test's mixing variances (_mixture)
 LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -101,7 +102,7 @@ class JudgeConfig:
     min_samples: int = 5
     min_traffic: float = 0.0
     min_controls: int = 1
-    mixture: float = 1.0  # mixture variance of the sequential test, in units of log(1 - tolerance)^2
+    mixture: float = 1.0  # scales the sequential test's mixing variances, in units of log(1 - tolerance)^2
 
 
 @dataclass(frozen=True)
@@ -426,30 +427,55 @@ def _clip(values: np.ndarray, scale: float) -> np.ndarray:
     return np.clip(values, center - CLIP * scale, center + CLIP * scale)
 
 
-def mixture_halfwidth(variance: float, rho: float, alpha: float) -> float:
-    """Half-width of the two-sided normal-mixture confidence sequence for an estimate with this
-    variance (Robbins 1970; Howard et al. 2021, eq. (14); the mixture SPRT of Johari et al. 2017):
-    the set of d where the mixture likelihood ratio sqrt(v/(v+rho)) exp(rho (est-d)^2 / (2 v (v+rho)))
-    stays below 1/alpha. Valid at every look at once."""
+Mixture = Sequence[tuple[float, float]]  # (mixing variance rho, weight), weights summing to 1
+
+
+def mixture_log_ratio(deviation: float, variance: float, mixture: Mixture) -> float:
+    """log of the mixture likelihood ratio of an estimate `deviation` away from a null, with this
+    variance: sum of w sqrt(v/(v+rho)) exp(rho d^2 / (2 v (v+rho))) over the mixture (Robbins 1970;
+    Howard et al. 2021, eq. (14); the mixture SPRT of Johari et al. 2017). A weighted average of test
+    martingales is one, so a discrete mixture keeps the guarantee at every look."""
+    terms = [math.log(w) + 0.5 * math.log(variance / (variance + rho)) + rho * deviation ** 2 / (2 * variance * (variance + rho))
+             for rho, w in mixture]
+    top = max(terms)  # log-sum-exp in plain floats: called per node per look, a few terms
+    return top + math.log(sum(math.exp(t - top) for t in terms))
+
+
+def mixture_halfwidth(variance: float, mixture: Mixture, alpha: float) -> float:
+    """Half-width of the two-sided normal-mixture confidence sequence: the deviations whose mixture
+    likelihood ratio stays below 1/alpha. Closed form for one mixing variance, else the root (brentq)
+    between 0 and the narrowest one-component bound at level alpha x weight (that component alone
+    already reaches 1/alpha there). Valid at every look at once."""
     if not math.isfinite(variance) or variance <= 0:
         return math.inf
-    return math.sqrt(variance * (variance + rho) / rho * (2 * math.log(1 / alpha) + math.log((variance + rho) / variance)))
+
+    def single(rho: float, level: float) -> float:
+        return math.sqrt(variance * (variance + rho) / rho * (2 * math.log(1 / level) + math.log((variance + rho) / variance)))
+
+    if len(mixture) == 1:
+        return single(mixture[0][0], alpha)
+    bound = math.log(1 / alpha)
+    high = min(single(rho, alpha * w) for rho, w in mixture)
+    return float(optimize.brentq(lambda d: mixture_log_ratio(d, variance, mixture) - bound, 0.0, high * (1 + 1e-9) + 1e-12, xtol=1e-9))
 
 
-def mixture_p_value(estimate: float, null: float, variance: float, rho: float, side: str) -> float:
+def mixture_p_value(estimate: float, null: float, variance: float, mixture: Mixture, side: str) -> float:
     """One-sided always-valid p-value: 1 / mixture likelihood ratio against `null`, counting only
     evidence on `side` ('below' or 'above') of it."""
     if not math.isfinite(variance) or variance <= 0 or (estimate >= null if side == "below" else estimate <= null):
         return 1.0
-    log_ratio = 0.5 * math.log(variance / (variance + rho)) + rho * (estimate - null) ** 2 / (2 * variance * (variance + rho))
-    return float(min(1.0, math.exp(-log_ratio)))
+    return float(min(1.0, math.exp(-mixture_log_ratio(estimate - null, variance, mixture))))
 
 
-def _mixture_variance(threshold: float, cfg: JudgeConfig) -> float:
-    """The sequential test is sharpest for effects of about the tolerance's size; fixed in advance
-    (a data-dependent choice would void the anytime guarantee)."""
-    scale = threshold ** 2 if math.isfinite(threshold) and threshold != 0 else 0.05 ** 2
-    return cfg.mixture * scale
+def _mixture(threshold: float, cfg: JudgeConfig) -> tuple[tuple[float, float], ...]:
+    """Fixed in advance (a data-dependent choice would void the anytime guarantee). Most weight on a
+    mixing variance of the tolerance's size, where one normal mixture is sharpest for effects of that
+    size; some on 4, 16 and 64 times it, because one mixture's boundary grows as v / sqrt(rho) once
+    the estimate's variance v exceeds rho (a noisy or wandering node, sd 5-10%): there the wider
+    components keep it near 3-4 sd, so a large regression still fails, for a boundary about 2% wider
+    at small v (docs/analysis.md)."""
+    scale = cfg.mixture * (threshold ** 2 if math.isfinite(threshold) and threshold != 0 else 0.05 ** 2)
+    return tuple((scale * k, w) for k, w in zip(MIXTURE_SCALES, MIXTURE_WEIGHTS))
 
 
 def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, ref: Reference) -> dict[str, Any] | None:
@@ -692,10 +718,10 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     marginal = base["g"] if base else float(np.nanvar(recent)) if window.sum() > 1 else lrv
     inflation = max(inflation, lrv / marginal if marginal > 0 else 1.0)
     estimate = total / n - (base["m"] if base else 0.0)
-    rho, alpha = _mixture_variance(threshold, cfg), 1 - cfg.confidence
-    half = mixture_halfwidth(variance, rho, alpha)
-    p_worse = min(kept["pw"], mixture_p_value(estimate, harm, variance, rho, "below"))
-    p_not_worse = min(kept["pn"], mixture_p_value(estimate, threshold, variance, rho, "above"))
+    mixture, alpha = _mixture(threshold, cfg), 1 - cfg.confidence
+    half = mixture_halfwidth(variance, mixture, alpha)
+    p_worse = min(kept["pw"], mixture_p_value(estimate, harm, variance, mixture, "below"))
+    p_not_worse = min(kept["pn"], mixture_p_value(estimate, threshold, variance, mixture, "above"))
     kept.update(pw=p_worse, pn=p_not_worse)
     method = ("difference in differences vs control" + (f", load-adjusted ({', '.join(COVARIATES[c] for c in cols)})"
                                                      + (f" with the effect pooled over {base['pooled']} controls" if base.get("pooled") else " with the node's own fit")
