@@ -5,11 +5,12 @@ series (SIMULATION: simulated decode-speed and load-gauge samples, not a cluster
 
 One sample per 15 s step, 4 per 60 s evaluation interval, one treated node and 7 control nodes. The
 treated node's flag flips after 80 baseline samples (20 min, the default baselineSeconds); every judge
-looks once per interval for 20 intervals after a one-interval warm-up (the analysis horizon), and ours
-keeps looking for 6 h more (guard mode: promoted nodes are judged every interval) on every harmless run.
-A rollback at any look counts.
+looks once per interval for 20 intervals after a one-interval warm-up (the analysis horizon), and keeps
+looking for 6 h more on every harmless run (ours in guard mode: promoted nodes are judged every
+interval; the anchors as "Counting" below says). A rollback at any look counts.
 
-Scenarios (effects: none, speedups x1.9/x2.3/x2.7, regressions 5/10/20%):
+Scenarios (effects: none, speedups x1.9/x2.3/x2.7, regressions 5/10/20%; in each correlated family
+none, x1.9, a 10% and a 30% regression):
   iid           today's: log-normal noise of 2, 5 or 10% per sample, a load drift common to all nodes
                 (+-12% swings, level steps), 2% heavy-tailed outliers (x0.3..x3), 5% missing samples,
                 a 3% per-node hardware offset. The load gauges (sglang:num_running_reqs, token_usage)
@@ -324,6 +325,7 @@ def scenarios(runs: int, families: bool = True) -> list[Scenario]:
     cells = [("iid", name, noise, effect) for noise in (0.02, 0.05, 0.10) for effect, name in EFFECTS]
     if families:
         cells += [(f, name, 0.05, effect) for f in FAMILIES for effect, name in EFFECTS if name in ("none", "speedup_x1.9", "regression_10pct")]
+        cells += [(f, "regression_30pct", 0.05, 0.7) for f in FAMILIES]  # last: the seeds of the cells above stay as they were
     for family, name, noise, effect in cells:
         for _ in range(runs):
             seed += 1
@@ -463,7 +465,7 @@ def cost(nodes: int = 5000, holdouts: int = 500, repeats: int = 3) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    parser.add_argument("--runs", type=int, default=200, help="runs per scenario (33 scenarios)")
+    parser.add_argument("--runs", type=int, default=200, help="runs per scenario (37 scenarios)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="a few runs of every scenario and a 200-node cost, for tests")
     parser.add_argument("--no-cost", action="store_true", help="skip the 5000-node CPU cost measurement")

@@ -16,7 +16,7 @@ import judge as bench  # noqa: E402
 
 def test_scenarios_cover_every_family_and_count_guard_mode_on_harmless_runs():
     todo = bench.scenarios(1)
-    assert {s.family for s in todo} == {"iid", *bench.FAMILIES} and len({s.key for s in todo}) == 21 + 3 * len(bench.FAMILIES)
+    assert {s.family for s in todo} == {"iid", *bench.FAMILIES} and len({s.key for s in todo}) == 21 + 4 * len(bench.FAMILIES)
     harmless = bench.simulate(bench.Scenario("ar1_wander", "none", 0.05, 1.0, 1), guard=True)
     regression = bench.simulate(bench.Scenario("ar1_wander", "regression_10pct", 0.05, 0.9, 1), guard=False)
     per_look = bench.PER_INTERVAL

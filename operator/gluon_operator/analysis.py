@@ -472,7 +472,7 @@ def _mixture(threshold: float, cfg: JudgeConfig) -> tuple[tuple[float, float], .
     mixing variance of the tolerance's size, where one normal mixture is sharpest for effects of that
     size; some on 4, 16 and 64 times it, because one mixture's boundary grows as v / sqrt(rho) once
     the estimate's variance v exceeds rho (a noisy or wandering node, sd 5-10%): there the wider
-    components keep it near 3-4 sd, so a large regression still fails, for a boundary about 2% wider
+    components keep it near 3-4 sd, so a large regression still fails, for a boundary about 1% wider
     at small v (docs/analysis.md)."""
     scale = cfg.mixture * (threshold ** 2 if math.isfinite(threshold) and threshold != 0 else 0.05 ** 2)
     return tuple((scale * k, w) for k, w in zip(MIXTURE_SCALES, MIXTURE_WEIGHTS))
