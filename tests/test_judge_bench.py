@@ -109,3 +109,13 @@ def test_at_equal_rate_keeps_only_settings_that_meet_the_target_and_takes_their_
     assert best["regression_10pct@2pct_noise"]["within_10_intervals_at"] == dict(zip(grids["kayenta_style"][0], grids["kayenta_style"][1][1]))
     met = bench.targets(report)  # ours rolls back nothing: less power than the tuned anchors on 2% noise
     assert met["equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks"] is False
+
+
+def test_the_lonely_case_gives_the_treated_node_alone_a_wide_wander():
+    from scipy import stats
+
+    sim = bench.simulate(bench.Scenario("lonely_wander", "none", 0.05, 1.0, 2), guard=True)
+    logs = np.log(sim["speed"])
+    apart = [stats.median_abs_deviation(logs[i] - np.nanmedian(np.delete(logs, i, axis=0), axis=0), nan_policy="omit")
+             for i in range(len(logs))]  # robust: the outliers would dominate an sd
+    assert apart[0] > 1.5 * max(apart[1:])

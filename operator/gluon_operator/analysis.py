@@ -19,8 +19,9 @@ Per node under analysis T, against the control nodes C (flag 0) in the same wind
 4. The estimate (difference in differences), its variance (max(long-run variance / n plus the
    baseline's, the placebos' mean square), plus beta's through the load shift) and an anytime-valid
    confidence sequence: the normal-mixture boundary (Robbins; the mixture SPRT of Johari et al. 2017;
-   Netflix's sequential canary tests, Lindon et al., KDD 2022), so looking every interval, for hours of
-   guard mode, keeps the error rate.
+   Netflix's sequential canary tests, Lindon et al., KDD 2022) over four mixing variances, so looking
+   every interval, for hours of guard mode, keeps the error rate, and a noisy node's large regression
+   still fails.
 
 Verdicts: fail when the whole sequence interval lies below half the tolerance and the estimate is beyond
 the tolerance; pass when the whole interval lies above the tolerance; inconclusive otherwise, and always
