@@ -436,6 +436,12 @@ def targets(report: dict) -> dict[str, bool | None]:
     }
 
 
+def set_baseline(minutes: float) -> None:
+    """The judged node's pre-flip history, for every judge; module-level, so the worker processes fork with it."""
+    global BASELINE
+    BASELINE = int(round(minutes * 60 / STEP))
+
+
 def lonely(runs: int, workers: int) -> dict:
     """Where the judge's assumptions fail: the treated node wanders (AR(1), 10 min memory, sd
     LONELY_WANDER) while its controls wander LONELY_CONTROLS, so it is not exchangeable with them and
@@ -446,7 +452,7 @@ def lonely(runs: int, workers: int) -> dict:
     with ProcessPoolExecutor(workers) as pool:
         results = list(zip(todo, pool.map(run_one, todo, chunksize=max(1, runs // (4 * workers)))))
     table = {name: scenario_table([(s, r[name]) for s, r in results], guard=True)[todo[0].key] for name in JUDGES}
-    return {"scenario": todo[0].key, "treated_wander_sd": LONELY_WANDER, "controls_wander_sd": LONELY_CONTROLS, "wander_memory_seconds": 600.0,
+    return {"scenario": todo[0].key, "baseline_minutes": BASELINE * STEP / 60, "treated_wander_sd": LONELY_WANDER, "controls_wander_sd": LONELY_CONTROLS, "wander_memory_seconds": 600.0,
             "by_judge": table, "simulation": "SIMULATION (bench/judge.py lonely())", "seconds": round(time.monotonic() - started, 1),
             "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
             "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:])}
@@ -490,9 +496,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few runs of every scenario and a 200-node cost, for tests")
     parser.add_argument("--no-cost", action="store_true", help="skip the 5000-node CPU cost measurement")
     parser.add_argument("--cost-only", action="store_true", help="only the 5000-node CPU cost measurement")
+    parser.add_argument("--baseline-minutes", type=float, default=BASELINE * STEP / 60,
+                        help="the judged node's pre-flip history (the operator's baselineSeconds / 60; default 20)")
     parser.add_argument("--lonely", type=int, default=0, metavar="RUNS",
                         help="only the case outside the judge's assumptions: healthy nodes wandering alone (see lonely())")
     args = parser.parse_args()
+    set_baseline(args.baseline_minutes)
     if args.lonely:
         print(json.dumps(lonely(args.lonely, args.workers), indent=2))
         return

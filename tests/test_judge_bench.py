@@ -119,3 +119,14 @@ def test_the_lonely_case_gives_the_treated_node_alone_a_wide_wander():
     apart = [stats.median_abs_deviation(logs[i] - np.nanmedian(np.delete(logs, i, axis=0), axis=0), nan_policy="omit")
              for i in range(len(logs))]  # robust: the outliers would dominate an sd
     assert apart[0] > 1.5 * max(apart[1:])
+
+
+def test_a_longer_baseline_gives_every_judge_more_pre_flip_history():
+    short = bench.simulate(bench.Scenario("lonely_wander", "none", 0.05, 1.0, 2), guard=False)
+    try:
+        bench.set_baseline(60)
+        long = bench.simulate(bench.Scenario("lonely_wander", "none", 0.05, 1.0, 2), guard=False)
+        assert long["enable"] == 3600.0 and bench.intervals_of(long) == bench.HORIZON
+    finally:
+        bench.set_baseline(20)
+    assert short["enable"] == 1200.0 and len(long["t"]) - len(short["t"]) == 160
