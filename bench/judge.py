@@ -68,6 +68,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -245,19 +246,19 @@ def argo_style(sim: dict, ratio: float = 1 - TOLERANCE, failure_limit: int = ARG
     return None
 
 
-def hodges_lehmann(experiment: np.ndarray, control: np.ndarray, confidence: float) -> tuple[float, float, float]:
-    """The two-sample Hodges-Lehmann shift and its Mann-Whitney interval, as R's wilcox.test(conf.int=TRUE)
-    and Kayenta's MannWhitney.scala give it (normal approximation), from the order statistics of the
-    pairwise differences instead of Kayenta's root search (the same interval up to ties)."""
+def hodges_lehmann(experiment: np.ndarray, control: np.ndarray, confidences: Sequence[float]) -> tuple[float, dict[float, tuple[float, float]]]:
+    """The two-sample Hodges-Lehmann shift and its Mann-Whitney interval at each confidence, as R's
+    wilcox.test(conf.int=TRUE) and Kayenta's MannWhitney.scala give it (normal approximation), from the
+    order statistics of the pairwise differences instead of Kayenta's root search (the same interval up
+    to ties); the differences are sorted once for every confidence."""
     diffs = np.sort(np.subtract.outer(experiment, control).ravel())
-    return (float(np.median(diffs)),) + _rank_interval(diffs, len(experiment), len(control), confidence)
-
-
-def _rank_interval(diffs: np.ndarray, n: int, m: int, confidence: float) -> tuple[float, float]:
-    z = stats.norm.ppf(1 - (1 - confidence) / 2)
-    k = int(math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12)))
-    k = min(max(k, 0), len(diffs) - 1)
-    return float(diffs[k]), float(diffs[len(diffs) - 1 - k])
+    n, m = len(experiment), len(control)
+    intervals = {}
+    for confidence in confidences:
+        z = stats.norm.ppf(1 - (1 - confidence) / 2)
+        k = min(max(int(math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))), 0), len(diffs) - 1)
+        intervals[confidence] = (float(diffs[k]), float(diffs[len(diffs) - 1 - k]))
+    return float(np.median(diffs)), intervals
 
 
 KAYENTA_CONFIDENCES = (KAYENTA_CONFIDENCE, 0.95, 0.90, 0.80)
@@ -278,9 +279,8 @@ def kayenta_looks(sim: dict) -> list[tuple[int, dict[float, bool], float]]:
         experiment, control = experiment[np.isfinite(experiment)], control[np.isfinite(control)]
         if not len(experiment) or not len(control):
             continue  # Nodata: no score this interval
-        diffs = np.sort(np.subtract.outer(experiment, control).ravel())
-        estimate = float(np.median(diffs))
-        low = {c: _rank_interval(diffs, len(experiment), len(control), c)[1] < -KAYENTA_TOLERANCE * abs(estimate) for c in KAYENTA_CONFIDENCES}
+        estimate, intervals = hodges_lehmann(experiment, control, KAYENTA_CONFIDENCES)
+        low = {c: high < -KAYENTA_TOLERANCE * abs(estimate) for c, (_, high) in intervals.items()}
         looks.append((k, low, float(experiment.mean() / control.mean())))
     return looks
 
@@ -340,9 +340,11 @@ def scenarios(runs: int, families: bool = True) -> list[Scenario]:
 def scenario_table(results: list[tuple[Scenario, int | None]], guard: bool = False) -> dict[str, dict]:
     """Per scenario: how often the judge rolled back (over the horizon, within 10 intervals and, with
     `guard`, over the horizon and guard mode on harmless runs) and its median time to do so."""
+    cells: dict[str, list[tuple[Scenario, int | None]]] = {}
+    for s, k in results:  # one pass: the equal-rate sweep builds a table per anchor setting
+        cells.setdefault(s.key, []).append((s, k))
     table = {}
-    for key in dict.fromkeys(s.key for s, _ in results):
-        cell = [(s, k) for s, k in results if s.key == key]
+    for key, cell in cells.items():
         rolled = [k for _, k in cell if k is not None]
         in_horizon = [k for k in rolled if k <= HORIZON]
         runs = len(cell)
@@ -370,9 +372,7 @@ def summarize(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> dict
         if judge_name != "ours":
             report[judge_name]["false_rollback_rate_all_harmless_with_6h_guard"] = false_rollbacks(table, "rollback_rate_with_6h_guard")["false_rollback_rate_all_harmless"]
     if all("knobs" in r for _, r in results):
-        report["anchors_at_equal_false_rollback_rate"] = {
-            counted: at_equal_rate(results, graded, grids) for counted, graded in (("horizon + 6 h guard mode", "rollback_rate_with_6h_guard"),
-                                                                             ("horizon only", "rollback_rate_horizon"))}
+        report["anchors_at_equal_false_rollback_rate"] = at_equal_rate(results, grids)
     return report
 
 
@@ -383,31 +383,36 @@ def false_rollbacks(table: dict[str, dict], graded: str) -> dict:
             "false_rollback_rate_all_harmless": sum(v[graded] * v["runs"] for v in harmless.values()) / sum(v["runs"] for v in harmless.values())}
 
 
-def at_equal_rate(results: list[tuple[Scenario, dict]], graded: str, grids: dict = GRIDS) -> dict[str, dict]:
-    """Each anchor at every setting of its knobs that meets the false-rollback target (at most
-    EQUAL_RATE on every harmless scenario, counted as `graded` says), and the most power any of those
-    settings has on each regression scenario (a different setting may give each scenario its best: an
-    upper bound on what tuning the anchor can do). At their defaults the anchors' power on noisy series
-    is mostly the rate at which they roll back healthy nodes; at one false-rollback rate, power
-    measures what separates a regression from noise."""
-    out = {}
+COUNTINGS = {"horizon + 6 h guard mode": "rollback_rate_with_6h_guard", "horizon only": "rollback_rate_horizon"}
+
+
+def at_equal_rate(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> dict[str, dict[str, dict]]:
+    """For each way of counting false rollbacks (COUNTINGS), each anchor at every setting of its knobs
+    that meets the false-rollback target (at most EQUAL_RATE on every harmless scenario), and the most
+    power any of those settings has on each regression scenario (a different setting may give each
+    scenario its best: an upper bound on what tuning the anchor can do). At their defaults the anchors'
+    power on noisy series is mostly the rate at which they roll back healthy nodes; at one
+    false-rollback rate, power measures what separates a regression from noise."""
+    out: dict[str, dict[str, dict]] = {counted: {} for counted in COUNTINGS}
     for name, (knobs, grid) in grids.items():
-        best: dict[str, dict] = {}
-        meeting = 0
+        best: dict[str, dict[str, dict]] = {counted: {} for counted in COUNTINGS}
+        meeting = dict.fromkeys(COUNTINGS, 0)
         for index, setting in enumerate(grid):
             table = scenario_table([(s, r["knobs"][name][index]) for s, r in results], guard=True)
-            if max(v[graded] for v in table.values() if v["harmless"]) > EQUAL_RATE:
-                continue
-            meeting += 1
-            for key, v in table.items():
-                if v["harmless"]:
+            for counted, graded in COUNTINGS.items():
+                if max(v[graded] for v in table.values() if v["harmless"]) > EQUAL_RATE:
                     continue
-                cell = best.setdefault(key, {})
-                for measure in ("within_10_intervals", "rollback_rate_horizon"):
-                    if v[measure] > cell.get(measure, -1.0):
-                        cell[measure], cell[f"{measure}_at"] = v[measure], dict(zip(knobs, setting))
-        out[name] = {"knobs": list(knobs), "settings": len(grid), "settings_meeting_target": meeting, "default": dict(zip(knobs, grid[0])),
-                     "best_power_by_regression": best}
+                meeting[counted] += 1
+                for key, v in table.items():
+                    if v["harmless"]:
+                        continue
+                    cell = best[counted].setdefault(key, {})
+                    for measure in ("within_10_intervals", "rollback_rate_horizon"):
+                        if v[measure] > cell.get(measure, -1.0):
+                            cell[measure], cell[f"{measure}_at"] = v[measure], dict(zip(knobs, setting))
+        for counted in COUNTINGS:
+            out[counted][name] = {"knobs": list(knobs), "settings": len(grid), "settings_meeting_target": meeting[counted],
+                                  "default": dict(zip(knobs, grid[0])), "best_power_by_regression": best[counted]}
     return out
 
 
