@@ -105,6 +105,11 @@ class JudgeConfig:
     min_controls: int = 1
     mixture: float = 1.0  # scales the sequential test's mixing variances, in units of log(1 - tolerance)^2
 
+    @property
+    def sign(self) -> float:
+        """Multiplies log speed so that higher is better (direction "lower": latency-like metrics)."""
+        return 1.0 if self.direction == "higher" else -1.0
+
 
 @dataclass(frozen=True)
 class Judgement:
@@ -503,8 +508,8 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
     residuals = np.where(full, y - np.nanmean(y), np.nan)
     beta, cov, mean_x = [], [], []
     if pooled:
-        sign = 1.0 if cfg.direction == "higher" else -1.0  # the controls' fit is of log speed, l is signed
-        beta, cov = [sign * b for b in effect], [list(row) for row in effect_cov]
+        # the controls' fit is of log speed; l is signed
+        beta, cov = [cfg.sign * b for b in effect], [list(row) for row in effect_cov]
         mean_x = x[full][:, cols].mean(axis=0).tolist()
         residuals[full] = y[full] - np.mean(y[full]) - (x[full][:, cols] - np.array(mean_x)) @ np.array(beta)
     elif cols:
@@ -531,9 +536,8 @@ def _placebo_baselines(ref: Reference, pre: np.ndarray, cols: list[int], cfg: Ju
     pre mean of each gauge]}."""
     out: dict[str, list[float]] = {}
     names, loo_l, loo_x = ref.loo
-    sign = 1.0 if cfg.direction == "higher" else -1.0
     for i, name in enumerate(names[:PLACEBOS]):
-        l, x = sign * loo_l[i], loo_x[i]
+        l, x = cfg.sign * loo_l[i], loo_x[i]
         rows = pre & np.isfinite(l) & (np.isfinite(x[:, cols]).all(axis=1) if cols else True)
         if rows.sum() < cfg.min_samples:
             continue
@@ -664,7 +668,7 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     if ref.n_controls == 0:
         return Judgement("inconclusive", "no control node with flag 0 has data in the window", **common)
     t = panel.times
-    sign = 1.0 if cfg.direction == "higher" else -1.0
+    sign = cfg.sign
     empty = np.full(len(t), np.nan)
     l = sign * (_log(panel.speed.get(node, empty), cfg.min_traffic) - ref.speed)
     x = _log(panel.load.get(node, np.full((len(t), len(COVARIATES)), np.nan))) - ref.load
