@@ -7,15 +7,17 @@ TOOLS := .tools/bin
 TOOLS_STAMP := .tools/.installed-stamp
 CLUSTER_BIN := .cluster/bin
 PYTEST_ARGS ?=
+RETRY := .ci/retry
 
 .PHONY: test demo setup tools cluster bench-probe clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned: the CPU wheel this machine kind carries (a bare `torch` pulls a CUDA build).
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,demo]'
+	$(RETRY) $(PY) -m pip install -q --upgrade pip
+	# torch first, pinned. On Linux x86_64 PyPI serves only its CUDA build, which brings about 3 GB of
+	# nvidia-* wheels (it still runs on a CPU-only machine); a download cut short is resumed, then retried.
+	$(RETRY) $(PY) -m pip install -q --resume-retries 10 torch==2.13.0
+	$(RETRY) $(PY) -m pip install -q --resume-retries 10 -e '.[test,demo]'
 	touch $(STAMP)
 
 $(TOOLS_STAMP): .ci/install-tools

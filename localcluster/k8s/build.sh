@@ -27,11 +27,13 @@ etcd_ldflags="-s -w"
 cd "$here"
 echo "build.sh: building Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION into $out"
 export CGO_ENABLED=0
-go build -trimpath -ldflags "$(echo $kube_ldflags)" -o "$out/" \
+# go build fetches the pinned modules it lacks from the module proxy: retried (.ci/retry).
+retry="$root/.ci/retry"
+"$retry" go build -trimpath -ldflags "$(echo $kube_ldflags)" -o "$out/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
-go build -trimpath -ldflags "$(echo $kwok_ldflags)" -o "$out/" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
-go build -trimpath -ldflags "$etcd_ldflags" -o "$out/etcd" go.etcd.io/etcd/server/v3
+"$retry" go build -trimpath -ldflags "$(echo $kwok_ldflags)" -o "$out/" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
+"$retry" go build -trimpath -ldflags "$etcd_ldflags" -o "$out/etcd" go.etcd.io/etcd/server/v3
 # kwok's own stage definitions (the ones kwokctl feeds it), from the same module, for the launcher.
 stages="$out/../kwok-stages"; mkdir -p "$stages"
 kwok_src="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage"
