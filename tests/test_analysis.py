@@ -217,6 +217,61 @@ def test_the_discrete_mixture_narrows_the_sequence_for_a_noisy_estimate_and_cost
     assert analysis.mixture_halfwidth(precise, mixture, alpha) < 1.03 * analysis.mixture_halfwidth(precise, ((rho, 1.0),), alpha)
 
 
+def _arma_contrast_variance(n_pre: int, n_post: int, gap: int, inflation: float, phi: float) -> float:
+    """Var(post mean - pre mean) / variance by brute force: the ARMA(1,1) correlation matrix of both windows."""
+    c = (inflation - 1) * (1 - phi) / 2
+    times = np.concatenate([np.arange(n_pre), n_pre + gap + np.arange(n_post)])
+    lags = np.abs(times[:, None] - times[None, :])
+    corr = np.where(lags == 0, 1.0, c * phi ** np.maximum(lags - 1, 0))
+    weights = np.concatenate([np.full(n_pre, -1 / n_pre), np.full(n_post, 1 / n_post)])
+    return float(weights @ corr @ weights)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_pre=st.integers(2, 120), n_post=st.integers(1, 200), gap=st.integers(0, 8),
+       share=st.floats(0.0, 0.95), tau=st.floats(15, 900))
+def test_the_contrast_factor_is_the_arma_variance_of_the_difference_over_its_asymptotic_form(n_pre, n_post, gap, share, tau):
+    """AR(1) wander (a share of the variance, correlation time tau s) under white noise, 15 s steps:
+    the factor is the exact variance of the difference of the two window means over the asymptotic
+    one, with the variance taken about the baseline's mean as the judge takes it; never above 1."""
+    phi = math.exp(-15 / tau)
+    inflation = 1 + 2 * share * phi / (1 - phi)
+    factor = analysis.contrast_factor(n_pre, n_post, gap, inflation, phi)
+    exact = _arma_contrast_variance(n_pre, n_post, gap, inflation, phi)
+    c = (inflation - 1) * (1 - phi) / 2
+    pre = np.arange(n_pre)
+    pre_lags = np.abs(pre[:, None] - pre[None, :])
+    w_pre = float(np.where(pre_lags == 0, 1.0, c * phi ** np.maximum(pre_lags - 1, 0)).mean())
+    expected = exact / (inflation * (1 / n_pre + 1 / n_post)) / max(1 - w_pre, 0.05) if inflation > 1 else 1.0
+    assert 0 < factor <= 1.0
+    assert factor == pytest.approx(min(expected, 1.0), rel=1e-6)
+
+
+def test_the_contrast_factor_narrows_only_where_the_memory_outlasts_the_windows():
+    assert analysis.contrast_factor(80, 40, 4, 1.0, 0.0) == 1.0  # independent samples
+    short = math.exp(-15 / 30)
+    assert analysis.contrast_factor(80, 40, 4, 1 + 2 * 0.8 * short / (1 - short), short) > 0.95  # 30 s memory
+    long = math.exp(-15 / 600)  # 10 min memory, 20 min baseline, 10 min after: the shared wander cancels
+    assert 0.3 < analysis.contrast_factor(80, 40, 4, 1 + 2 * 0.8 * long / (1 - long), long) < 0.7
+
+
+def test_the_finite_window_narrowing_follows_the_nodes_own_memory(monkeypatch):
+    """Every node wandering (10 min memory): the model variance over 10 min after the flip is below the
+    asymptotic one. The same controls around a node whose own baseline shows no memory (white noise
+    at 5%, a control's gauges, which do not move its speed): unchanged, however long the controls' memory."""
+    now = ENABLE + WARMUP + 600.0
+    wandering = fleet(1.0, seed=4, wander=(600.0, 0.08))
+    rng = np.random.default_rng(3)
+    white = [(t, float(30 * math.exp(rng.normal(0, 0.05)))) for t, _ in wandering[0]["c0"]]
+    alone = ({**wandering[0], "t": white}, {k: {**v, "t": v["c0"]} for k, v in wandering[1].items()})
+    judged = [look(*series, now) for series in (wandering, alone)]
+    assert judged[1].state["baseline"]["fo"] == 1.0 and judged[1].state["baseline"]["f"] > 10  # the premise
+    monkeypatch.setattr(analysis, "contrast_factor", lambda *args: 1.0)
+    asymptotic = [look(*series, now).model_sd for series in (wandering, alone)]
+    assert judged[0].model_sd < 0.9 * asymptotic[0]
+    assert judged[1].model_sd == pytest.approx(asymptotic[1])
+
+
 @pytest.mark.parametrize("results,expected", [
     (["fail", "fail", "fail"], [None, None, "fail"]),
     (["fail", "inconclusive", "fail", "fail"], [None, None, None, None]),

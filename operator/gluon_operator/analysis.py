@@ -17,7 +17,8 @@ Per node under analysis T, against the control nodes C (flag 0) in the same wind
 3. Placebo flips: the first 8 controls get the node's flip time and the same estimate, every look.
    Their flag never changed; the mean square of their estimates is a floor under the variance.
 4. The estimate (difference in differences), its variance (max(long-run variance / n plus the
-   baseline's, the placebos' mean square), plus beta's through the load shift) and an anytime-valid
+   baseline's, narrowed to the fitted ARMA(1,1)'s exact variance over the two finite windows as far as
+   the node's own memory shows, the placebos' mean square), plus beta's through the load shift) and an anytime-valid
    confidence sequence: the normal-mixture boundary (Robbins; the mixture SPRT of Johari et al. 2017;
    Netflix's sequential canary tests, Lindon et al., KDD 2022) over four mixing variances, so looking
    every interval, for hours of guard mode, keeps the error rate, and a noisy node's large regression
@@ -415,6 +416,37 @@ def _inflation(series: np.ndarray, length: int) -> tuple[float, float]:
     return inflation, phi
 
 
+def _geometric(phi: float, k: int) -> float:
+    """1 + phi + ... + phi^(k-1)."""
+    return float(k) if phi >= 1 else (1 - phi ** k) / (1 - phi)
+
+
+def _window_mean_variance(n: int, inflation: float, phi: float) -> float:
+    """Variance of a mean of n consecutive samples over the samples' variance, under the fitted
+    ARMA(1,1) (rho_h = c phi^(h-1), c = (inflation - 1)(1 - phi) / 2): (1 + 2 sum (1 - h/n) rho_h) / n."""
+    c = (inflation - 1) * (1 - phi) / 2
+    weighted = float(n - 1) if phi == 0 else ((n - 1) - n * phi + phi ** n) / (1 - phi) ** 2  # sum (n - h) phi^(h-1)
+    return (1 + 2 * c * weighted / n) / n
+
+
+def contrast_factor(n_pre: int, n_post: int, gap: int, inflation: float, phi: float) -> float:
+    """How much of the asymptotic variance of the difference in differences, inflation x variance x
+    (1 / n_post + 1 / n_pre), the fitted ARMA(1,1) gives it over windows this long: a mean over a window
+    shorter than the memory varies less than long-run variance / n (the far lags never enter it), the
+    two windows' wander is shared (their covariance is subtracted), and the variance it multiplies was
+    taken about the baseline's own mean, which hides that mean's variance (so it is divided by
+    1 - that). `gap`: samples between the last baseline sample and the first post-flip one (the
+    warm-up). At most 1: with no memory it changes nothing; with 10 min of it, 20 min of baseline and
+    10 min after, about 0.4-0.6 (docs/analysis.md, step 4)."""
+    if inflation <= 1 or n_pre < 2 or n_post < 1:
+        return 1.0
+    c = (inflation - 1) * (1 - phi) / 2
+    w_pre, w_post = _window_mean_variance(n_pre, inflation, phi), _window_mean_variance(n_post, inflation, phi)
+    cross = c * phi ** gap * _geometric(phi, n_pre) * _geometric(phi, n_post) / (n_pre * n_post)
+    exact = max(w_pre + w_post - 2 * cross, 0.0)
+    return min(1.0, exact / (inflation * (1 / n_pre + 1 / n_post)) / max(1 - w_pre, 0.05))
+
+
 def _long_run_variance(residuals: np.ndarray, inflation: float, dof: int = 1) -> float:
     """The variance of a mean of n of these samples is this / n."""
     values = residuals[np.isfinite(residuals)]
@@ -519,10 +551,12 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
         beta, cov = fit.params[1:].tolist(), fit.cov_params()[1:, 1:].tolist()
         mean_x = x[full][:, cols].mean(axis=0).tolist()
         residuals[full] = fit.resid
-    inflation, phi = max(_inflation(residuals, int(full.sum())), (ref.inflation, ref.phi))
+    own = _inflation(residuals, int(full.sum()))
+    inflation, phi = max(own, (ref.inflation, ref.phi))
     n = int(full.sum())
     lrv = _long_run_variance(residuals, inflation, dof=len(cols) + 1)
-    return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi, "s": scale,
+    return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi,
+            "fo": own[0], "po": own[1], "s": scale,
             "cols": cols, "beta": beta, "cov": cov, "x": mean_x, "pooled": effect_nodes if pooled else 0,
             "pl": ref._cached(("placebo baselines", pre.tobytes(), tuple(cols), cfg.direction, cfg.min_samples),
                               lambda: _placebo_baselines(ref, pre, cols, cfg))}
@@ -606,8 +640,18 @@ def _independent(x: np.ndarray, cols: list[int]) -> list[int]:
     return kept
 
 
+def _step(times: np.ndarray) -> float:
+    return float(np.median(np.diff(times))) if len(times) > 1 else 15.0
+
+
+def _gap_samples(times: np.ndarray, warmup: float) -> int:
+    """Samples the warm-up skips between the baseline and the post-flip window."""
+    step = _step(times)
+    return max(int(round(warmup / step)), 0) if step > 0 else 0
+
+
 def _batch_size(times: np.ndarray) -> int:
-    step = float(np.median(np.diff(times))) if len(times) > 1 else 15.0
+    step = _step(times)
     return max(8, int(round(BATCH_SECONDS / step))) if step > 0 else 8
 
 
@@ -642,7 +686,8 @@ def _restore(state: Any, changed_at: float) -> dict[str, Any]:
         if base is not None:
             cols = [int(c) for c in base["cols"]]
             base = {"m": float(base["m"]), "v": float(base["v"]), "n": int(base["n"]), "lrv": float(base["lrv"]),
-                    "g": float(base["g"]), "f": float(base["f"]), "phi": float(base["phi"]), "s": float(base["s"]), "cols": cols,
+                    "g": float(base["g"]), "f": float(base["f"]), "phi": float(base["phi"]),
+                    "fo": float(base.get("fo", 1.0)), "po": float(base.get("po", 0.0)), "s": float(base["s"]), "cols": cols,
                     "beta": [float(b) for b in base["beta"]], "cov": [[float(c) for c in row] for row in base["cov"]],
                     "x": [float(v) for v in base["x"]], "pooled": int(base.get("pooled", 0)),
                     "pl": {str(k): [float(v) for v in row] for k, row in (base.get("pl") or {}).items() if len(row) == 2 + len(cols)}}
@@ -716,7 +761,12 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     beta_var = float(shift @ np.array(base["cov"]) @ shift) if cols else 0.0
     # The baseline shares the post period's noise process: its variance grows with what the batch
     # means learn about the long-run variance (a 20 min baseline alone cannot see 10 min memory).
-    model_var = lrv / n + (max(base["v"], lrv / base["n"]) if base else 0.0)
+    # Over finite windows the shared wander cancels (contrast_factor), as far as the node's own
+    # baseline shows a memory: a node wandering alone among calm controls keeps the wider variance.
+    gap = _gap_samples(t, warmup)
+    factor = max(contrast_factor(base["n"], n, gap, base["f"], base["phi"]),
+                 contrast_factor(base["n"], n, gap, base["fo"], base["po"])) if base else 1.0
+    model_var = (lrv / n + (max(base["v"], lrv / base["n"]) if base else 0.0)) * factor
     # The placebos' spread bounds it from below: what the model of the noise misses, they show.
     placebo_var, n_placebos = _placebo_variance(placebos, placebo_sums, cfg.min_samples)
     variance = max(model_var, placebo_var) + beta_var
@@ -732,6 +782,7 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
                                                      + (f" with the effect pooled over {base['pooled']} controls" if base.get("pooled") else " with the node's own fit")
                                                      if cols else "")
               if base else "vs control only (no pre-enable baseline)") + ", ARMA(1,1) long-run variance" \
+        + (f" x{factor:.2f} over the finite windows" if factor < 1 else "") \
         + (f" bounded by {n_placebos} placebo controls" if n_placebos >= MIN_PLACEBOS else "") + ", normal-mixture confidence sequence"
     numbers = dict(effect=math.exp(estimate), ci_low=math.exp(estimate - half), ci_high=math.exp(min(estimate + half, 700.0)),
                    n_eff=n / inflation, inflation=inflation, phi=phi, adjustment=math.exp(-float(shift @ np.array(base["beta"]))) if cols else 1.0,
