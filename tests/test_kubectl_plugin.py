@@ -410,11 +410,29 @@ def gluon_json(live, capsys, *args: str):
     return json.loads(out)
 
 
-def create_rollout(live, name: str, **spec) -> dict:
+@pytest.fixture
+def create_rollout(live):
+    """create_rollout(live, name, **spec) makes a GluonRollout over the three nodes; each one made is
+    deleted when the test ends, passed or not (a rollout left behind would claim the nodes of the next)."""
+    from kubernetes.client.exceptions import ApiException
+
     from gluon_localcluster import fleet
 
-    body = fleet.rollout(name, live.namespace, nodeSelector={"matchLabels": {"gluon-plugin-e2e": live.namespace}}, **spec)
-    return live.custom.create_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, body)
+    made: list[str] = []
+
+    def create(live, name: str, **spec) -> dict:
+        body = fleet.rollout(name, live.namespace, nodeSelector={"matchLabels": {"gluon-plugin-e2e": live.namespace}}, **spec)
+        created = live.custom.create_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, body)
+        made.append(name)
+        return created
+
+    yield create
+    for name in made:
+        try:
+            live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 def read_rollout(live, name: str) -> dict:
@@ -438,7 +456,7 @@ def states(view) -> dict[str, str]:
     return {r["node"]: r["state"] for r in view["nodes"]}
 
 
-def test_e2e_missing_rollout_and_node_are_named(live, capsys):
+def test_e2e_missing_rollout_and_node_are_named(live, capsys, create_rollout):
     rc, _, err = gluon(live, capsys, "status", "nope")
     assert rc == 1 and f"GluonRollout 'nope' in namespace '{live.namespace}' not found" in err
     rc, _, err = gluon(live, capsys, "status")
@@ -448,10 +466,9 @@ def test_e2e_missing_rollout_and_node_are_named(live, capsys):
     assert rc == 1 and "node 'no-such-node' not found" in err
     rc, _, err = gluon(live, capsys, "retry", "plug-c")
     assert rc == 1 and "node 'plug-c' has no rollback record" in err
-    live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "only")
 
 
-def test_e2e_every_command_against_the_operator(live, capsys):
+def test_e2e_every_command_against_the_operator(live, capsys, create_rollout):
     create_rollout(live, "kimi", strategy={"canaryNodes": 0, "maxParallel": 2, "approval": "AfterCanary"})
     # status: the operator judged every node; two are eligible and wait for a person at the canary gate
     view = until(live, capsys, "kimi", lambda v: (v.get("approval") or {}).get("waitingFor") == "canary"
@@ -483,8 +500,10 @@ def test_e2e_every_command_against_the_operator(live, capsys):
     rc, text, _ = gluon(live, capsys, "promote")
     assert rc == 0 and "promoted" in text
     assert read_rollout(live, "kimi")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_APPROVE] == "canary"
+    # the node rows come from the Nodes, written before the rollout's status that records the grant
     view = until(live, capsys, "kimi", lambda v: {states(v)["plug-a"], states(v)["plug-b"]} <= {"Enabling", "Analyzing"}
-                 and all(r["flag"] == "1" for r in v["nodes"] if r["node"] != "plug-c"), "the canary enabled")
+                 and all(r["flag"] == "1" for r in v["nodes"] if r["node"] != "plug-c")
+                 and (v.get("approval") or {}).get("granted"), "the canary enabled and its grant recorded")
     assert [g["gate"] for g in view["approval"]["granted"]] == ["canary"]
     assert live.core.read_node("plug-a").metadata.labels[contract.LABEL_ENABLED] == "true"
     rc, _, err = gluon(live, capsys, "promote")
@@ -508,10 +527,9 @@ def test_e2e_every_command_against_the_operator(live, capsys):
     assert gluon(live, capsys, "resume")[0] == 0
     assert contract.ANNOTATION_ROLLOUT_ABORT not in (read_rollout(live, "kimi")["metadata"].get("annotations") or {})
     until(live, capsys, "kimi", lambda v: v["phase"] != "Aborted", "abort lifted")
-    live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "kimi")
 
 
-def test_e2e_retry_clears_a_rollback_so_the_node_is_judged_again(live, capsys):
+def test_e2e_retry_clears_a_rollback_so_the_node_is_judged_again(live, capsys, create_rollout):
     create_rollout(live, "retry", strategy={"canaryNodes": 0, "maxParallel": 2})
     until(live, capsys, "retry", lambda v: states(v).get("plug-a") in ("Enabling", "Analyzing"), "plug-a enabled")
     # The operator's rollback record for plug-a's fingerprint, as its executor writes one
@@ -526,10 +544,9 @@ def test_e2e_retry_clears_a_rollback_so_the_node_is_judged_again(live, capsys):
     assert rc == 0 and "rollback record cleared (was: effect x0.80 below x0.95)" in text
     assert contract.ANNOTATION_ROLLBACK not in (live.core.read_node("plug-a").metadata.annotations or {})
     until(live, capsys, "retry", lambda v: states(v)["plug-a"] != "RolledBack", "plug-a judged again")
-    live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "retry")
 
 
-def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp_path):
+def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp_path, create_rollout):
     """kubectl's own plugin lookup: an executable `kubectl-gluon` on PATH is `kubectl gluon` (the console
     script pip installs is such an executable; here a shim runs this checkout's module)."""
     import subprocess
@@ -551,4 +568,3 @@ def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp
     assert f"GluonRollout {live.namespace}/viakubectl" in shown.stdout and "paused" in shown.stdout
     missing = run("explain", "no-such-node", "-r", "viakubectl")
     assert missing.returncode == 1 and "node 'no-such-node' not found" in missing.stderr
-    live.custom.delete_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, "viakubectl")
