@@ -286,6 +286,23 @@ def test_after_canary_waits_for_the_gate_then_the_grant_is_recorded():
     assert not any(e.reason == "Approved" for e in fleet.step().events)  # recorded once
 
 
+def test_a_grant_whose_status_write_was_lost_is_recorded_by_the_next_reconcile():
+    """The executor writes the Nodes, then the status: if the status write fails, the enabled nodes are
+    on record and the gate's grant must not be lost with it."""
+    fleet = Fleet(4, strategy={"canaryNodes": 1, "maxParallel": 3, "approval": "AfterCanary"})
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
+    fleet.step()
+    fleet.rollout["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_APPROVE] = "canary"
+    before = json.loads(json.dumps(fleet.rollout["status"]))
+    assert [g["gate"] for g in fleet.step().status["approval"]["granted"]] == ["canary"]  # the Nodes are written...
+    fleet.rollout["status"] = before  # ... and the status write is lost
+    again = fleet.step()
+    assert [g["gate"] for g in again.status["approval"]["granted"]] == ["canary"] and again.status["approval"]["waitingFor"] is None
+    assert sum(1 for s in again.statuses.values() if s.state in (ENABLING, ANALYZING)) == 3
+    fleet.rollout["metadata"]["annotations"].pop(contract.ANNOTATION_ROLLOUT_APPROVE)
+    assert [g["gate"] for g in fleet.step().status["approval"]["granted"]] == ["canary"]  # kept once recorded
+
+
 def test_abort_annotation_disables_flag_on_nodes_while_present():
     fleet = Fleet(3, strategy={"canaryNodes": 1, "maxParallel": 2})
     run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)

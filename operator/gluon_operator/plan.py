@@ -432,6 +432,9 @@ def choose_enables(spec: GluonRolloutSpec, work: Mapping[str, NodeWork], approva
         elif i == 0 and mode != "Automatic" and candidates and not gate_open(approval, CANARY_GATE):
             return [], CANARY_GATE
         else:
+            if i == 0 and mode != "Automatic" and not candidates:
+                # nodes past the canaries are in progress: a grant whose status write was lost is recorded now
+                gate_open(approval, CANARY_GATE)
             limit = max(1, resolve(spec.strategy.maxParallel, len(members), round_up=True)) - in_progress
         return candidates[: max(0, limit)], None
     return [], None
