@@ -412,7 +412,7 @@ def gluon_json(live, capsys, *args: str):
 
 @pytest.fixture
 def create_rollout(live):
-    """create_rollout(live, name, **spec) makes a GluonRollout over the three nodes; each one made is
+    """create_rollout(name, **spec) makes a GluonRollout over the three nodes; each one made is
     deleted when the test ends, passed or not (a rollout left behind would claim the nodes of the next)."""
     from kubernetes.client.exceptions import ApiException
 
@@ -420,7 +420,7 @@ def create_rollout(live):
 
     made: list[str] = []
 
-    def create(live, name: str, **spec) -> dict:
+    def create(name: str, **spec) -> dict:
         body = fleet.rollout(name, live.namespace, nodeSelector={"matchLabels": {"gluon-plugin-e2e": live.namespace}}, **spec)
         created = live.custom.create_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, body)
         made.append(name)
@@ -461,7 +461,7 @@ def test_e2e_missing_rollout_and_node_are_named(live, capsys, create_rollout):
     assert rc == 1 and f"GluonRollout 'nope' in namespace '{live.namespace}' not found" in err
     rc, _, err = gluon(live, capsys, "status")
     assert rc == 1 and f"no GluonRollout in namespace '{live.namespace}'" in err
-    create_rollout(live, "only", paused=True)
+    create_rollout("only", paused=True)
     rc, _, err = gluon(live, capsys, "explain", "no-such-node", "-r", "only")
     assert rc == 1 and "node 'no-such-node' not found" in err
     rc, _, err = gluon(live, capsys, "retry", "plug-c")
@@ -469,7 +469,7 @@ def test_e2e_missing_rollout_and_node_are_named(live, capsys, create_rollout):
 
 
 def test_e2e_every_command_against_the_operator(live, capsys, create_rollout):
-    create_rollout(live, "kimi", strategy={"canaryNodes": 0, "maxParallel": 2, "approval": "AfterCanary"})
+    create_rollout("kimi", strategy={"canaryNodes": 0, "maxParallel": 2, "approval": "AfterCanary"})
     # status: the operator judged every node; two are eligible and wait for a person at the canary gate
     view = until(live, capsys, "kimi", lambda v: (v.get("approval") or {}).get("waitingFor") == "canary"
                  and states(v) == {"plug-a": "Eligible", "plug-b": "Eligible", "plug-c": "Ineligible"}, "the canary gate")
@@ -530,7 +530,7 @@ def test_e2e_every_command_against_the_operator(live, capsys, create_rollout):
 
 
 def test_e2e_retry_clears_a_rollback_so_the_node_is_judged_again(live, capsys, create_rollout):
-    create_rollout(live, "retry", strategy={"canaryNodes": 0, "maxParallel": 2})
+    create_rollout("retry", strategy={"canaryNodes": 0, "maxParallel": 2})
     until(live, capsys, "retry", lambda v: states(v).get("plug-a") in ("Enabling", "Analyzing"), "plug-a enabled")
     # The operator's rollback record for plug-a's fingerprint, as its executor writes one
     report = json.loads(live.core.read_node("plug-a").metadata.annotations[contract.ANNOTATION_REPORT])
@@ -554,7 +554,7 @@ def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp
 
     from gluon_localcluster.binaries import binary
 
-    create_rollout(live, "viakubectl", paused=True)
+    create_rollout("viakubectl", paused=True)
     shim = tmp_path / "kubectl-gluon"
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m gluon_operator.kubectl_plugin \"$@\"\n")
     shim.chmod(0o755)

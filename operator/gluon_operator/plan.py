@@ -429,12 +429,11 @@ def choose_enables(spec: GluonRolloutSpec, work: Mapping[str, NodeWork], approva
         canaries = resolve(spec.strategy.canaryNodes, len(members), round_up=True)
         if promoted < canaries:
             limit = canaries - promoted - in_progress
-        elif i == 0 and mode != "Automatic" and candidates and not gate_open(approval, CANARY_GATE):
+        # The gate is asked whenever the batch is past its canaries, candidates or not: nodes past them in
+        # progress record a grant whose status write was lost.
+        elif i == 0 and mode != "Automatic" and not gate_open(approval, CANARY_GATE) and candidates:
             return [], CANARY_GATE
         else:
-            if i == 0 and mode != "Automatic" and not candidates:
-                # nodes past the canaries are in progress: a grant whose status write was lost is recorded now
-                gate_open(approval, CANARY_GATE)
             limit = max(1, resolve(spec.strategy.maxParallel, len(members), round_up=True)) - in_progress
         return candidates[: max(0, limit)], None
     return [], None
