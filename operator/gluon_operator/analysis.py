@@ -556,7 +556,7 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
     n = int(full.sum())
     lrv = _long_run_variance(residuals, inflation, dof=len(cols) + 1)
     return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi,
-            "fo": own[0], "po": own[1], "s": scale,
+            "s": scale,
             "cols": cols, "beta": beta, "cov": cov, "x": mean_x, "pooled": effect_nodes if pooled else 0,
             "pl": ref._cached(("placebo baselines", pre.tobytes(), tuple(cols), cfg.direction, cfg.min_samples),
                               lambda: _placebo_baselines(ref, pre, cols, cfg))}
@@ -687,7 +687,7 @@ def _restore(state: Any, changed_at: float) -> dict[str, Any]:
             cols = [int(c) for c in base["cols"]]
             base = {"m": float(base["m"]), "v": float(base["v"]), "n": int(base["n"]), "lrv": float(base["lrv"]),
                     "g": float(base["g"]), "f": float(base["f"]), "phi": float(base["phi"]),
-                    "fo": float(base.get("fo", 1.0)), "po": float(base.get("po", 0.0)), "s": float(base["s"]), "cols": cols,
+                    "s": float(base["s"]), "cols": cols,
                     "beta": [float(b) for b in base["beta"]], "cov": [[float(c) for c in row] for row in base["cov"]],
                     "x": [float(v) for v in base["x"]], "pooled": int(base.get("pooled", 0)),
                     "pl": {str(k): [float(v) for v in row] for k, row in (base.get("pl") or {}).items() if len(row) == 2 + len(cols)}}
@@ -761,11 +761,10 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     beta_var = float(shift @ np.array(base["cov"]) @ shift) if cols else 0.0
     # The baseline shares the post period's noise process: its variance grows with what the batch
     # means learn about the long-run variance (a 20 min baseline alone cannot see 10 min memory).
-    # Over finite windows the shared wander cancels (contrast_factor), as far as the node's own
-    # baseline shows a memory: a node wandering alone among calm controls keeps the wider variance.
-    gap = _gap_samples(t, warmup)
-    factor = max(contrast_factor(base["n"], n, gap, base["f"], base["phi"]),
-                 contrast_factor(base["n"], n, gap, base["fo"], base["po"])) if base else 1.0
+    # Over finite windows the shared wander cancels: the factor is that of the fit whose inflation
+    # the variance uses, so the model is one ARMA(1,1), not the widest inflation of one fit with the
+    # mildest narrowing of another (that mix read a calm node among wandering controls 2-4x too wide).
+    factor = contrast_factor(base["n"], n, _gap_samples(t, warmup), base["f"], base["phi"]) if base else 1.0
     model_var = (lrv / n + (max(base["v"], lrv / base["n"]) if base else 0.0)) * factor
     # The placebos' spread bounds it from below: what the model of the noise misses, they show.
     placebo_var, n_placebos = _placebo_variance(placebos, placebo_sums, cfg.min_samples)
