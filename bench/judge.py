@@ -56,6 +56,11 @@ knobs are swept (GRIDS: Flagger's threshold ratio and `threshold`; Argo's ratio,
 consecutiveErrorLimit; Kayenta's allowedDecrease and confLevel), the settings with at most 1% false
 rollbacks on every harmless scenario are kept (counted over the same looks as ours, and again over the
 horizon alone), and the most power any kept setting has on each regression scenario is set against ours.
+The same again with each anchor held to ours' own false-rollback rate on every harmless scenario
+(`anchors_at_ours_false_rollback_rate`), where ours undercuts 1%. On correlated regressions the record
+also gives how far the treated node's own load moved its speed (`own_load_slowdown`, log, from the
+baseline to the first 10 intervals) in the runs each judge rolled back and in all runs: what a judge
+that does not adjust for load reads as part of the flag's effect.
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -205,6 +211,27 @@ def intervals_of(sim: dict) -> int:
     return (len(sim["t"]) - BASELINE) // PER_INTERVAL - WARMUP_INTERVALS
 
 
+def own_load_slowdown(sim: dict, intervals: int = 10) -> float:
+    """How far the treated node's own load, against the controls' median, moved its log speed from the
+    baseline to the first `intervals` intervals after the warm-up (ELASTICITY): what a judge that does
+    not adjust for load reads as part of the flag's effect."""
+    t, enable = sim["t"], sim["enable"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a scrape gap of every node: no median there
+        own = sum(e * (np.log(sim[k][0]) - np.nanmedian(np.log(sim[k][1:]), axis=0)) for e, k in zip(ELASTICITY, ("running", "usage")))
+        pre = (t >= enable - BASELINE * STEP) & (t < enable)
+        post = (t >= enable + WARMUP_INTERVALS * PER_INTERVAL * STEP) & (t <= interval_ends(enable, intervals)[-1])
+        return float(np.nanmean(own[post]) - np.nanmean(own[pre]))
+
+
+def mean_own_load_slowdown(results: list[tuple[Scenario, dict]], key: str, rollback_of: Callable[[dict], int | None] | None = None) -> float | None:
+    """Mean own_load_slowdown over one scenario's runs, or over those `rollback_of` (a run's rollback
+    interval) rolled back within 10 intervals; None where there are none."""
+    values = [r["own_load_slowdown"] for s, r in results if s.key == key and r.get("own_load_slowdown") is not None
+              and (rollback_of is None or ((k := rollback_of(r)) is not None and k <= 10))]
+    return round(float(np.mean(values)), 4) if values else None
+
+
 def per_interval_means(sim: dict) -> tuple[float, list[float | None]]:
     """The treated node's pre-rollout mean and its mean over each interval (None: no data)."""
     t, treated, enable = sim["t"], sim["speed"][0], sim["enable"]
@@ -320,6 +347,7 @@ def run_one(s: Scenario) -> dict:
              "kayenta_style": [kayenta_style(sim, *p, looks=looks) for p in GRIDS["kayenta_style"][1]]}
     out: dict = {name: values[0] for name, values in knobs.items()}
     out["ours"] = ours(sim, intervals_of(sim))
+    out["own_load_slowdown"] = own_load_slowdown(sim) if s.family != "iid" else None  # iid: speed does not answer load
     out["knobs"] = knobs
     return out
 
@@ -369,10 +397,18 @@ def summarize(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> dict
             "median_intervals_to_detect_10pct_5pct_noise": table.get("regression_10pct@5pct_noise", {}).get("median_intervals_to_rollback"),
             "by_scenario": table,
         }
+        if judge_name == "ours":
+            correlated = [k for k, v in table.items() if not v["harmless"] and k.split(":")[0] in FAMILIES]
+            report[judge_name]["own_load_slowdown_in_rollbacks"] = {k: mean_own_load_slowdown(results, k, lambda r: r["ours"]) for k in correlated}
+            report[judge_name]["own_load_slowdown_all_runs"] = {k: mean_own_load_slowdown(results, k) for k in correlated}
         if judge_name != "ours":
             report[judge_name]["false_rollback_rate_all_harmless_with_6h_guard"] = false_rollbacks(table, "rollback_rate_with_6h_guard")["false_rollback_rate_all_harmless"]
     if all("knobs" in r for _, r in results):
         report["anchors_at_equal_false_rollback_rate"] = at_equal_rate(results, grids)
+        # the same, with each anchor held to ours' own false-rollback rate on every harmless scenario
+        # (over all of ours' looks) instead of the 1% target, which ours may undercut
+        report["anchors_at_ours_false_rollback_rate"] = at_equal_rate(
+            results, grids, {k: v["rollback_rate_with_6h_guard"] for k, v in report["ours"]["by_scenario"].items() if v["harmless"]})
     return report
 
 
@@ -386,13 +422,14 @@ def false_rollbacks(table: dict[str, dict], graded: str) -> dict:
 COUNTINGS = {"horizon + 6 h guard mode": "rollback_rate_with_6h_guard", "horizon only": "rollback_rate_horizon"}
 
 
-def at_equal_rate(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> dict[str, dict[str, dict]]:
+def at_equal_rate(results: list[tuple[Scenario, dict]], grids: dict = GRIDS, limits: dict[str, float] | None = None) -> dict[str, dict[str, dict]]:
     """For each way of counting false rollbacks (COUNTINGS), each anchor at every setting of its knobs
-    that meets the false-rollback target (at most EQUAL_RATE on every harmless scenario), and the most
-    power any of those settings has on each regression scenario (a different setting may give each
-    scenario its best: an upper bound on what tuning the anchor can do). At their defaults the anchors'
-    power on noisy series is mostly the rate at which they roll back healthy nodes; at one
-    false-rollback rate, power measures what separates a regression from noise."""
+    that meets the false-rollback limit on every harmless scenario (`limits` by scenario, EQUAL_RATE
+    where it names none), and the most power any of those settings has on each regression scenario (a
+    different setting may give each scenario its best: an upper bound on what tuning the anchor can
+    do). At their defaults the anchors' power on noisy series is mostly the rate at which they roll
+    back healthy nodes; at one false-rollback rate, power measures what separates a regression from noise."""
+    limits = limits or {}
     out: dict[str, dict[str, dict]] = {counted: {} for counted in COUNTINGS}
     for name, (knobs, grid) in grids.items():
         best: dict[str, dict[str, dict]] = {counted: {} for counted in COUNTINGS}
@@ -400,7 +437,7 @@ def at_equal_rate(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> 
         for index, setting in enumerate(grid):
             table = scenario_table([(s, r["knobs"][name][index]) for s, r in results], guard=True)
             for counted, graded in COUNTINGS.items():
-                if max(v[graded] for v in table.values() if v["harmless"]) > EQUAL_RATE:
+                if any(v[graded] > limits.get(key, EQUAL_RATE) for key, v in table.items() if v["harmless"]):
                     continue
                 meeting[counted] += 1
                 for key, v in table.items():
@@ -410,6 +447,8 @@ def at_equal_rate(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> 
                     for measure in ("within_10_intervals", "rollback_rate_horizon"):
                         if v[measure] > cell.get(measure, -1.0):
                             cell[measure], cell[f"{measure}_at"] = v[measure], dict(zip(knobs, setting))
+                            if measure == "within_10_intervals" and key.split(":")[0] in FAMILIES:
+                                cell["own_load_slowdown_in_rollbacks"] = mean_own_load_slowdown(results, key, lambda r: r["knobs"][name][index])
         for counted in COUNTINGS:
             out[counted][name] = {"knobs": list(knobs), "settings": len(grid), "settings_meeting_target": meeting[counted],
                                   "default": dict(zip(knobs, grid[0])), "best_power_by_regression": best[counted]}
@@ -421,8 +460,8 @@ def targets(report: dict) -> dict[str, bool | None]:
     regressions = [k for k, v in o["by_scenario"].items() if not v["harmless"]]
     measures = ("within_10_intervals", "rollback_rate_horizon")
 
-    def at_least_every_tuned_anchor(counted: str) -> bool | None:
-        tuned = report.get("anchors_at_equal_false_rollback_rate", {}).get(counted)
+    def at_least_every_tuned_anchor(counted: str, section: str = "anchors_at_equal_false_rollback_rate") -> bool | None:
+        tuned = report.get(section, {}).get(counted)
         if tuned is None:
             return None
         return all(o["by_scenario"][k][m] >= a["best_power_by_regression"].get(k, {}).get(m, 0.0)
@@ -438,6 +477,10 @@ def targets(report: dict) -> dict[str, bool | None]:
             for a in ANCHORS for k in regressions),
         "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks": at_least_every_tuned_anchor("horizon + 6 h guard mode"),
         "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor("horizon only"),
+        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks": at_least_every_tuned_anchor(
+            "horizon + 6 h guard mode", "anchors_at_ours_false_rollback_rate"),
+        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor(
+            "horizon only", "anchors_at_ours_false_rollback_rate"),
     }
 
 

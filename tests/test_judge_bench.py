@@ -114,6 +114,28 @@ def test_at_equal_rate_keeps_only_settings_that_meet_the_target_and_takes_their_
     assert met["equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks"] is False
 
 
+@pytest.mark.parametrize("ours_rolls_it_back", [True, False])
+def test_at_ours_rate_holds_the_anchors_to_ours_own_false_rollbacks(ours_rolls_it_back):
+    """The second setting rolls back the 2% noise regressions and the one run of none@2pct_noise: over
+    the 1% target it is never kept; at ours' own rate it is kept exactly when ours rolls that run back too."""
+    todo = bench.scenarios(1)
+    grids = {name: (knobs, grid[:2]) for name, (knobs, grid) in bench.GRIDS.items()}
+
+    def outcome(s, index):
+        return 1 if index == 0 or s.key == "none@2pct_noise" or (not s.harmless and s.key.endswith("@2pct_noise")) else None
+
+    ours = lambda s: 5 if ours_rolls_it_back and s.key == "none@2pct_noise" else None  # noqa: E731
+    results = [(s, {"ours": ours(s), **{a: outcome(s, 0) for a in bench.ANCHORS},
+                    "knobs": {a: [outcome(s, 0), outcome(s, 1)] for a in bench.ANCHORS}}) for s in todo]
+    report = bench.summarize(results, grids)
+    for counted in bench.COUNTINGS:
+        assert report["anchors_at_equal_false_rollback_rate"][counted]["kayenta_style"]["settings_meeting_target"] == 0
+        at_ours = report["anchors_at_ours_false_rollback_rate"][counted]["kayenta_style"]
+        assert at_ours["settings_meeting_target"] == int(ours_rolls_it_back)
+        assert ("regression_10pct@2pct_noise" in at_ours["best_power_by_regression"]) is ours_rolls_it_back
+    assert bench.targets(report)["equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks"] is not ours_rolls_it_back
+
+
 def test_the_lonely_case_gives_the_treated_node_alone_a_wide_wander():
     from scipy import stats
 
