@@ -17,8 +17,8 @@ Per node under analysis T, against the control nodes C (flag 0) in the same wind
 3. Placebo flips: the first 8 controls get the node's flip time and the same estimate, every look.
    Their flag never changed; the mean square of their estimates is a floor under the variance.
 4. The estimate (difference in differences), its variance (max(long-run variance / n plus the
-   baseline's, narrowed to the fitted ARMA(1,1)'s exact variance over the two finite windows as far as
-   the node's own memory shows, the placebos' mean square), plus beta's through the load shift) and an anytime-valid
+   baseline's, narrowed to the fitted ARMA(1,1)'s exact variance over the two finite windows, under the
+   fit whose inflation it uses; the placebos' mean square), plus beta's through the load shift) and an anytime-valid
    confidence sequence: the normal-mixture boundary (Robbins; the mixture SPRT of Johari et al. 2017;
    Netflix's sequential canary tests, Lindon et al., KDD 2022) over four mixing variances, so looking
    every interval, for hours of guard mode, keeps the error rate, and a noisy node's large regression
