@@ -56,8 +56,9 @@ knobs are swept (GRIDS: Flagger's threshold ratio and `threshold`; Argo's ratio,
 consecutiveErrorLimit; Kayenta's allowedDecrease and confLevel), the settings with at most 1% false
 rollbacks on every harmless scenario are kept (counted over the same looks as ours, and again over the
 horizon alone), and the most power any kept setting has on each regression scenario is set against ours.
-The same again with each anchor held to ours' own false-rollback rate on every harmless scenario
-(`anchors_at_ours_false_rollback_rate`), where ours undercuts 1%. On correlated regressions the record
+The same again with each anchor held to ours' own false-rollback rate on every harmless scenario, ours
+counted over all its looks (`anchors_at_ours_false_rollback_rate`, never above 1%): where ours undercuts
+1%. An anchor with no setting kept cannot match ours' rate at all. On correlated regressions the record
 also gives how far the treated node's own load moved its speed (`own_load_slowdown`, log, from the
 baseline to the first 10 intervals) in the runs each judge rolled back and in all runs: what a judge
 that does not adjust for load reads as part of the flag's effect.
@@ -227,7 +228,7 @@ def own_load_slowdown(sim: dict, intervals: int = 10) -> float:
 def mean_own_load_slowdown(results: list[tuple[Scenario, dict]], key: str, rollback_of: Callable[[dict], int | None] | None = None) -> float | None:
     """Mean own_load_slowdown over one scenario's runs, or over those `rollback_of` (a run's rollback
     interval) rolled back within 10 intervals; None where there are none."""
-    values = [r["own_load_slowdown"] for s, r in results if s.key == key and r.get("own_load_slowdown") is not None
+    values = [r["own_load_slowdown"] for s, r in results if s.key == key and math.isfinite(r.get("own_load_slowdown") or math.nan)
               and (rollback_of is None or ((k := rollback_of(r)) is not None and k <= 10))]
     return round(float(np.mean(values)), 4) if values else None
 
@@ -406,9 +407,10 @@ def summarize(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> dict
     if all("knobs" in r for _, r in results):
         report["anchors_at_equal_false_rollback_rate"] = at_equal_rate(results, grids)
         # the same, with each anchor held to ours' own false-rollback rate on every harmless scenario
-        # (over all of ours' looks) instead of the 1% target, which ours may undercut
+        # (ours counted over all its looks, which favours the anchors counted over the horizon alone),
+        # never above the 1% target: ours may undercut it
         report["anchors_at_ours_false_rollback_rate"] = at_equal_rate(
-            results, grids, {k: v["rollback_rate_with_6h_guard"] for k, v in report["ours"]["by_scenario"].items() if v["harmless"]})
+            results, grids, {k: min(v["rollback_rate_with_6h_guard"], EQUAL_RATE) for k, v in report["ours"]["by_scenario"].items() if v["harmless"]})
     return report
 
 
