@@ -212,6 +212,11 @@ def intervals_of(sim: dict) -> int:
     return (len(sim["t"]) - BASELINE) // PER_INTERVAL - WARMUP_INTERVALS
 
 
+def correlated(key: str) -> bool:
+    """Whether a scenario key is of a correlated family (where speed answers the node's own load)."""
+    return key.split(":")[0] in FAMILIES
+
+
 def own_load_slowdown(sim: dict, intervals: int = 10) -> float:
     """How far the treated node's own load, against the controls' median, moved its log speed from the
     baseline to the first `intervals` intervals after the warm-up (ELASTICITY): what a judge that does
@@ -399,9 +404,9 @@ def summarize(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> dict
             "by_scenario": table,
         }
         if judge_name == "ours":
-            correlated = [k for k, v in table.items() if not v["harmless"] and k.split(":")[0] in FAMILIES]
-            report[judge_name]["own_load_slowdown_in_rollbacks"] = {k: mean_own_load_slowdown(results, k, lambda r: r["ours"]) for k in correlated}
-            report[judge_name]["own_load_slowdown_all_runs"] = {k: mean_own_load_slowdown(results, k) for k in correlated}
+            cells = [k for k, v in table.items() if not v["harmless"] and correlated(k)]
+            report[judge_name]["own_load_slowdown_in_rollbacks"] = {k: mean_own_load_slowdown(results, k, lambda r: r["ours"]) for k in cells}
+            report[judge_name]["own_load_slowdown_all_runs"] = {k: mean_own_load_slowdown(results, k) for k in cells}
         if judge_name != "ours":
             report[judge_name]["false_rollback_rate_all_harmless_with_6h_guard"] = false_rollbacks(table, "rollback_rate_with_6h_guard")["false_rollback_rate_all_harmless"]
     if all("knobs" in r for _, r in results):
@@ -449,7 +454,7 @@ def at_equal_rate(results: list[tuple[Scenario, dict]], grids: dict = GRIDS, lim
                     for measure in ("within_10_intervals", "rollback_rate_horizon"):
                         if v[measure] > cell.get(measure, -1.0):
                             cell[measure], cell[f"{measure}_at"] = v[measure], dict(zip(knobs, setting))
-                            if measure == "within_10_intervals" and key.split(":")[0] in FAMILIES:
+                            if measure == "within_10_intervals" and correlated(key):
                                 cell["own_load_slowdown_in_rollbacks"] = mean_own_load_slowdown(results, key, lambda r: r["knobs"][name][index])
         for counted in COUNTINGS:
             out[counted][name] = {"knobs": list(knobs), "settings": len(grid), "settings_meeting_target": meeting[counted],

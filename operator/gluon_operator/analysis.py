@@ -551,12 +551,10 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
         beta, cov = fit.params[1:].tolist(), fit.cov_params()[1:, 1:].tolist()
         mean_x = x[full][:, cols].mean(axis=0).tolist()
         residuals[full] = fit.resid
-    own = _inflation(residuals, int(full.sum()))
-    inflation, phi = max(own, (ref.inflation, ref.phi))
+    inflation, phi = max(_inflation(residuals, int(full.sum())), (ref.inflation, ref.phi))
     n = int(full.sum())
     lrv = _long_run_variance(residuals, inflation, dof=len(cols) + 1)
-    return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi,
-            "s": scale,
+    return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi, "s": scale,
             "cols": cols, "beta": beta, "cov": cov, "x": mean_x, "pooled": effect_nodes if pooled else 0,
             "pl": ref._cached(("placebo baselines", pre.tobytes(), tuple(cols), cfg.direction, cfg.min_samples),
                               lambda: _placebo_baselines(ref, pre, cols, cfg))}
@@ -686,8 +684,7 @@ def _restore(state: Any, changed_at: float) -> dict[str, Any]:
         if base is not None:
             cols = [int(c) for c in base["cols"]]
             base = {"m": float(base["m"]), "v": float(base["v"]), "n": int(base["n"]), "lrv": float(base["lrv"]),
-                    "g": float(base["g"]), "f": float(base["f"]), "phi": float(base["phi"]),
-                    "s": float(base["s"]), "cols": cols,
+                    "g": float(base["g"]), "f": float(base["f"]), "phi": float(base["phi"]), "s": float(base["s"]), "cols": cols,
                     "beta": [float(b) for b in base["beta"]], "cov": [[float(c) for c in row] for row in base["cov"]],
                     "x": [float(v) for v in base["x"]], "pooled": int(base.get("pooled", 0)),
                     "pl": {str(k): [float(v) for v in row] for k, row in (base.get("pl") or {}).items() if len(row) == 2 + len(cols)}}
@@ -763,7 +760,7 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     # means learn about the long-run variance (a 20 min baseline alone cannot see 10 min memory).
     # Over finite windows the shared wander cancels: the factor is that of the fit whose inflation
     # the variance uses, so the model is one ARMA(1,1), not the widest inflation of one fit with the
-    # mildest narrowing of another (that mix read a calm node among wandering controls 2-4x too wide).
+    # mildest narrowing of another (that mix read a calm node among wandering controls several times too wide).
     factor = contrast_factor(base["n"], n, _gap_samples(t, warmup), base["f"], base["phi"]) if base else 1.0
     model_var = (lrv / n + (max(base["v"], lrv / base["n"]) if base else 0.0)) * factor
     # The placebos' spread bounds it from below: what the model of the noise misses, they show.
