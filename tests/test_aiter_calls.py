@@ -15,7 +15,7 @@ from gluon_agent import contract, decisions, sglang_routes
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.probe import probe
 from gluon_agent.selftest import plan, runner
-from gluon_agent.selftest.backends import BACKEND_SETS, Call
+from gluon_agent.selftest.backends import BACKEND_SETS, Call, Serving
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
 from gluon_operator import gating
@@ -249,24 +249,33 @@ def test_zero_pad_adapter_calls_the_persistent_kernel_as_sglang_does(fake_aiter)
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
-def test_timing_reuses_the_metadata_of_its_problem(fake_aiter):
+def test_metadata_is_filled_outside_the_launch_and_reused(fake_aiter):
+    """SGLang's graph lifecycle: buffers once, the metadata filled before each replay, launches read it."""
     p = make_problem([9, 40])
-    reuse = Call(max_kv_len=40, capturing=True, metadata_per_call=False)
+    bound = BACKEND_SETS["aiter"]["fallback"].bind(p, Call(max_kv_len=40, capturing=True), Serving())
+    assert fake_aiter == []  # binding allocates, it builds nothing yet
+    bound.refresh()
     for _ in range(3):
-        BACKEND_SETS["aiter"]["fallback"].run(p, p.new_output(), reuse)
+        bound.launch(p.new_output())
     kernels = [c["kernel"] for c in fake_aiter]
     assert kernels == ["get_mla_metadata_v1", "mla_decode_fwd", "mla_decode_fwd", "mla_decode_fwd"]
+    assert len({c["work_info_set"].data_ptr() for c in fake_aiter[1:]}) == 1
 
 
 def test_stale_work_metadata_gives_wrong_answers(fake_aiter):
-    """Metadata built for other lengths is what a graph replay would read if it were not rebuilt: the real
-    kernel computes garbage from it, and so does the fake."""
+    """Metadata built for other lengths is what a graph replay reads if it is not refilled: the kernel
+    computes from its work list, so the answer is wrong (here: the second sequence's rows are never
+    written, and what the padded output buffer held is sliced back)."""
     p = make_problem([40, 40])
-    BACKEND_SETS["aiter"]["fallback"].run(p, p.new_output(), Call(max_kv_len=40, metadata_per_call=False))
+    bound = BACKEND_SETS["aiter"]["fallback"].bind(p, Call(max_kv_len=40), Serving())
+    bound.refresh()
     p.kv_indptr.copy_(torch.tensor([0, 20, 40], dtype=torch.int32))
-    out = p.new_output()
-    BACKEND_SETS["aiter"]["fallback"].run(p, out, Call(max_kv_len=40, metadata_per_call=False))
-    assert rel_l2(out, reference_of(p)) > 1
+    out = p.new_output(plan.POISON)
+    bound.launch(out)
+    assert not rel_l2(out, reference_of(p)) < 1e-2
+    bound.refresh()
+    bound.launch(out)
+    assert rel_l2(out, reference_of(p)) < 1e-2
 
 
 @pytest.mark.parametrize("q_len", [2, 3, 4])
@@ -280,7 +289,7 @@ def test_mtp_calls_on_both_aiter_paths(fake_aiter, q_len):
     assert rel_l2(out, reference_of(p)) < 1e-2
     fake_aiter.clear()
     out = p.new_output(plan.POISON)
-    BACKEND_SETS["aiter"]["fallback"].run(p, out, Call(max_kv_len=130))
+    BACKEND_SETS["aiter"]["fallback"].run(p, out, Call(max_kv_len=130), Serving(speculative=True, max_seqlen_qo=q_len))
     meta_call, call = fake_aiter
     assert call["max_seqlen_q"] == q_len and call["qo_indptr"].tolist() == [0, q_len, 2 * q_len]
     assert call["q"].shape == (2 * q_len, 16, D_QK) and meta_call["max_seqlen_qo"] == meta_call["uni_seqlen_qo"] == q_len
@@ -357,15 +366,22 @@ def test_portable_kernel_refuses_rows_that_do_not_match_q_len():
 
 
 @pytest.mark.parametrize("routes, backend_set, accelerated", [
-    ({"mtp_through_gluon": True}, "aiter", [2, 3, 4]),
-    ({"mtp_through_gluon": False}, "aiter", []),
-    (None, "aiter", []),
-    ({"mtp_through_gluon": False}, "triton", [2, 3, 4]),
+    ({"flag0_route": "persistent", "mtp_through_gluon": True}, "aiter", "mla_gluon"),
+    ({"flag0_route": "persistent", "mtp_through_gluon": False}, "aiter", "mla_decode_fwd"),
+    (None, "aiter", "mla_gluon"),
+    ({"flag0_route": "persistent", "mtp_through_gluon": False}, "triton", None),
 ])
-def test_mtp_plan(routes, backend_set, accelerated):
-    chosen = plan.mtp_plan(backend_set, routes, (2, 3, 4))
-    assert chosen["accelerated"]["q_lens"] == accelerated and chosen["fallback"]["q_lens"] == [2, 3, 4]
-    assert bool(chosen["accelerated"]["reason"]) == (not accelerated)
+def test_path_plan(routes, backend_set, accelerated):
+    config = sglang_routes.ServingConfig(verify_q_lens=(2, 3, 4))
+    chosen = plan.path_plan(backend_set, sglang_routes.flag_routes(routes, config), config.q_lens)
+    assert chosen["accelerated"]["q_lens"] == chosen["fallback"]["q_lens"] == [2, 3, 4]
+    if accelerated is None:  # the portable kernel stands in for both routes
+        assert chosen["accelerated"]["routes"] == chosen["fallback"]["routes"] == {}
+        return
+    assert chosen["accelerated"]["routes"]["1"]["kernel"] == "mla_gluon"
+    assert {chosen["accelerated"]["routes"][q]["kernel"] for q in "234"} == {accelerated}
+    assert bool(chosen["accelerated"]["no_route"]) == (accelerated == "mla_decode_fwd")  # #37601 missing: ps:0
+    assert chosen["fallback"]["no_route"] == []
 
 
 @pytest.mark.parametrize("text, expected", [("2,3,4", (2, 3, 4)), ("4, 2", (2, 4)), ("", ()), ("3,3", (3,))])
@@ -436,19 +452,21 @@ def test_old_sglang_image_fails_the_fallback_and_the_node_stays_ineligible(clean
     probed = probe(env=dict(clean_env, PYTHONPATH=":".join(map(str, (AITER_STACK, torch_stack, old)))))
     assert probed["capable"] and probed["sglang"]["flag0_route"] == "aborts"
     report = runner.run_selftest(probed, backend_set="aiter", cpu_interpret=True, env=child_env(clean_env, AITER_STACK),
-                                 seed=11, mtp_q_lens=(2,))
+                                 seed=11, mtp_q_lens=())
     assert report["result"] == "fail"
     for gpu in report["gpus"]:
         assert gpu["result"] == {"accelerated": "pass", "fallback": "fail"}
         reason = gpu["paths"]["fallback"]["reasons"][0]
-        assert reason.startswith("SGLang 0.5.19rc0 aborts at SGLANG_AITER_MLA_GLUON=0")
+        assert reason.startswith("no route at flag 0: SGLang 0.5.19rc0 aborts at SGLANG_AITER_MLA_GLUON=0")
         assert "PR #37438" in reason and "v0.5.19 by PR #37856" in reason
+        # and the kernel call itself was refused, as aiter refuses it on an MI355X
+        assert any(HEAP.split(" prefill")[0] in r for r in gpu["paths"]["fallback"]["reasons"][1:])
     summary = selftest_summary(report, "start")
     desired = decisions.desired_state(probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary,
                                                                              report["result"], None))
     assert desired.labels[contract.LABEL_SELFTEST] == "fail" and desired.labels[contract.LABEL_CAPABLE] == "true"
     verdict = gating.eligibility(gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None)
-    assert not verdict.eligible and "fallback fail (SGLang 0.5.19rc0 aborts" in verdict.reason
+    assert not verdict.eligible and "fallback fail (no route at flag 0: SGLang 0.5.19rc0 aborts" in verdict.reason
 
 
 def test_mla_decode_fwd_returns_logits_and_lse_as_aiter_does(fake_aiter):
@@ -456,12 +474,11 @@ def test_mla_decode_fwd_returns_logits_and_lse_as_aiter_does(fake_aiter):
     answer itself is written to o."""
     from aiter.mla import mla_decode_fwd
 
-    from gluon_agent.selftest.backends import work_metadata
-
     p = make_problem([9, 30], q_len=2)
-    qo = torch.arange(3, dtype=torch.int32) * 2
-    ones = torch.ones(2, dtype=torch.int32)
-    meta = work_metadata(p, qo, ones)
+    bound = BACKEND_SETS["aiter"]["fallback"].bind(p, Call(max_kv_len=30), Serving(speculative=True, max_seqlen_qo=2))
+    bound.refresh()
+    meta = bound.meta
+    qo, ones = bound.qo_indptr, bound.kv_last_page_lens
     q16 = torch.zeros(4, 16, D_QK, dtype=torch.bfloat16)
     q16[:, :12] = p.q
     o = torch.empty(4, 16, D_LATENT, dtype=torch.bfloat16)

@@ -12,6 +12,7 @@ from typing import Sequence
 from . import __version__
 from .probe import DEFAULT_TIMEOUT_S, format_table, probe
 from .selftest import runner
+from .sglang_routes import ServingConfig
 
 
 def positive_float(text: str) -> float:
@@ -25,6 +26,17 @@ def q_lens(text: str) -> tuple[int, ...]:
     try:
         return runner.plan.parse_q_lens(text)
     except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def serving_config(text: str) -> ServingConfig:
+    """--serving-config: the JSON object (or @FILE holding it) the operator writes on the node."""
+    try:
+        if text.startswith("@"):
+            with open(text[1:]) as handle:
+                text = handle.read()
+        return ServingConfig.from_dict(json.loads(text), "--serving-config")
+    except (OSError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
@@ -42,6 +54,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         timing=not args.no_timing,
         mtp_q_lens=args.mtp_q_lens,
+        serving=args.serving_config,
     )
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else runner.format_table(result))
     return 0 if result["result"] == "pass" else 1
@@ -89,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=positive_float, default=runner.DEFAULT_TIMEOUT_S, help="seconds per child")
     s.add_argument("--mtp-q-lens", type=q_lens, default=runner.plan.MTP_Q_LENS, metavar="N,N,...",
                    help="q lengths of the speculative-decoding (MTP) cases, e.g. 2,3,4 (default); '' for none")
+    s.add_argument("--serving-config", type=serving_config, metavar="JSON|@FILE",
+                   help='the serving pods\' setup the routes follow, e.g. {"verifyQLens": [8]} (DSpark block 7), '
+                        '{"dcpSize": 2}; overrides --mtp-q-lens')
     s.set_defaults(func=cmd_selftest)
 
     r = sub.add_parser("run", help="the node daemon: probe, self-test, publish labels and report, serve metrics")

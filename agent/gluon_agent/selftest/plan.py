@@ -50,8 +50,9 @@ GPU_GRAPH_BATCH = 4
 GPU_GRAPH_LENGTHS = (32768, 8192, 1024)  # captured at the first (largest), replayed at all three
 
 # Speculative decoding's verify step (MTP): q_len query tokens per sequence, causal among themselves.
-# aiter's only bf16-q / fp8-KV 16-head kernel pads q_len up to 4 and no further (hsa/gfx950/mla/mla_asm.csv),
-# so 2..4 is what Kimi-K3 serves with; longer ones are refused there, as SGLang would find out in serving.
+# Which q_lens run comes from the serving config (sglang_routes.ServingConfig); until the operator
+# delivers one, 2..4. aiter's only bf16-q / fp8-KV 16-head kernel pads q_len up to 4 and no further
+# (hsa/gfx950/mla/mla_asm.csv): a longer verify (DSpark block 7: q_len 8) has no flag-0 route there.
 MTP_Q_LENS = (2, 3, 4)
 MTP_MAX_Q_LEN = 16
 GPU_MTP_LENGTHS = (129, 4097, 9000)  # 3 sequences: 17 splits at every q_len 2..4, one compile (16 would be another)
@@ -81,17 +82,26 @@ def parse_q_lens(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def mtp_plan(backend_set: str, routes: dict[str, Any] | None, q_lens: Iterable[int]) -> dict[str, dict[str, Any]]:
-    """Which paths run the q_len > 1 cases, and why. The fallback's route for them is mla_decode_fwd in every
-    SGLang (its verify step); the accelerated path's is mla_gluon only where SGLang has PR #37601, else that
-    SGLang serves q_len > 1 with the fallback's kernel even at flag 1. The portable kernel stands in for
-    both and runs them on both."""
-    q_lens = tuple(q_lens)
-    gluon = backend_set != "aiter" or bool((routes or {}).get("mtp_through_gluon"))
-    accelerated = {"q_lens": list(q_lens) if gluon else [],
-                   "reason": "" if gluon else "the serving SGLang routes q_len > 1 through mla_decode_fwd, not mla_gluon "
-                   "(no PR #37601): the fallback's q_len > 1 cases cover that route"}
-    return {"accelerated": accelerated, "fallback": {"q_lens": list(q_lens), "reason": ""}}
+def path_plan(backend_set: str, routes_by_flag: dict[str, dict[str, Any]], q_lens: Iterable[int]) -> dict[str, dict[str, Any]]:
+    """What each path runs: the serving config's q_lens > 1 as extra cases, and for aiter the route its
+    flag takes at each q_len (sglang_routes.flag_routes: accelerated is flag 1, fallback flag 0). The
+    portable kernel stands in for both routes and runs every q_len on both paths."""
+    extra = [q for q in q_lens if q > 1]
+    plans = {}
+    for path, flag in (("accelerated", "1"), ("fallback", "0")):
+        routes = routes_by_flag.get(flag, {}) if backend_set == "aiter" else {}
+        plans[path] = {"q_lens": extra, "routes": routes,
+                       "no_route": [f"q_len {q}: {r['aborts']}" for q, r in sorted(routes.items(), key=lambda kv: int(kv[0]))
+                                    if r.get("aborts")]}
+    return plans
+
+
+def no_route_reason(flag: str, planned: dict[str, Any]) -> str | None:
+    """The first route of this path known to abort or be refused, with its evidence, or None."""
+    for q_len, route in sorted(planned.get("routes", {}).items(), key=lambda kv: int(kv[0])):
+        if route.get("aborts"):
+            return f"no route at flag {flag}: {route.get('evidence') or route['aborts']} (q_len {q_len}: {route['aborts']})"
+    return None
 
 
 @dataclass
@@ -106,6 +116,7 @@ class CaseResult:
     nonfinite: int = 0
     rel_l2: float | None = None
     cos_diff: float | None = None
+    raised: str | None = None  # the kernel's (or SGLang's) refusal: this route cannot serve
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -115,6 +126,9 @@ class CaseResult:
 
 def judge_case(result: CaseResult) -> CaseResult:
     """Fills result.problems from its numbers; an empty list is a pass."""
+    if result.raised:
+        result.problems = [f"the call raised {result.raised}"]
+        return result
     problems = []
     if result.unwritten:
         problems.append(f"{result.unwritten} output elements never written (poison left)")
@@ -136,6 +150,7 @@ class GraphResult:
     replays: list[dict[str, Any]]  # per length: kv_len, rel_l2 vs reference, rel_vs_eager, ok
     replay_ms: float | None
     eager_ms: float | None
+    capture_violations: list[str] = field(default_factory=list)  # our allocations / host copies inside capture
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -146,7 +161,7 @@ class GraphResult:
 
 
 def judge_graph(result: GraphResult) -> GraphResult:
-    problems = []
+    problems = [f"inside capture: {v}" for v in result.capture_violations]
     for replay in result.replays:
         if replay["rel_l2"] is None or replay["rel_l2"] > REL_L2_MAX:
             problems.append(f"replay at {replay['kv_len']}: relative L2 {replay['rel_l2']} > {REL_L2_MAX}")

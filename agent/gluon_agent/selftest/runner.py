@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from .. import contract
 from ..fingerprint import fingerprint, fingerprint_parts
 from ..isolation import ChildOutcome, run_isolated
-from ..sglang_routes import flag0_failure
+from ..sglang_routes import ServingConfig, flag_routes
 from . import plan
 
 PATHS = ("accelerated", "fallback")
@@ -90,9 +90,9 @@ def run_device(device: str, index: int, spec_source: SpecSource, python: str, en
                 return None
             if path == "fallback":
                 accelerated_done.wait()
-            mtp = spec.get("mtp", {}).get(path, {})
-            return json.dumps(spec | {"device": device, "path": path, "mtp_q_lens": mtp.get("q_lens", []),
-                                      "mtp_skipped": mtp.get("reason", "")})
+            mine = spec.get("paths", {}).get(path, {})
+            return json.dumps(spec | {"device": device, "path": path, "mtp_q_lens": mine.get("q_lens", []),
+                                      "routes": mine.get("routes", {})})
         return deliver
 
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -106,10 +106,10 @@ def run_device(device: str, index: int, spec_source: SpecSource, python: str, en
         return None
     spec = spec_source() or {}
     backend_set = spec.get("backend_set")
-    aborts = flag0_failure(spec.get("sglang"))
-    if aborts and paths["fallback"]["result"] in ("pass", "fail"):  # a child error or deferral says more
-        paths["fallback"]["result"] = "fail"
-        paths["fallback"]["reasons"].insert(0, aborts)
+    for path, flag in (("accelerated", "1"), ("fallback", "0")):
+        reason = plan.no_route_reason(flag, spec.get("paths", {}).get(path, {}))
+        if reason and paths[path]["result"] == "fail":  # the kernel's own refusal follows it
+            paths[path]["reasons"].insert(0, reason)
     timings = {p: (paths[p]["child"] or {}).get("timing", []) for p in PATHS}
     speedup = plan.speedups(timings["accelerated"], timings["fallback"])
     slow = plan.speed_gate(backend_set, speedup) if paths["accelerated"]["result"] == "pass" else None
@@ -162,6 +162,7 @@ def run_selftest(
     env: Mapping[str, str] | None = None,
     seed: int | None = None,
     mtp_q_lens: tuple[int, ...] = plan.MTP_Q_LENS,
+    serving: ServingConfig | None = None,
 ) -> dict[str, Any]:
     """`probe_report` may be the probe itself (a callable): then the children for the devices it will
     most likely find start first and import torch while it runs (the warm self-test's wall time is
@@ -183,8 +184,12 @@ def run_selftest(
             raise
         chosen = choose_backend_set(report, backend_set)
         sglang = report.get("sglang")
+        config = serving or ServingConfig(verify_q_lens=tuple(mtp_q_lens))
+        routes = flag_routes(sglang, config)
         spec = {"backend_set": chosen, "seed": seed, "timing": timing, "memory_limit_bytes": plan.MEMORY_LIMIT_BYTES,
-                "sglang": sglang, "mtp": plan.mtp_plan(chosen, sglang, mtp_q_lens)}
+                "sglang": sglang, "paths": plan.path_plan(chosen, routes, config.q_lens),
+                "serving_setup": {"speculative": bool(config.verify_q_lens), "page_size": config.page_size,
+                                  "dp_attention": config.dp_attention, "max_seqlen_qo": max(config.q_lens)}}
         devices = devices_for(report, cpu_interpret, cpu_devices)
         if early and devices == early:
             futures = started_early
@@ -204,7 +209,9 @@ def run_selftest(
         "backends": {p: gpus[0]["paths"][p]["child"]["backend"] for p in PATHS if gpus and gpus[0]["paths"][p]["child"]},
         "thresholds": plan.thresholds(chosen),
         "sglang": report.get("sglang"),
-        "mtp": spec["mtp"],
+        "serving": config.as_dict() | {"digest": config.digest},
+        "routes": {path: {"q_lens": [1, *p["q_lens"]], "routes": p["routes"], "no_route": p["no_route"]}
+                   for path, p in spec["paths"].items()},
         "fingerprint": fingerprint(report),
         "fingerprint_parts": fingerprint_parts(report),
         "seed": seed,
@@ -228,9 +235,13 @@ def format_table(report: Mapping[str, Any]) -> str:
     if routes:
         lines.append(f"  serving SGLang {routes.get('version')}: flag-0 route {routes.get('flag0_route')}, "
                      f"q_len>1 through Gluon {routes.get('mtp_through_gluon')} ({routes.get('evidence')})")
-    for path, mtp in (report.get("mtp") or {}).items():
-        if mtp.get("reason"):
-            lines.append(f"  {path}: q_len>1 cases not run: {mtp['reason']}")
+    serving = report.get("serving") or {}
+    if serving:
+        lines.append(f"  serving config {serving.get('digest')}: q_lens {[1, *serving.get('verifyQLens', [])]}, "
+                     f"DCP {serving.get('dcpSize')} ({serving.get('dcpDecodeBackend')}), persist {serving.get('persist')}, "
+                     f"page size {serving.get('pageSize')}, DP attention {serving.get('dpAttention')}")
+    for path, planned in (report.get("routes") or {}).items():
+        lines += [f"  {path}: no route: {reason}" for reason in planned.get("no_route", [])]
     for gpu in report["gpus"]:
         results = " ".join(f"{p}={gpu['result'][p]}" for p in PATHS)
         lines.append(f"{gpu['device']}: {results}")

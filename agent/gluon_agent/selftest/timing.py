@@ -6,8 +6,9 @@ repeated reads; warm-up keeps compilation out. See the device method notes in do
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import torch
 
@@ -29,8 +30,9 @@ def event_ms(run: Callable[[], None], repeats: int) -> list[float]:
     return times
 
 
-def capture(calls: Sequence[Callable[[], None]]) -> torch.cuda.CUDAGraph:
-    """One graph that runs every call once, in order. Warms each call up on a side stream first."""
+def capture(calls: Sequence[Callable[[], None]], guard: ContextManager | None = None) -> torch.cuda.CUDAGraph:
+    """One graph that runs every call once, in order. Warms each call up on a side stream first; `guard`
+    (a CaptureGuard) watches the capture itself."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -40,7 +42,7 @@ def capture(calls: Sequence[Callable[[], None]]) -> torch.cuda.CUDAGraph:
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph), (guard or contextlib.nullcontext()):
         for call in calls:
             call()
     return graph

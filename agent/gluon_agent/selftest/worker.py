@@ -22,7 +22,8 @@ import torch  # noqa: E402
 
 from .. import contract
 from . import plan, timing
-from .backends import BACKEND_SETS, Backend, Call
+from .backends import BACKEND_SETS, Backend, Call, Serving
+from .capture_guard import CaptureGuard
 from .problem import Problem, make_problem
 from .reference import mla_decode_reference
 
@@ -58,16 +59,31 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     return {"unwritten": 0, "nonfinite": 0, "rel_l2": rel_l2, "cos_diff": cos_diff}
 
 
-def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: int, heads: int) -> tuple[plan.CaseResult, Problem]:
+def serving_for(spec: dict[str, Any], q_len: int) -> Serving:
+    """The serving setup the spec names, with this path's route for q_len (None: the default route)."""
+    setup = spec.get("serving_setup") or {}
+    route = (spec.get("routes") or {}).get(str(q_len))
+    return Serving(speculative=bool(setup.get("speculative")), page_size=int(setup.get("page_size", 1)),
+                   dp_attention=bool(setup.get("dp_attention")), max_seqlen_qo=int(setup.get("max_seqlen_qo", 1)),
+                   route=route)
+
+
+def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: int, heads: int,
+               serving: Serving = Serving()) -> tuple[plan.CaseResult, Problem]:
     p = make_problem(list(case.lengths), heads=heads, device=device, seed=seed, q_len=case.q_len)
     ref = reference_of(p)
     out = p.new_output(plan.POISON)
     started = time.perf_counter()
-    backend.run(p, out, Call(max_kv_len=max(p.lengths)))
-    synchronize(device)
+    raised = None
+    try:
+        backend.run(p, out, Call(max_kv_len=max(p.lengths)), serving)
+        synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - the kernel's refusal is this case's result
+        raised = f"{type(exc).__name__}: {str(exc)[:600]}"
+    numbers = compare(out, ref) if raised is None else {"rel_l2": None, "cos_diff": None}
     result = plan.CaseResult(
         case=case.name, backend=backend.name, batch=p.batch, kv_lens=sorted(set(p.lengths)),
-        seconds=round(time.perf_counter() - started, 4), q_len=p.q_len, **compare(out, ref),
+        seconds=round(time.perf_counter() - started, 4), q_len=p.q_len, raised=raised, **numbers,
     )
     return plan.judge_case(result), p
 
@@ -77,15 +93,20 @@ def rotations_for(p: Problem, device: torch.device) -> int:
     return max(1, min(MAX_ROTATIONS, -(-ROTATION_L2_MULTIPLE * l2 // p.kv_bytes)))
 
 
-def time_case(backend: Backend, case: plan.Case, first: Problem, device: torch.device, seed: int) -> dict[str, Any]:
-    """Median ms per call under graph replay (as SGLang decodes), rotating through fresh inputs."""
+def time_case(backend: Backend, case: plan.Case, first: Problem, device: torch.device, seed: int,
+              serving: Serving = Serving()) -> dict[str, Any]:
+    """Median ms per call under graph replay (as SGLang decodes), rotating through fresh inputs. The work
+    metadata is filled before capture and not timed: SGLang fills it once per step for every layer."""
     problems = [first] + [
         make_problem(list(case.lengths), heads=first.heads, device=device, seed=seed + 1000 + i)
         for i in range(rotations_for(first, device) - 1)
     ]
     outs = [p.new_output() for p in problems]
-    call = Call(max_kv_len=max(first.lengths), capturing=True, metadata_per_call=False)
-    ms = timing.graph_ms_per_call([lambda p=p, o=o: backend.run(p, o, call) for p, o in zip(problems, outs)])
+    call = Call(max_kv_len=max(first.lengths), capturing=True)
+    bound = [backend.bind(p, call, serving) for p in problems]
+    for b in bound:
+        b.refresh()
+    ms = timing.graph_ms_per_call([lambda b=b, o=o: b.launch(o) for b, o in zip(bound, outs)])
     return {
         "case": case.name,
         "backend": backend.name,
@@ -105,33 +126,41 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float | None:
     return float((a - b).norm() / b.norm())
 
 
-def check_graph(backend: Backend, device: torch.device, seed: int, heads: int) -> plan.GraphResult:
+def check_graph(backend: Backend, device: torch.device, seed: int, heads: int, serving: Serving = Serving()) -> plan.GraphResult:
     """Capture once at the largest length, then replay at each length with new token tables written in
-    place, as a serving engine's decode graph is reused across steps."""
+    place and the metadata refilled outside the graph, as a serving engine's decode graph is reused across
+    steps. Nothing of ours may allocate or copy from the host inside the capture (CaptureGuard)."""
     batch, capture_len = plan.GPU_GRAPH_BATCH, plan.GPU_GRAPH_LENGTHS[0]
     p = make_problem([capture_len] * batch, heads=heads, device=device, seed=seed)
     static_out = p.new_output(plan.POISON)
-    graph = timing.capture([lambda: backend.run(p, static_out, Call(max_kv_len=capture_len, capturing=True))])
+    bound = backend.bind(p, Call(max_kv_len=capture_len, capturing=True), serving)
+    bound.refresh()
+    guard = CaptureGuard()
+    graph = timing.capture([lambda: bound.launch(static_out)], guard=guard)
     gen = torch.Generator(device=device).manual_seed(seed + 7)
     replays, replay_ms, eager_ms = [], None, None
     for kv_len in plan.GPU_GRAPH_LENGTHS:
         p.kv_indptr.copy_(torch.arange(batch + 1, device=device, dtype=torch.int32) * kv_len)
         p.kv_indices[: batch * kv_len] = torch.randperm(p.kv.shape[0], generator=gen, device=device)[: batch * kv_len].int()
         view = dataclasses.replace(p, lengths=[kv_len] * batch)
+        bound.refresh()
         static_out.fill_(plan.POISON)
         graph.replay()
         synchronize(device)
         replayed = static_out.clone()
         eager = view.new_output(plan.POISON)
         eager_call = Call(max_kv_len=kv_len)
-        backend.run(view, eager, eager_call)
+        eager_bound = backend.bind(view, eager_call, serving)
+        eager_bound.refresh()
+        eager_bound.launch(eager)
         synchronize(device)
         ref = reference_of(view)
         replays.append({"kv_len": kv_len, "rel_l2": compare(replayed, ref)["rel_l2"], "rel_vs_eager": relative(replayed, eager.float())})
         if kv_len == capture_len:
             replay_ms = statistics.median(timing.event_ms(graph.replay, timing.REPLAYS))
-            eager_ms = timing.eager_ms(lambda: backend.run(view, eager, eager_call))
-    return plan.judge_graph(plan.GraphResult(backend.name, batch, capture_len, replays, replay_ms, eager_ms))
+            eager_ms = timing.eager_ms(lambda: eager_bound.launch(eager))
+    return plan.judge_graph(plan.GraphResult(backend.name, batch, capture_len, replays, replay_ms, eager_ms,
+                                             capture_violations=guard.violations))
 
 
 def fake_device_rule(variable: str, path: str | None = None) -> str | None:
@@ -216,21 +245,24 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         clock.start(f"case {case.name}")
         if index == 0:
             fake_fault(device, spec["path"])
-        result, problem = check_case(backend, case, device, seed + index, heads)
+        serving = serving_for(spec, case.q_len)
+        result, problem = check_case(backend, case, device, seed + index, heads, serving)
         results.append(result)
         if on_gpu and case.timed and spec.get("timing", True) and result.ok:
             emit(plan.PROGRESS_MARKER, {"step": f"timing {case.name}", "backend": backend.name})
             clock.start(f"timing {case.name}")
-            timings.append(time_case(backend, case, problem, device, seed + index))
+            timings.append(time_case(backend, case, problem, device, seed + index, serving))
         del problem
-    if on_gpu and spec.get("graph", True):
+    decode_serves = all(r.ok for r in results if r.q_len == 1)
+    if on_gpu and spec.get("graph", True) and decode_serves:
         emit(plan.PROGRESS_MARKER, {"step": "graph", "backend": backend.name})
         clock.start("graph")
-        graphs.append(check_graph(backend, device, seed + 99, heads))
+        graphs.append(check_graph(backend, device, seed + 99, heads, serving_for(spec, 1)))
     ceiling = None
     if on_gpu and spec.get("timing", True):
         emit(plan.PROGRESS_MARKER, {"step": "copy ceiling", "backend": backend.name})
         clock.start("copy ceiling")
+        torch.cuda.empty_cache()  # the graphs' pools are gone; their cached blocks would count against the cap
         ceiling = timing.copy_ceiling_tbps(device)
         for t in timings:
             t["ceiling_tbps"] = ceiling
@@ -245,7 +277,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "backend": backend.name,
         "path": spec["path"],
         "cases": [dataclasses.asdict(r) for r in results],
-        "mtp_skipped": spec.get("mtp_skipped") or None,
         "timing": timings,
         "graph": [dataclasses.asdict(g) | {"ratio": g.ratio} for g in graphs],
         "ceiling_tbps": ceiling,

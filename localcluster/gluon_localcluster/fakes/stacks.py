@@ -21,6 +21,7 @@ def fresh_fake_aiter(monkeypatch) -> list:
     import aiter._fake
 
     aiter._fake.CALLS.clear()
+    aiter._fake.RECORDING = True
     return aiter._fake.CALLS
 
 

@@ -1,4 +1,4 @@
-"""Shared fake-kernel machinery: argument recording, failure modes, the reference computation.
+"""Shared fake-kernel machinery: argument recording and failure modes (the arithmetic is _compute.py).
 
 FAKE_AITER_MODE: comma-separated rules `DEVICE:MODE[:KERNEL]`, e.g. "1:abort:mla_gluon,3:garbage".
 DEVICE is the self-test's device index (GLUON_SELFTEST_DEVICE_INDEX) or `*`; MODE is ok, garbage,
@@ -11,6 +11,13 @@ import signal
 import time
 
 CALLS = []
+RECORDING = False  # tests turn it on (fresh_fake_aiter); a self-test child must not keep every call's tensors alive
+
+
+def record(entry):
+    if RECORDING:
+        CALLS.append(entry)
+    return entry
 CU_COUNT = {"gfx950": 256, "gfx942": 304}  # MI355X, MI300X
 
 
@@ -31,17 +38,16 @@ def mode_for(kernel):
     return "ok"
 
 
-def attend(kernel, q, kv_tokens, kv_scale, kv_indptr, kv_indices, sm_scale, out, q_len=1, garbage=False):
-    """out[row] = softmax(q[row] @ K^T * sm_scale) @ V over the tokens of kv_indices[kv_indptr[b]:kv_indptr[b+1]]
-    that query row b*q_len+i sees (causal within the q block)."""
-    from gluon_agent.selftest.reference import mla_decode_reference
-
+def apply_mode(kernel, out):
+    """This device's failure mode for `kernel`: abort or hang here; True when the answer must be garbage."""
     mode = mode_for(kernel)
     if mode == "abort":
         os.kill(os.getpid(), signal.SIGABRT)
     if mode == "hang":
         time.sleep(3600)
-    ref = mla_decode_reference(q, kv_tokens, kv_scale, kv_indptr, kv_indices, sm_scale, q_len)
-    if mode == "garbage" or garbage:
-        ref = ref.normal_() * 1e3
-    out.copy_(ref.to(out.dtype).view(out.shape))
+    return mode == "garbage"
+
+
+def spoil(out):
+    """What a kernel reading wrong buffers leaves: large finite values in every element."""
+    out.normal_().mul_(1e3)
