@@ -17,6 +17,7 @@ from gluon_agent import contract
 from . import analysis, gating
 from .metrics import METRICS
 from .promclient import PrometheusClient, PrometheusError, is_trusted
+from .records import finite_number, whole_count
 from .spec import GluonRolloutSpec
 
 # The analysis runs beside the reconcile (it never delays stepping nodes); a 5000-node first look costs about
@@ -35,7 +36,8 @@ def control_nodes(statuses: Mapping[str, gating.NodeStatus]) -> list[str]:
 def analysis_due(spec: GluonRolloutSpec, status: Mapping[str, Any], now: float) -> bool:
     if not spec.analysis.prometheusUrl:
         return False
-    last = float((status.get("analysis") or {}).get("lastRun") or 0)
+    previous = status.get("analysis")
+    last = finite_number(previous.get("lastRun") if isinstance(previous, Mapping) else None) or 0.0
     return now - last >= spec.analysis.intervalSeconds
 
 
@@ -163,14 +165,8 @@ def _error(exc: BaseException, deadline: float) -> tuple[str, str]:
 
 
 def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
+    return whole_count(value)
 
 
 def _float(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
+    return finite_number(value)
