@@ -168,6 +168,19 @@ def test_a_user_object_with_our_name_is_kept_and_warned_about(where):
     assert name in answer.warnings[0] and "a name the injection uses" in answer.warnings[0]
 
 
+@pytest.mark.parametrize("name", [webhook.PREFLIGHT_CONTAINER, webhook.INSTALL_CONTAINER])
+@pytest.mark.parametrize("injected", [False, True])
+def test_a_regular_container_with_our_name_is_left_alone_so_the_api_server_accepts_the_pod(name, injected):
+    """Injected, the pod would have a container and an init container of one name: 422 "Duplicate value"."""
+    pod = sglang_pod()
+    pod["spec"]["containers"].append({"name": name, "image": "mine"})
+    if injected:  # re-created from an injected pod, or a reinvocation: the annotation does not make it ours
+        pod["metadata"]["annotations"] = {contract.ANNOTATION_POD_INJECTED: "kimi"}
+    answer = admit(pod)
+    assert answer.outcome == "not-injected" and answer.changes is None
+    assert answer.warnings == (f"gluon-rollout did not inject: the pod already has a container named {name!r} (a name the injection uses)",)
+
+
 def test_our_own_earlier_injection_is_no_clash():
     pod = sglang_pod()
     mutated = apply(pod, admit(pod).changes)
@@ -279,3 +292,4 @@ def test_reviews_over_aiohttps_1_mib_default_are_read():
 
     asyncio.run(asyncio.wait_for(main(), 30))
     assert seen and seen[0] > 3 * 1024 * 1024
+

@@ -127,7 +127,12 @@ def wired(containers: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
 
 
 def reserved_name_clash(spec: Mapping[str, Any], annotations: Mapping[str, Any]) -> str | None:
-    """Our names in a pod we never injected belong to the user: they are never removed or reused."""
+    """Our names in a pod we never injected belong to the user: they are never removed or reused. A regular
+    container never has one of our names, injected or not (the injection adds init containers only): the
+    API server refuses a pod whose containers and init containers share a name ("Duplicate value")."""
+    for container in spec["containers"]:
+        if container["name"] in (INSTALL_CONTAINER, PREFLIGHT_CONTAINER):
+            return f"the pod already has a container named {container['name']!r}"
     if contract.ANNOTATION_POD_INJECTED in annotations:
         return None  # an earlier injection (a reinvocation, or a pod re-created from an injected one)
     for container in spec["initContainers"]:
