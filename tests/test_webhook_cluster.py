@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import urllib.error
 import urllib.request
 import uuid
 
@@ -123,3 +124,8 @@ def test_odd_and_large_pods_are_allowed_over_tls(webhook_url, namespace):
     large["metadata"]["annotations"] = {"example.com/blob": "x" * (1536 * 1024)}  # etcd's 1.5 MiB object limit
     mutated = patched(large, review(url, context, large))
     assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
+    for body in (b"[]", b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "u"}}', b"[" * 5000):
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, context=context, timeout=5)
+        assert refused.value.code == 400 and refused.value.read().startswith(b"not an AdmissionReview: ")
