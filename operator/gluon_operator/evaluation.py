@@ -18,7 +18,7 @@ from . import analysis, gating
 from .metrics import METRICS
 from .promclient import PrometheusClient, PrometheusError, is_trusted
 from .records import finite_number, whole_count
-from .spec import GluonRolloutSpec
+from .spec import GluonRolloutSpec, query_span
 
 # The analysis runs beside the reconcile (it never delays stepping nodes); a 5000-node first look costs about
 # 6 s of CPU here (docs/benchmarks), so the default leaves room for it.
@@ -110,7 +110,7 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
     # Nodes without a kept baseline need the history before their flip; the others only the recent
     # window (their running sums are in the status). Bounded either way.
     reach = min(needing) - a.baselineSeconds if needing else now - a.windowSeconds
-    start = max(now - a.baselineSeconds - a.warmupSeconds - 4 * a.windowSeconds, min(now - a.windowSeconds, reach))
+    start = max(now - query_span(a), min(now - a.windowSeconds, reach))  # within Prometheus's points limit (spec.py)
     client, note = prometheus_client(a.prometheusUrl or "", timeout=deadline)
     with METRICS.query_seconds.time():
         answers = await asyncio.gather(*(client.query_range(q, start, now, a.stepSeconds) for q in queries.values()), return_exceptions=True)
