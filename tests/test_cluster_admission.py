@@ -194,6 +194,35 @@ def test_crd_schema_rejects_an_invalid_spec_naming_the_field(control_plane, name
     assert "canaryNodez" not in stored["spec"]["strategy"]
 
 
+# Refused by the CRD's schema and by parse_spec alike (issue 34): a pod selector the API server would refuse
+# as a labelSelector query, and an analysis whose queries pass Prometheus's points limit.
+REFUSED_BY_BOTH = [
+    ({"podSelector": {"matchLabels": {"app": "x" * 4096}}}, "spec.podSelector.matchLabels.app"),
+    ({"podSelector": {"matchLabels": {"app": "sgl\u00e4ng"}}}, "spec.podSelector.matchLabels.app"),
+    ({"podSelector": {"matchLabels": {"a b": "x"}}}, "every key must be a valid label key"),
+    ({"podSelector": {"matchLabels": {"Example.com/app": "x"}}}, "every key must be a valid label key"),
+    ({"podSelector": {"matchLabels": {"p" * 254 + "/app": "x"}}}, "every key must be a valid label key"),
+    ({"podSelector": {"matchExpressions": [{"key": "a" * 64, "operator": "Exists"}]}}, "spec.podSelector.matchExpressions[0].key"),
+    ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}}, "values must be given with operator In or NotIn"),
+    ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}}, "values must be given"),
+    ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a,b"]}]}}, "matchExpressions[0].values[0]"),
+    ({"analysis": {"stepSeconds": 1, "windowSeconds": 86_400}}, "Prometheus's limit of points per series"),
+]
+
+
+@pytest.mark.parametrize("change,message", REFUSED_BY_BOTH)
+def test_crd_schema_refuses_selectors_and_windows_the_operator_refuses(installed, namespace, change, message):
+    from gluon_operator.spec import parse_spec
+
+    body = fleet.rollout("bad", namespace)
+    body["spec"] = {**body["spec"], **change}
+    assert parse_spec(body["spec"])[1], "parse_spec accepts what the CRD refuses"
+    with pytest.raises(client.ApiException) as info:
+        client.CustomObjectsApi(installed.cp.admin_client()).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body, dry_run="All")
+    assert info.value.status == 422 and message in json.loads(info.value.body)["message"], info.value.body
+
+
 def test_status_reads_back_intact(installed, namespace):
     custom = client.CustomObjectsApi(installed.cp.admin_client())
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, fleet.rollout("kimi", namespace))

@@ -4,6 +4,7 @@ where the space is small, hypothesis properties over random histories elsewhere.
 from __future__ import annotations
 
 import itertools
+import math
 import json
 from dataclasses import replace
 
@@ -275,3 +276,39 @@ def test_stray_pods_are_restarted_not_waited_for_nor_a_refusal(pod):
     assert starting.retry == [] and starting.starting == ["p1"] and starting.new_flags == {"p4": "1"}
     waiting = gating.advance(step.status, el, starting, None, NOW + 10, True).status
     assert waiting.state == ENABLING and "to start, to restart them" in waiting.reason
+
+
+# ---------------------------------------------------------------- hostile numbers in records (issue 34)
+
+
+@pytest.mark.parametrize("junk", [math.nan, math.inf, -math.inf, "x", "NaN", None, [1], True])
+def test_pod_summaries_and_restarts_never_fail_on_a_non_finite_time(junk):
+    pods = [PodFacts("p1", NOW - 5, None, None, True, False)]
+    assert gating.summarize_pods(pods, junk).old == []  # read as no change: nothing to restart
+    assert gating.restart_due(NodeStatus(ENABLING, changed_at=junk), NOW, 5) is False
+
+
+@pytest.mark.parametrize("junk", [math.nan, math.inf, "x", "NaN", -3, None, {"a": 1}, pytest.param(10**400, id="huge")])
+def test_an_enabling_node_with_a_junk_restart_count_reads_it_as_none(junk):
+    el = Eligibility(True, "ok", "fp")
+    enabling = NodeStatus(ENABLING, since=1.0, changed_at=NOW - 10, numbers={gating.RESTARTED_PODS: junk})
+    old = [PodFacts("p1", NOW - 50, None, None, True, False)]
+    assert gating.advance(enabling, el, gating.summarize_pods(old, NOW - 10), None, NOW, True).status.numbers[gating.RESTARTED_PODS] == 1
+    assert gating.advance(enabling, el, gating.summarize_pods([], NOW - 10), None, NOW, True).status.state == ANALYZING
+
+
+def test_a_status_entry_of_junk_reads_as_defaults():
+    s = NodeStatus.from_dict({"state": "Enabling", "since": "x", "changedAt": "NaN", "reason": 7, "numbers": "x", "holdout": "yes",
+                              "fingerprint": ["fp"]})
+    assert s == NodeStatus(ENABLING, "", 0.0, None, None, False, {})
+    assert NodeStatus.from_dict({"since": math.nan, "changedAt": math.inf}) == NodeStatus()
+    assert NodeStatus.from_dict("x") == NodeStatus()  # type: ignore[arg-type]
+
+
+def test_a_rollback_records_non_finite_time_is_never_copied():
+    record = RollbackRecord.model_construct(rollout="r", fingerprint="fp", at=math.nan, reason="2 failing", numbers={})
+    barred = gating.Eligibility(False, "rolled back", "fp")
+    step = gating.advance(NodeStatus(PROMOTED, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, False, record)
+    assert step.status.state == ROLLED_BACK and step.status.changed_at == NOW
+    _, why = gating.parse_rollback({contract.ANNOTATION_ROLLBACK: '{"fingerprint": "fp", "at": NaN, "reason": "x"}'})
+    assert why == "the rollback record annotation is unreadable: it holds NaN, which is not a finite number"

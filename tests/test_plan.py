@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from gluon_agent import contract
 from gluon_operator import plan as planner
-from gluon_operator import gating, world
+from gluon_operator import gating, records, world
 from gluon_operator.gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, Verdict
 from gluon_operator.analysis import Judgement
 from gluon_operator.spec import parse_spec, resolve
@@ -484,6 +484,75 @@ def test_overlapping_rollouts_the_older_owns_the_younger_reports_a_conflict():
     assert younger_plan.statuses == {} and younger_plan.node_writes == []
     conflict = [c for c in younger_plan.status["conditions"] if c["type"] == "Conflict"][0]
     assert conflict["status"] == "True" and "n1" in conflict["message"] and younger_plan.status["conflicts"] == {"nodes": ["n1"], "count": 1}
+
+
+# ---------------------------------------------------------------- hostile JSON and numbers (issue 34)
+
+
+DEEP = "[" * 2000 + "]" * 2000
+
+
+def assert_finite(p: planner.Plan) -> None:
+    """What the plan writes is JSON the operator itself can read back, without NaN or Infinity."""
+    for write in p.node_writes:
+        for key, value in write.annotations.items():
+            if value is not None:
+                records.loads(value)
+    json.dumps(p.status, allow_nan=False)
+    for s in p.statuses.values():
+        json.dumps(s.to_dict(), allow_nan=False)
+
+
+def test_a_deep_report_on_one_node_does_not_stop_the_disable_of_a_skipped_one():
+    """On the cluster: a Promoted node a person skipped was not disabled while another node's agent had
+    written a report nested 2000 deep (a RecursionError on every reconcile)."""
+    fleet = Fleet(3, strategy={"canaryNodes": 1, "maxParallel": 1})
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
+    fleet.nodes["n2"]["metadata"]["annotations"][contract.ANNOTATION_REPORT] = DEEP
+    fleet.label("n0", contract.LABEL_SKIP, "true")
+    p = fleet.step()
+    assert fleet.states()["n0"] == DISABLED and fleet.nodes["n0"]["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
+    assert fleet.states()["n2"] == INELIGIBLE and "nested deeper than 64 levels" in p.status["nodes"]["n2"]["reason"]
+    assert_finite(p)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda record: record.replace('"changedAt":', '"changedAt":NaN,"was":'),
+    lambda record: record.replace('"numbers":{', '"numbers":{"restartedPods":"x",'),
+    lambda record: record.replace('"numbers":{', '"numbers":{"restartedPods":1e999,'),
+    lambda record: record.replace('"since":', '"since":Infinity,"was":'),
+])
+def test_a_node_record_with_junk_numbers_never_stalls_the_rollout(edit):
+    fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 1})
+    run_until(fleet, lambda: fleet.states()["n0"] == ENABLING)
+    annotations = fleet.nodes["n0"]["metadata"]["annotations"]
+    annotations[contract.ANNOTATION_NODE_RECORD] = edit(annotations[contract.ANNOTATION_NODE_RECORD])
+    for _ in range(6):
+        assert_finite(fleet.step())
+    run_until(fleet, lambda: fleet.states()["n0"] == ANALYZING)
+    assert math.isfinite(fleet.record("n0")["changedAt"])
+
+
+def test_a_rollback_record_with_a_nan_time_is_never_copied():
+    fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 1})
+    run_until(fleet, lambda: fleet.states()["n0"] == ANALYZING)
+    fingerprint = fleet.record("n0")["fingerprint"]
+    fleet.nodes["n0"]["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = json.dumps(
+        {"rollout": "kimi", "fingerprint": fingerprint, "at": math.nan, "reason": "x"})
+    p = fleet.step()
+    assert_finite(p)
+    assert fleet.states()["n0"] == DISABLED and "rollback record annotation is unreadable" in p.status["nodes"]["n0"]["reason"]
+    assert math.isfinite(fleet.record("n0")["changedAt"])
+
+
+def test_non_finite_verdict_numbers_are_written_as_null():
+    fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 1})
+    run_until(fleet, lambda: fleet.states()["n0"] == ANALYZING)
+    p = fleet.step({"n0": Verdict("fail", "x0.5", {"effect": math.nan, "ci": [-math.inf, 0.9], "failStreak": 2})})
+    assert fleet.states()["n0"] == ROLLED_BACK
+    assert_finite(p)
+    rollback = records.loads(fleet.nodes["n0"]["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK])
+    assert rollback["numbers"] == {"effect": None, "ci": [None, 0.9], "failStreak": 2} and math.isfinite(rollback["at"])
 
 
 # ---------------------------------------------------------------- status size at fleet scale

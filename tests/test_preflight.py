@@ -360,3 +360,47 @@ def test_the_agent_address(env, url, monkeypatch):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert default_agent_url() == url
+
+
+# ---------------------------------------------------------------- the termination message's bound (issue 34)
+
+
+LONG_REFUSAL = {
+    "flag": "0", "seconds": 1.2,
+    "agent": {"flag": "1", "reason": "enabled by rollout serving/kimi", "state": "Enabling", "node": "n1", "fingerprint": "fp",
+              "current": True, "enabled": True},
+    "probe": {"capable": False, "summary": "aiter import failed", "missing_for_capable": ["aiter import"]},
+    "reason": "this image's stack is not capable: aiter Gluon import: RuntimeError: " + "triton < 3.6 \u00e9\"\\ " * 400,
+}
+
+
+@pytest.mark.parametrize("verdict", [
+    LONG_REFUSAL,
+    {**LONG_REFUSAL, "final": True, "agent": {"asked": False}},
+    {**LONG_REFUSAL, "agent": {**LONG_REFUSAL["agent"], "reason": "r" * 6000}, "reason": "short"},
+])
+def test_a_long_refusal_keeps_flag_final_and_agent_and_cuts_the_reason(verdict):
+    from gluon_agent.preflight import TERMINATION_LIMIT, termination_message
+
+    text = termination_message(verdict)
+    assert len(json.dumps(verdict)) > TERMINATION_LIMIT >= len(text.encode())
+    assert len(text) > TERMINATION_LIMIT - 16 or verdict["reason"] == "short"  # the reason is cut only as far as it must be
+    kept = json.loads(text)
+    assert kept["flag"] == "0" and kept["truncated"] is True and kept.get("final") == verdict.get("final")
+    assert kept["agent"] == {k: v for k, v in verdict["agent"].items() if k in ("current", "enabled", "asked", "flag")}
+    assert verdict["reason"].startswith(kept["reason"].removesuffix(" ..."))
+
+
+def test_the_operator_reads_a_long_stack_refusal_as_a_refusal_not_as_transient():
+    """An aiter import raising a 5 KB RuntimeError: read as transient, the pod was restarted every 15 s and
+    the node stayed Enabling instead of rolling back."""
+    from gluon_agent.preflight import termination_message
+    from gluon_operator import world
+
+    for verdict, transient in ((LONG_REFUSAL, False), ({**LONG_REFUSAL, "agent": {**LONG_REFUSAL["agent"], "current": False}}, True),
+                               ({**LONG_REFUSAL, "agent": None}, True), ({**LONG_REFUSAL, "final": True, "agent": {"asked": False}}, False)):
+        status = {"initContainerStatuses": [{"name": "gluon-preflight", "state": {"terminated": {"message": termination_message(verdict)}}}]}
+        pod = {"metadata": {"name": "p", "namespace": "x", "creationTimestamp": "2026-12-01T00:00:00Z"}, "spec": {"nodeName": "n1"},
+               "status": status}
+        view = world.pod_view(pod)
+        assert view.flag == "0" and view.transient is transient and view.preflight_reason.startswith("this image's stack is not capable")

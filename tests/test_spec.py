@@ -6,6 +6,8 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import yaml
 
 from gluon_operator.crd import crd, crd_yaml
@@ -83,3 +85,80 @@ def test_counts_and_percentages_parse():
 def test_problems_name_the_field(raw, message):
     _, problems = parse_spec(raw)
     assert any(p.startswith(message) for p in problems), problems
+
+
+# ---------------------------------------------------------------- selectors the API server would refuse (issue 34)
+
+
+@pytest.mark.parametrize("selector,message", [
+    ({"matchLabels": {"app": "x" * 4096}}, "spec.podSelector.matchLabels['app']: value 'xxx"),
+    ({"matchLabels": {"app": "x" * 64}}, "is not a valid label value: must be no more than 63 characters"),
+    ({"matchLabels": {"app": "sgl\u00e4ng"}}, "value 'sgläng' is not a valid label value: must be an empty string or consist of alphanumeric"),
+    ({"matchLabels": {"app": "-x"}}, "must start and end with an alphanumeric character"),
+    ({"matchLabels": {"a b": "x"}}, "spec.podSelector.matchLabels: key 'a b' is not a valid label key: name part must consist of"),
+    ({"matchLabels": {"/app": "x"}}, "key '/app' is not a valid label key: prefix part must be non-empty"),
+    ({"matchLabels": {"example.com/": "x"}}, "name part must be non-empty"),
+    ({"matchLabels": {"Example.com/app": "x"}}, "prefix part must be a lowercase RFC 1123 subdomain"),
+    ({"matchLabels": {"p" * 254 + "/app": "x"}}, "prefix part must be no more than 253 characters"),
+    ({"matchLabels": {"a" * 64: "x"}}, "name part must be no more than 63 characters"),
+    ({"matchExpressions": [{"key": "app", "operator": "In"}]}, "spec.podSelector.matchExpressions[0].values: must be specified when operator is 'In'"),
+    ({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": []}]}, "must be specified when operator is 'In' or 'NotIn'"),
+    ({"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}, "may not be specified when operator is 'Exists'"),
+    ({"matchExpressions": [{"key": "app", "operator": "In", "values": ["ok", "a,b"]}]}, "spec.podSelector.matchExpressions[0].values[1]: 'a,b'"),
+    ({"matchExpressions": [{"key": "a b", "operator": "Exists"}]}, "spec.podSelector.matchExpressions[0].key: 'a b' is not a valid label key"),
+])
+def test_a_pod_selector_the_api_server_would_refuse_is_invalid_naming_the_field(selector, message):
+    """The informer's list got 400 for it and the rollout stalled silently."""
+    _, problems = parse_spec({"podSelector": selector})
+    assert any(message in p for p in problems), problems
+    _, problems = parse_spec({**MINIMAL, "nodeSelector": selector})
+    assert any(message.replace("podSelector", "nodeSelector") in p for p in problems), problems
+
+
+@pytest.mark.parametrize("selector", [
+    {"matchLabels": {"app": "sglang", "example.com/tier": "", "a.b-c_d": "A.b-9_z", "k" * 63: "v" * 63, "p" * 253 + "/" + "n" * 63: "x"}},
+    {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a", ""]}, {"key": "x", "operator": "DoesNotExist"}]},
+])
+def test_selectors_the_api_server_accepts_are_valid(selector):
+    assert parse_spec({"podSelector": selector})[1] == []
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.from_regex(r"([a-z0-9A-Z.\-_]{0,5}/)?[a-zA-Z0-9.\-_ ]{0,6}", fullmatch=True) | st.text(max_size=8))
+def test_the_crds_key_pattern_agrees_with_the_operators_check(key):
+    import re
+
+    from gluon_operator.spec import LABEL_KEY_SCHEMA_PATTERN, label_key_problem
+
+    assert (label_key_problem(key) is None) == bool(re.fullmatch(LABEL_KEY_SCHEMA_PATTERN[1:-1], key)), key
+
+
+@pytest.mark.parametrize("analysis,points", [
+    ({"stepSeconds": 1, "windowSeconds": 86_400}, 346_920),
+    ({"stepSeconds": 10, "baselineSeconds": 86_400, "windowSeconds": 7200}, 11_532),
+])
+def test_a_window_or_baseline_over_prometheus_points_limit_is_invalid(analysis, points):
+    """stepSeconds 1 with a one-day window: every query failed, and the node stayed inconclusive for ever."""
+    _, problems = parse_spec({**MINIMAL, "analysis": analysis})
+    assert any(p.startswith("spec.analysis: baselineSeconds") and f"{points} points at stepSeconds {analysis['stepSeconds']}" in p
+               and "over Prometheus's limit of 11000 points per series" in p for p in problems), problems
+    needed = int(next(p for p in problems if "points" in p).rsplit("stepSeconds >= ", 1)[1].split()[0])
+    assert parse_spec({**MINIMAL, "analysis": {**analysis, "stepSeconds": needed}})[1] == []  # the advice is enough
+
+
+def test_the_query_span_is_what_the_analysis_asks_for():
+    from gluon_operator.spec import query_span
+
+    spec, _ = parse_spec(MINIMAL)
+    assert query_span(spec.analysis) == 1200 + 120 + 4 * 300
+
+
+def test_schema_carries_selector_and_points_rules():
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    selector = spec["properties"]["podSelector"]["properties"]
+    assert selector["matchLabels"]["additionalProperties"]["maxLength"] == 63 and selector["matchLabels"]["maxProperties"] == 64
+    assert "lastIndexOf('/') <= 253" in selector["matchLabels"]["x-kubernetes-validations"][0]["rule"]
+    expression = selector["matchExpressions"]["items"]
+    assert expression["properties"]["key"]["maxLength"] == 317 and expression["properties"]["values"]["items"]["pattern"]
+    assert "size(self.values) > 0" in expression["x-kubernetes-validations"][0]["rule"]
+    assert "<= 11000" in spec["properties"]["analysis"]["x-kubernetes-validations"][0]["rule"]

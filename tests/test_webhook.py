@@ -168,6 +168,19 @@ def test_a_user_object_with_our_name_is_kept_and_warned_about(where):
     assert name in answer.warnings[0] and "a name the injection uses" in answer.warnings[0]
 
 
+@pytest.mark.parametrize("name", [webhook.PREFLIGHT_CONTAINER, webhook.INSTALL_CONTAINER])
+@pytest.mark.parametrize("injected", [False, True])
+def test_a_regular_container_with_our_name_is_left_alone_so_the_api_server_accepts_the_pod(name, injected):
+    """Injected, the pod would have a container and an init container of one name: 422 "Duplicate value"."""
+    pod = sglang_pod()
+    pod["spec"]["containers"].append({"name": name, "image": "mine"})
+    if injected:  # re-created from an injected pod, or a reinvocation: the annotation does not make it ours
+        pod["metadata"]["annotations"] = {contract.ANNOTATION_POD_INJECTED: "kimi"}
+    answer = admit(pod)
+    assert answer.outcome == "not-injected" and answer.changes is None
+    assert answer.warnings == (f"gluon-rollout did not inject: the pod already has a container named {name!r} (a name the injection uses)",)
+
+
 def test_our_own_earlier_injection_is_no_clash():
     pod = sglang_pod()
     mutated = apply(pod, admit(pod).changes)
@@ -266,11 +279,11 @@ def test_reviews_over_aiohttps_1_mib_default_are_read():
         config = await serving.__anext__()
         try:
             async with aiohttp.ClientSession() as session:
-                big = {"request": {"uid": "u1", "object": {"pad": "x" * (3 * 1024 * 1024)}}}
+                big = spoiled("request.object", {"pad": "x" * (3 * 1024 * 1024)})
                 async with session.post(config["url"].rstrip("/") + "/inject", json=big) as answer:
-                    assert answer.status == 200 and (await answer.json())["response"]["uid"] == "u1"
+                    assert answer.status == 200 and (await answer.json())["response"]["uid"] == big["request"]["uid"]
                 before = too_large()
-                huge = {"request": {"uid": "u2", "object": {"pad": "x" * REVIEW_LIMIT}}}
+                huge = spoiled("request.object", {"pad": "x" * REVIEW_LIMIT})
                 async with session.post(config["url"].rstrip("/") + "/inject", json=huge) as answer:
                     assert answer.status == 413
                 assert too_large() == before + 1
@@ -279,3 +292,77 @@ def test_reviews_over_aiohttps_1_mib_default_are_read():
 
     asyncio.run(asyncio.wait_for(main(), 30))
     assert seen and seen[0] > 3 * 1024 * 1024
+
+
+REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+    "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "resource": {"group": "", "version": "v1", "resource": "pods"},
+    "operation": "CREATE", "userInfo": {"username": "x"}, "object": {"metadata": {}}, "oldObject": None}}
+
+
+def spoiled(path: str, value) -> dict:
+    review = copy.deepcopy(REVIEW)
+    *parents, last = path.split(".")
+    target = review
+    for key in parents:
+        target = target[key]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    return review
+
+
+@pytest.mark.parametrize("body,why", [
+    (b"[1, 2]", "the body is a JSON list, not an AdmissionReview object"),
+    (b'"x"', "the body is a JSON str"),
+    (b"{}", "the body is not an AdmissionReview: apiVersion 'None', kind 'None'"),
+    (json.dumps({**REVIEW, "kind": "Pod"}).encode(), "kind 'Pod'"),
+    (json.dumps(spoiled("request", "x")).encode(), "the AdmissionReview has no request object"),
+    (json.dumps(spoiled("request.uid", KeyError)).encode(), "request.uid is missing or not a string"),
+    (json.dumps(spoiled("request.operation", 7)).encode(), "request.operation is missing or not a string"),
+    (json.dumps(spoiled("request.resource", {"group": ""})).encode(), "request.resource is missing or not an object of strings"),
+    (json.dumps(spoiled("request.kind", None)).encode(), "request.kind is missing"),
+    (json.dumps(spoiled("request.userInfo", KeyError)).encode(), "request.userInfo is missing or not an object"),
+    (json.dumps(spoiled("request.object", [1])).encode(), "request.object is not an object"),
+    (json.dumps(spoiled("request.object", None)).encode(), "the request carries neither object nor oldObject"),
+    (json.dumps(spoiled("request.subResource", 1)).encode(), "request.subResource is not a string"),
+    (b'{"apiVersion": ' * 3000, "the body is unreadable: it is"),
+    (b"[" * 5000 + b"]" * 5000, "the body is unreadable: it is nested deeper than 64 levels"),
+    (b"\xff", "the body is unreadable: it is not JSON"),
+])
+def test_a_body_that_is_not_an_admission_review_is_answered_400_with_why(body, why):
+    """Before, kopf's KeyError or AttributeError on such a body was a 500 with a traceback in the log."""
+    import asyncio
+
+    import aiohttp
+
+    from gluon_operator.admission import AdmissionServer
+    from gluon_operator.metrics import METRICS
+
+    called: list[dict] = []
+
+    async def fn(review, **_):
+        called.append(review)
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": review["request"]["uid"], "allowed": True}}
+
+    def refused() -> float:
+        return METRICS.registry.get_sample_value(contract.M_ROLLOUT_WEBHOOK_REVIEWS + "_total", {"outcome": webhook.NOT_A_REVIEW})
+
+    async def main():
+        server = AdmissionServer(addr="127.0.0.1", port=free_port(), insecure=True)
+        serving = server(fn)
+        config = await serving.__anext__()
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = config["url"].rstrip("/") + "/inject"
+                before = refused()
+                async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as answer:
+                    assert answer.status == 400 and why in await answer.text()
+                assert refused() == before + 1
+                async with session.post(url, json=REVIEW) as answer:  # a review still reaches the handler
+                    assert answer.status == 200 and (await answer.json())["response"]["allowed"] is True
+        finally:
+            await serving.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert called == [REVIEW]

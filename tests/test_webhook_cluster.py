@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import urllib.error
 import urllib.request
 import uuid
 
@@ -104,6 +105,11 @@ def test_api_server_applies_the_webhook_patch(webhook_url, namespace, admin):
         assert [e for e in got.get("env", []) if e["name"] == contract.FLAG_ENV] == [e for e in want.get("env", []) if e["name"] == contract.FLAG_ENV]
     other = core.create_namespaced_pod(namespace, sglang_pod(namespace, labels={"app": "vllm"}), dry_run="All")
     assert not other.spec.init_containers and contract.ANNOTATION_POD_INJECTED not in (other.metadata.annotations or {})
+    # a regular container named like our init containers: left as it is, so the API server accepts it (not 422 Duplicate value)
+    clash = sglang_pod(namespace)
+    clash["spec"]["containers"].append({"name": webhook.PREFLIGHT_CONTAINER, "image": "busybox"})
+    kept = core.create_namespaced_pod(namespace, clash, dry_run="All")
+    assert not kept.spec.init_containers and [c.name for c in kept.spec.containers] == ["sglang", "sidecar", webhook.PREFLIGHT_CONTAINER]
 
 
 def test_odd_and_large_pods_are_allowed_over_tls(webhook_url, namespace):
@@ -118,3 +124,8 @@ def test_odd_and_large_pods_are_allowed_over_tls(webhook_url, namespace):
     large["metadata"]["annotations"] = {"example.com/blob": "x" * (1536 * 1024)}  # etcd's 1.5 MiB object limit
     mutated = patched(large, review(url, context, large))
     assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
+    for body in (b"[]", b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "u"}}', b"[" * 5000):
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, context=context, timeout=5)
+        assert refused.value.code == 400 and refused.value.read().startswith(b"not an AdmissionReview: ")

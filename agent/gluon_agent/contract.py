@@ -137,7 +137,8 @@ M_ROLLOUT_ANALYSIS_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "analysis_errors"  # 
 M_ROLLOUT_QUERY_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "query_seconds"
 M_ROLLOUT_API_ERRORS: Final = ROLLOUT_METRIC_PREFIX + "api_errors"  # counter
 M_ROLLOUT_RESTARTS: Final = ROLLOUT_METRIC_PREFIX + "pod_restarts"  # counter
-# Admission reviews the webhook answered, by outcome (webhook.OUTCOMES); every one is allowed.
+# Admission reviews the webhook answered, by outcome (webhook.OUTCOMES); every review is allowed, and only
+# bodies no API server sends (too large, not an AdmissionReview) are refused, 413 or 400.
 M_ROLLOUT_WEBHOOK_REVIEWS: Final = ROLLOUT_METRIC_PREFIX + "webhook_reviews"  # counter
 # The analysis judge's numbers per judged node (docs/analysis.md): the anytime-valid interval around
 # M_ROLLOUT_EFFECT, the effective sample size, the ratio the load adjustment applied, the sequential

@@ -140,11 +140,37 @@ def decide(agent_url: str | None, agent_timeout: float, probe_timeout: float, de
     return {**verdict, "flag": "1", "reason": f"agent says 1 ({answer.get('reason')}) and this image is capable"}
 
 
+# What the operator decides on besides flag and reason: `final` and these fields of `agent` tell a refusal
+# by the stack (the node rolls back) from the agent's view not having caught up yet (the pod restarts).
+DECIDING_AGENT_KEYS = ("current", "enabled", "asked", "flag")
+
+
 def termination_message(verdict: dict[str, Any]) -> str:
+    """The verdict as JSON within TERMINATION_LIMIT bytes (json.dumps writes ASCII: a byte a character).
+    Too long, the details are dropped first, then the reason is cut: `flag`, `final` and the deciding
+    fields of `agent` are always kept, so a long refusal is never read as transient."""
     text = json.dumps(verdict, sort_keys=True)
-    if len(text) > TERMINATION_LIMIT:  # drop the details before the decision
-        text = json.dumps({"flag": verdict["flag"], "reason": str(verdict.get("reason"))[:TERMINATION_LIMIT - 100]})
-    return text
+    if len(text) <= TERMINATION_LIMIT:
+        return text
+    short: dict[str, Any] = {"flag": verdict["flag"], "truncated": True}
+    if "final" in verdict:
+        short["final"] = verdict["final"]
+    agent = verdict.get("agent")
+    if "agent" in verdict:
+        short["agent"] = ({k: agent[k] for k in DECIDING_AGENT_KEYS if k in agent and isinstance(agent[k], (bool, str, type(None)))
+                           and len(str(agent[k])) <= 8} if isinstance(agent, dict) else None)
+    reason = str(verdict.get("reason"))
+    text = json.dumps({**short, "reason": reason}, sort_keys=True)
+    if len(text) <= TERMINATION_LIMIT:
+        return text
+    fits, cut = 0, len(reason)  # the longest prefix of the reason whose message fits: a binary search
+    while fits < cut:
+        middle = (fits + cut + 1) // 2
+        if len(json.dumps({**short, "reason": reason[:middle] + " ..."}, sort_keys=True)) <= TERMINATION_LIMIT:
+            fits = middle
+        else:
+            cut = middle - 1
+    return json.dumps({**short, "reason": reason[:fits] + " ..."}, sort_keys=True)
 
 
 def run(flag_dir: Path, agent_url: str | None, agent_timeout: float, probe_timeout: float, termination_log: Path,

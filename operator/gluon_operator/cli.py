@@ -58,8 +58,10 @@ def cmd_prune_nodes(args: argparse.Namespace) -> int:
 
     from gluon_agent.kube import MERGE_PATCH, make_api_client
 
+    from . import records
+
     core = client.CoreV1Api(make_api_client(args.api_url))
-    nodes = json.loads(core.list_node(_preload_content=False).data)["items"]
+    nodes = records.loads(core.list_node(_preload_content=False).data, max_bytes=records.PAGE_BYTES_LIMIT)["items"]
     pruned = 0
     for node in nodes:
         patch = prune_patch(node)

@@ -17,7 +17,8 @@ from gluon_agent import contract
 from . import analysis, gating
 from .metrics import METRICS
 from .promclient import PrometheusClient, PrometheusError, is_trusted
-from .spec import GluonRolloutSpec
+from .records import finite_number, whole_count
+from .spec import GluonRolloutSpec, query_span
 
 # The analysis runs beside the reconcile (it never delays stepping nodes); a 5000-node first look costs about
 # 6 s of CPU here (docs/benchmarks), so the default leaves room for it.
@@ -35,7 +36,8 @@ def control_nodes(statuses: Mapping[str, gating.NodeStatus]) -> list[str]:
 def analysis_due(spec: GluonRolloutSpec, status: Mapping[str, Any], now: float) -> bool:
     if not spec.analysis.prometheusUrl:
         return False
-    last = float((status.get("analysis") or {}).get("lastRun") or 0)
+    previous = status.get("analysis")
+    last = finite_number(previous.get("lastRun") if isinstance(previous, Mapping) else None) or 0.0
     return now - last >= spec.analysis.intervalSeconds
 
 
@@ -108,7 +110,7 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
     # Nodes without a kept baseline need the history before their flip; the others only the recent
     # window (their running sums are in the status). Bounded either way.
     reach = min(needing) - a.baselineSeconds if needing else now - a.windowSeconds
-    start = max(now - a.baselineSeconds - a.warmupSeconds - 4 * a.windowSeconds, min(now - a.windowSeconds, reach))
+    start = max(now - query_span(a), min(now - a.windowSeconds, reach))  # within Prometheus's points limit (spec.py)
     client, note = prometheus_client(a.prometheusUrl or "", timeout=deadline)
     with METRICS.query_seconds.time():
         answers = await asyncio.gather(*(client.query_range(q, start, now, a.stepSeconds) for q in queries.values()), return_exceptions=True)
@@ -163,14 +165,8 @@ def _error(exc: BaseException, deadline: float) -> tuple[str, str]:
 
 
 def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
+    return whole_count(value)
 
 
 def _float(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
+    return finite_number(value)

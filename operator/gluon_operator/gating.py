@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from gluon_agent import contract
 
-from .records import AgentReport, NodeRecord, RollbackRecord, read_json
+from .records import AgentReport, NodeRecord, RollbackRecord, finite, finite_number, read_json, whole_count
 
 INELIGIBLE, ELIGIBLE, ENABLING, ANALYZING, PROMOTED, ROLLED_BACK, DISABLED = contract.NODE_STATES
 FLAG_ON_STATES = (ENABLING, ANALYZING, PROMOTED)
@@ -139,6 +139,7 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     it, so it counts as old. Restarts wait until that second is over (restart_due), so a replacement is
     always stamped later and counts as new: never evicted twice."""
     pods = [p for p in pods if not p.deleting]
+    changed_at = finite_number(changed_at)  # NodeStatus holds finite times; a guard, never a crash
     if changed_at is None:
         return PodSummary([], {p.name: p.flag for p in pods}, all(p.ready for p in pods), [])
     cutoff = math.ceil(changed_at)
@@ -178,15 +179,19 @@ class NodeStatus:
 
     @classmethod
     def from_record(cls, record: NodeRecord) -> "NodeStatus":
-        return cls(record.state, record.reason, float(record.since), record.fingerprint,
-                   None if record.changedAt is None else float(record.changedAt), record.holdout, record.numbers)
+        return cls(record.state, record.reason, finite_number(record.since) or 0.0, record.fingerprint,
+                   finite_number(record.changedAt), record.holdout, record.numbers)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "NodeStatus":
-        raw = raw or {}
+        """A node of the rollout's status (written before records were on nodes); loosely typed, so every
+        field is checked: a wrong type reads as its default, never fails the reconcile."""
+        raw = raw if isinstance(raw, Mapping) else {}
         state = raw.get("state") if raw.get("state") in contract.NODE_STATES else INELIGIBLE
-        return cls(state, raw.get("reason", ""), float(raw.get("since") or 0), raw.get("fingerprint"),
-                   raw.get("changedAt"), bool(raw.get("holdout")), raw.get("numbers") or {})
+        reason, fingerprint, numbers = raw.get("reason"), raw.get("fingerprint"), raw.get("numbers")
+        return cls(state, reason if isinstance(reason, str) else "", finite_number(raw.get("since")) or 0.0,
+                   fingerprint if isinstance(fingerprint, str) else None, finite_number(raw.get("changedAt")),
+                   raw.get("holdout") is True, numbers if isinstance(numbers, Mapping) else {})
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,8 @@ class Step:
 
 
 def move(prev: NodeStatus, state: str, reason: str, now: float, **changes: Any) -> NodeStatus:
+    if "numbers" in changes:  # a verdict's numbers may hold NaN (0/0 in a judge): a record holds only finite ones
+        changes["numbers"] = finite(changes["numbers"])
     if state == prev.state:
         return replace(prev, reason=reason, **changes)
     return replace(prev, state=state, reason=reason, since=now, **changes)
@@ -218,7 +225,7 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
     first, in one patch): the record, not the stale status, is the truth."""
     s = prev.state
     if s in FLAG_ON_STATES and recorded_rollback is not None and not rollback_cleared:
-        return Step(move(prev, ROLLED_BACK, recorded_rollback.reason, now, changed_at=float(recorded_rollback.at or now),
+        return Step(move(prev, ROLLED_BACK, recorded_rollback.reason, now, changed_at=finite_number(recorded_rollback.at) or now,
                          numbers=recorded_rollback.numbers))
     if s == ROLLED_BACK:
         if not rollback_cleared:
@@ -240,7 +247,7 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
             return Step(move(prev, ROLLED_BACK, "the serving image's preflight chose 0: " + "; ".join(pods.refused),
                              now, changed_at=now, numbers={"refused": pods.refused}), "rollback")
         if pods.old:  # how many it will have, so that a moment with none (evicted, not yet replaced) is not taken for done
-            had = max(pods.replaced + len(pods.new_flags) + len(pods.retry) + len(pods.starting), int(prev.numbers.get(RESTARTED_PODS, 0)))
+            had = max(pods.replaced + len(pods.new_flags) + len(pods.retry) + len(pods.starting), whole_count(prev.numbers.get(RESTARTED_PODS)))
             return Step(move(prev, ENABLING, f"restarting {len(pods.old)} serving pods", now,
                              numbers={**prev.numbers, RESTARTED_PODS: had} if had else prev.numbers))
         if pods.retry:
@@ -250,7 +257,7 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
                                              "agent view to start, to restart them", now))
         if not pods.new_ready or any(flag != "1" for flag in pods.new_flags.values()):
             return Step(move(prev, ENABLING, "waiting for restarted pods to be ready with flag 1", now))
-        restarted = int(prev.numbers.get(RESTARTED_PODS, 0))
+        restarted = whole_count(prev.numbers.get(RESTARTED_PODS))
         if restarted and not pods.new_flags:
             return Step(move(prev, ENABLING, f"waiting for the replacements of {restarted} restarted serving pods", now))
         return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now, numbers=without_restarted(prev.numbers)))
@@ -288,7 +295,8 @@ def without_restarted(numbers: Mapping[str, Any]) -> dict[str, Any]:
 def restart_due(status: NodeStatus, now: float, delay: float) -> bool:
     """Pods restart after the node's label has had time to reach its agent, and never within the second of
     the change (see summarize_pods)."""
-    return status.changed_at is not None and now >= max(status.changed_at + delay, math.ceil(status.changed_at))
+    changed_at = finite_number(status.changed_at)
+    return changed_at is not None and now >= max(changed_at + delay, math.ceil(changed_at))
 
 
 def node_labels(status: NodeStatus) -> dict[str, str]:

@@ -12,7 +12,6 @@ object an indexer cannot read is left out of that index (logged and counted in `
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -21,6 +20,8 @@ from typing import Any
 
 from gluon_agent import decisions
 from gluon_agent.kube import REQUEST_TIMEOUT, ApiFailure, classify
+
+from . import records
 
 log = logging.getLogger("gluon_operator.informer")
 
@@ -145,7 +146,7 @@ class Informer:
         while True:
             response = self.list_call(_preload_content=False, _request_timeout=(REQUEST_TIMEOUT[0], 120), limit=LIST_PAGE,
                                       **({"_continue": token} if token else {}), **self._selector())
-            body = json.loads(response.data)
+            body = records.loads(response.data, max_bytes=records.PAGE_BYTES_LIMIT)
             del response
             if not version:
                 version.append(body["metadata"]["resourceVersion"])  # the first page's: the list's snapshot
@@ -164,7 +165,7 @@ class Informer:
                     return version
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = records.loads(line, max_bytes=records.PAGE_BYTES_LIMIT)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:

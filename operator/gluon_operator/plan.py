@@ -31,7 +31,6 @@ contract.ANNOTATION_ROLLOUT_ABORT (aborted while present), abort.maxFailedNodes 
 from __future__ import annotations
 
 import datetime
-import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
@@ -40,7 +39,7 @@ from gluon_agent import contract
 
 from . import gating, webhook
 from .gating import DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, NodeStatus
-from .records import NodeRecord, read_json
+from .records import NodeRecord, dumps, finite, read_json
 from .spec import GluonRolloutSpec, parse_spec, resolve
 
 FULL_STATUS_NODES = 500  # up to this many nodes, status.nodes lists every node (kubectl get -o yaml reads as before)
@@ -272,7 +271,7 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
         out.events.append(Event("Normal", "Approved", f"approval gate {gate!r} granted by annotation {contract.ANNOTATION_ROLLOUT_APPROVE}"))
     if aborted and not rollout.status.get("aborted"):
         out.events.append(Event("Warning", "Aborted", aborted["reason"][:1000]))
-    out.status = rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now)
+    out.status = finite(rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now))  # JSON has no NaN
     if spec.dryRun:
         dry_run_only(rollout, out)
     return out
@@ -453,10 +452,10 @@ def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: fl
     labels = gating.node_labels(new)
     annotations: dict[str, str | None] = {}
     if w.action == "rollback":
-        annotations[contract.ANNOTATION_ROLLBACK] = json.dumps({"rollout": rollout.name, "fingerprint": new.fingerprint, "at": new.since,
-                                                                "reason": new.reason, "numbers": dict(new.numbers)}, sort_keys=True)
+        annotations[contract.ANNOTATION_ROLLBACK] = dumps({"rollout": rollout.name, "fingerprint": new.fingerprint, "at": new.since,
+                                                           "reason": new.reason, "numbers": dict(new.numbers)})
     if core(w.recorded) != core(new) or annotations:
-        annotations[contract.ANNOTATION_NODE_RECORD] = json.dumps(new.record(rollout.key), sort_keys=True, separators=(",", ":"))
+        annotations[contract.ANNOTATION_NODE_RECORD] = dumps(new.record(rollout.key))
     if annotations or any(view.labels.get(k) != v for k, v in labels.items()):
         starts = new.state in IN_PROGRESS and (w.recorded is None or w.recorded.state not in IN_PROGRESS)
         out.node_writes.append(NodeWrite(name, labels, annotations, starts))

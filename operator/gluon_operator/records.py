@@ -4,18 +4,115 @@ or a pod's termination message can put anything there; a wrong type must make th
 unreadable (with a reason naming the field), never fail the reconcile of the fleet.
 
 Unknown fields are ignored (agents of other versions add some); known fields have strict types.
+
+Every JSON the operator reads from agents, pods or the API goes through one reader, `loads`: bounded in
+size and nesting depth (a 4 KB report nested 2000 deep raised RecursionError out of json.loads), and it
+refuses NaN and Infinity (Python's json reads them as numbers; they then fail at math.ceil or int() on
+every reconcile). Records add finite numbers on top (`Number`: a "NaN" string is refused too).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+import math
+from typing import Annotated, Any, Literal, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from gluon_agent import contract
 
-Number = float  # JSON numbers; a string of digits is read as its number, anything else is an error naming the field
+# Finite JSON numbers; a string of digits is read as its number, anything else (NaN, "Infinity") is an
+# error naming the field.
+Number = Annotated[float, Field(allow_inf_nan=False)]
+
+JSON_BYTES_LIMIT = 256 * 1024  # Kubernetes' limit on all of one object's annotations together
+JSON_DEPTH_LIMIT = 64  # nesting levels; the deepest record the operator or an agent writes has under 10
+PAGE_BYTES_LIMIT = None  # an API list page or watch event: as large as the API server sends (depth still bounded)
+
+
+class UnreadableJSON(ValueError):
+    """JSON the one reader refuses: not JSON, too long, nested too deep, or with a non-finite number."""
+
+
+def _constant(name: str) -> Any:
+    raise UnreadableJSON(f"it holds {name}, which is not a finite number")
+
+
+FLOAT_RANGE = 2**1023  # an integer past this overflows on the first arithmetic with a float
+
+
+def problem_in(value: Any, limit: int) -> str | None:
+    """What makes a parsed JSON value unusable: nesting past `limit` levels, or a number that is not
+    finite (1e999 parses as inf) or an integer past float's range. Iterative: no recursion to overflow."""
+    stack: list[tuple[Any, int]] = [([value], 0)]  # the value as the one child of a level 0
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return f"it is nested deeper than {limit} levels"
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+            elif type(child) is float and not math.isfinite(child):
+                return f"it holds {child}, which is not a finite number"
+            elif type(child) is int and not -FLOAT_RANGE <= child <= FLOAT_RANGE:
+                return "it holds an integer past the range of finite numbers"
+    return None
+
+
+def loads(raw: str | bytes, max_bytes: int | None = JSON_BYTES_LIMIT, max_depth: int = JSON_DEPTH_LIMIT) -> Any:
+    """The one JSON reader for what the operator reads from agents, pods or the API. Raises UnreadableJSON
+    (a ValueError) saying what is wrong, and nothing else: RecursionError never escapes."""
+    if max_bytes is not None:
+        size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            raise UnreadableJSON(f"it is {size} bytes, more than the {max_bytes} read")
+    try:
+        value = json.loads(raw, parse_constant=_constant)
+    except UnreadableJSON:
+        raise
+    except RecursionError:
+        raise UnreadableJSON(f"it is nested deeper than {max_depth} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int's digit limit
+        raise UnreadableJSON(f"it is not JSON ({exc})") from None
+    problem = problem_in(value, max_depth)
+    if problem:
+        raise UnreadableJSON(problem)
+    return value
+
+
+def finite(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None (JSON has no NaN; Kubernetes' decoders refuse
+    it): what the operator writes goes through this, so it is finite by construction."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def finite_number(value: Any) -> float | None:
+    """A loosely typed record field (a record's `numbers`, the rollout's status) as a finite number, or
+    None for anything else: a string, a bool, NaN, Infinity, an integer past float's range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def whole_count(value: Any) -> int:
+    """A count kept in a record's `numbers` (restartedPods, failStreak): 0 unless a finite number >= 0."""
+    number = finite_number(value)
+    return int(number) if number is not None and number >= 0 else 0
+
+
+def dumps(value: Any) -> str:
+    """An annotation's JSON as the operator writes it: compact, sorted, finite."""
+    return json.dumps(finite(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 class Lenient(BaseModel):
@@ -82,6 +179,7 @@ class PreflightVerdict(Lenient):
     reason: StrictStr | None = None
     agent: AgentAnswer | None = None
     final: StrictBool | None = None  # a refusal no restart can change (e.g. the image's python is too old)
+    truncated: StrictBool | None = None  # cut to the kubelet's 4096 bytes: the reason is cut, flag, final and agent kept
 
 
 Record = TypeVar("Record", bound=BaseModel)
@@ -100,9 +198,9 @@ def read_json(model: type[Record], raw: str | None, what: str) -> tuple[Record |
     if raw is None:
         return None, None
     try:
-        value: Any = json.loads(raw)
-    except ValueError as exc:
-        return None, f"{what} is not JSON ({exc})"
+        value: Any = loads(raw)
+    except UnreadableJSON as exc:
+        return None, f"{what} is unreadable: {exc}"
     try:
         return model.model_validate(value), None
     except ValidationError as exc:

@@ -59,17 +59,100 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Label keys and values as Kubernetes validates them (k8s.io/apimachinery/pkg/util/validation: IsQualifiedName,
+# IsValidLabelValue; metav1 validation.ValidateLabelSelector): the API server refuses a labelSelector query
+# with anything else (400), so a rollout with such a pod selector could read no pods.
+LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+LABEL_KEY_PATTERN = f"^({DNS_SUBDOMAIN}/)?{LABEL_NAME}$"
+LABEL_VALUE_PATTERN = f"^({LABEL_NAME})?$"
+LABEL_NAME_MAX, LABEL_PREFIX_MAX = 63, 253
+LABEL_CHARS = "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+
+
+def label_key_problem(key: str) -> str | None:
+    """Kubernetes' IsQualifiedName in its own words: an optional DNS subdomain prefix and '/', then a name."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not prefix:
+        return "prefix part must be non-empty"
+    if prefix and len(prefix) > LABEL_PREFIX_MAX:
+        return f"prefix part must be no more than {LABEL_PREFIX_MAX} characters"
+    if prefix and not re.fullmatch(DNS_SUBDOMAIN, prefix):
+        return ("prefix part must be a lowercase RFC 1123 subdomain: lowercase alphanumeric characters, '-' or '.', "
+                "starting and ending with an alphanumeric character")
+    if not name:
+        return "name part must be non-empty"
+    if len(name) > LABEL_NAME_MAX:
+        return f"name part must be no more than {LABEL_NAME_MAX} characters"
+    if not re.fullmatch(LABEL_NAME, name):
+        return f"name part must consist of {LABEL_CHARS}"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Kubernetes' IsValidLabelValue in its own words."""
+    if len(value) > LABEL_NAME_MAX:
+        return f"must be no more than {LABEL_NAME_MAX} characters"
+    if not re.fullmatch(f"({LABEL_NAME})?", value):
+        return f"must be an empty string or consist of {LABEL_CHARS}"
+    return None
+
+
+def selector_problems(selector: "LabelSelector", where: str) -> list[str]:
+    """What the API server would refuse in this selector (ValidateLabelSelector), each naming the field."""
+    problems = []
+    for key, value in selector.matchLabels.items():
+        key_problem = label_key_problem(key)
+        if key_problem:
+            problems.append(f"{where}.matchLabels: key {key[:100]!r} is not a valid label key: {key_problem}")
+        value_problem = label_value_problem(value)
+        if value_problem:
+            problems.append(f"{where}.matchLabels[{key[:100]!r}]: value {value[:100]!r} is not a valid label value: {value_problem}")
+    for i, requirement in enumerate(selector.matchExpressions):
+        here = f"{where}.matchExpressions[{i}]"
+        key_problem = label_key_problem(requirement.key)
+        if key_problem:
+            problems.append(f"{here}.key: {requirement.key[:100]!r} is not a valid label key: {key_problem}")
+        if requirement.operator in ("In", "NotIn") and not requirement.values:
+            problems.append(f"{here}.values: must be specified when operator is 'In' or 'NotIn'")
+        if requirement.operator in ("Exists", "DoesNotExist") and requirement.values:
+            problems.append(f"{here}.values: may not be specified when operator is 'Exists' or 'DoesNotExist'")
+        for j, value in enumerate(requirement.values):
+            value_problem = label_value_problem(value)
+            if value_problem:
+                problems.append(f"{here}.values[{j}]: {value[:100]!r} is not a valid label value: {value_problem}")
+    return problems
+
+
+# The CRD refuses what selector_problems refuses, as far as a schema can within the API server's CEL cost
+# budget: a key's pattern bounds its name part to 63 characters; its prefix's own limit of 253 is checked
+# by CEL for matchLabels' keys and by the operator alone for matchExpressions' keys (the whole key is
+# bounded to 317). The operator reads the spec with selector_problems' own words.
+SELECTOR_TERMS_MAX = 64  # labels or expressions in one selector (Kubernetes sets none; a longer one is a mistake)
+LABEL_KEY_MAX = LABEL_PREFIX_MAX + 1 + LABEL_NAME_MAX
+LABEL_KEY_SCHEMA_PATTERN = f"^({DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,{LABEL_NAME_MAX - 2}}}[A-Za-z0-9])?$"
+LabelValue = Annotated[str, Field(json_schema_extra={"maxLength": LABEL_NAME_MAX, "pattern": LABEL_VALUE_PATTERN})]
+KEY_MESSAGE = (f"must be a valid label key: an optional DNS subdomain prefix (at most {LABEL_PREFIX_MAX} characters) and '/', then a "
+               f"name of at most {LABEL_NAME_MAX} {LABEL_CHARS}")
+
+
 class Requirement(Model):
-    key: str = Field(min_length=1)
+    key: str = Field(min_length=1, json_schema_extra={"maxLength": LABEL_KEY_MAX, "pattern": LABEL_KEY_SCHEMA_PATTERN})
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list)
+    values: list[LabelValue] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : !has(self.values) || size(self.values) == 0",
+         "message": "values must be given with operator In or NotIn, and only then"}]})
 
 
 class LabelSelector(Model):
     """A Kubernetes label selector (matchLabels AND matchExpressions)."""
 
-    matchLabels: dict[str, str] = Field(default_factory=dict)
-    matchExpressions: list[Requirement] = Field(default_factory=list)
+    matchLabels: dict[str, LabelValue] = Field(default_factory=dict, max_length=SELECTOR_TERMS_MAX, json_schema_extra={
+        "x-kubernetes-validations": [{"rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && k.matches('{LABEL_KEY_SCHEMA_PATTERN.replace(chr(92), chr(92) * 2)}') "
+                                              f"&& k.lastIndexOf('/') <= {LABEL_PREFIX_MAX})", "message": "every key " + KEY_MESSAGE}]})
+    matchExpressions: list[Requirement] = Field(default_factory=list, max_length=SELECTOR_TERMS_MAX)
 
 
 class Batches(Model):
@@ -95,7 +178,27 @@ class Strategy(Model):
         5, ge=0, le=3600, description="Wait after labelling a node before restarting its pods, so its agent sees the label.")
 
 
+# Prometheus refuses a range query of more points per series than this (web/api/v1: "exceeded maximum
+# resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)"), and counts
+# them as (end - start) // step.
+PROMETHEUS_MAX_POINTS = 11_000
+
+
+def span_rule(schema: dict) -> None:
+    """The CRD's check of query_span against the limit. The API server checks a default ({}) before it fills
+    in the fields' own defaults, so an absent field reads as its default here too."""
+    fields = {name: f"(has(self.{name}) ? self.{name} : {schema['properties'][name]['default']})"
+              for name in ("baselineSeconds", "warmupSeconds", "windowSeconds", "stepSeconds")}
+    rule = (f"({fields['baselineSeconds']} + {fields['warmupSeconds']} + 4 * {fields['windowSeconds']}) / {fields['stepSeconds']} "
+            f"<= {PROMETHEUS_MAX_POINTS}")
+    schema["x-kubernetes-validations"] = [{"rule": rule, "message": (
+        f"baselineSeconds + warmupSeconds + 4 x windowSeconds, divided by stepSeconds, must be at most {PROMETHEUS_MAX_POINTS} "
+        "(Prometheus's limit of points per series in one query): raise stepSeconds or shorten the window or baseline")}]
+
+
 class Analysis(Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=span_rule)
+
     prometheusUrl: str | None = Field(None, max_length=2048, pattern=r"^https?://[^\s]+$",
                                       description="Prometheus base URL (http or https); without it nodes wait in Analyzing.")
     query: str | None = Field(None, min_length=1, max_length=4096, description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node (default: decode tokens/s per sequence).")
@@ -113,6 +216,12 @@ class Analysis(Model):
     onNoData: Literal["hold", "promote", "rollback"] = "hold"
     noDataDeadlineSeconds: int = Field(1800, ge=0)
     retryAfterSeconds: int | None = Field(None, ge=0, description="Re-admit a rolled-back node after this long.")
+
+
+def query_span(a: Analysis) -> int:
+    """The longest range one analysis asks Prometheus for (evaluation.analyse): a node's baseline before its
+    flip, the warm-up, and the recent windows."""
+    return a.baselineSeconds + a.warmupSeconds + 4 * a.windowSeconds
 
 
 class Abort(Model):
@@ -137,12 +246,20 @@ def semantic_problems(spec: GluonRolloutSpec) -> list[str]:
         problems.append(f"spec.analysis.windowSeconds ({a.windowSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s")
     if a.baselineSeconds < a.minSamples * a.stepSeconds:
         problems.append(f"spec.analysis.baselineSeconds ({a.baselineSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s")
+    points = query_span(a) // a.stepSeconds
+    if points > PROMETHEUS_MAX_POINTS:
+        needed = -(-query_span(a) // PROMETHEUS_MAX_POINTS)
+        problems.append(f"spec.analysis: baselineSeconds ({a.baselineSeconds}) + warmupSeconds ({a.warmupSeconds}) + 4 x windowSeconds "
+                        f"({a.windowSeconds}) is {query_span(a)} s of samples, {points} points at stepSeconds {a.stepSeconds}: over "
+                        f"Prometheus's limit of {PROMETHEUS_MAX_POINTS} points per series, so every query would fail; use stepSeconds "
+                        f">= {needed} or a shorter window or baseline")
     if a.windowSeconds < a.intervalSeconds:
         problems.append(f"spec.analysis.windowSeconds ({a.windowSeconds}) must be >= spec.analysis.intervalSeconds ({a.intervalSeconds})")
     if (a.prometheusUrl is None) != (a.query is None) and a.query is not None:
         problems.append("spec.analysis.query needs spec.analysis.prometheusUrl")
     if a.query is not None and "{{node}}" not in a.query and " by (node)" not in a.query.replace("by(", "by ("):
         problems.append("spec.analysis.query must return one series per node: use {{node}} or `by (node)`")
+    problems += selector_problems(spec.podSelector, "spec.podSelector") + selector_problems(spec.nodeSelector, "spec.nodeSelector")
     if not spec.podSelector.matchLabels and not spec.podSelector.matchExpressions:
         problems.append("spec.podSelector must select something: an empty selector would match every pod in the namespace")
     return problems

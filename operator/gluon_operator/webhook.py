@@ -34,7 +34,9 @@ DEADLINE_GRACE_S = 10  # of the shell's deadline, kept back from Python's: inter
 # What became of a review (M_ROLLOUT_WEBHOOK_REVIEWS counts them): admit()'s outcomes, each of which
 # admits the pod, and TOO_LARGE, a body refused unread (admission.AdmissionServer).
 TOO_LARGE = "too-large"
-OUTCOMES = ("injected", "unchanged", "unmatched", "not-injected", "error", TOO_LARGE)
+NOT_A_REVIEW = "not-a-review"  # a body that is not an AdmissionReview as an API server sends one: answered 400
+OUTCOMES = ("injected", "unchanged", "unmatched", "not-injected", "error", TOO_LARGE, NOT_A_REVIEW)
+REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,12 @@ def wired(containers: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
 
 
 def reserved_name_clash(spec: Mapping[str, Any], annotations: Mapping[str, Any]) -> str | None:
-    """Our names in a pod we never injected belong to the user: they are never removed or reused."""
+    """Our names in a pod we never injected belong to the user: they are never removed or reused. A regular
+    container never has one of our names, injected or not (the injection adds init containers only): the
+    API server refuses a pod whose containers and init containers share a name ("Duplicate value")."""
+    for container in spec["containers"]:
+        if container["name"] in (INSTALL_CONTAINER, PREFLIGHT_CONTAINER):
+            return f"the pod already has a container named {container['name']!r}"
     if contract.ANNOTATION_POD_INJECTED in annotations:
         return None  # an earlier injection (a reinvocation, or a pod re-created from an injected one)
     for container in spec["initContainers"]:
@@ -328,6 +335,37 @@ def admit(pod: Mapping[str, Any], namespace: str | None, rollouts: Mapping[Any, 
         return Admission("not-injected", None, (f"gluon-rollout did not inject: {exc}",))
     except Exception as exc:  # noqa: BLE001 - a pod shape nobody foresaw (or our bug) must not deny a pod
         return Admission("error", None, (f"gluon-rollout did not inject (internal error, pod admitted as it is): {type(exc).__name__}: {exc}",))
+
+def review_problem(review: Any) -> str | None:
+    """Why a request body is not an AdmissionReview as the API server sends one (admission.py answers it
+    400 with this message), or None. Checks every field kopf reads before it calls the handler, so no
+    other body reaches kopf, whose KeyError or AttributeError would be a 500."""
+    if not isinstance(review, dict):
+        return f"the body is a JSON {type(review).__name__}, not an AdmissionReview object"
+    if review.get("kind") != "AdmissionReview" or review.get("apiVersion") not in REVIEW_VERSIONS:
+        return (f"the body is not an AdmissionReview: apiVersion {str(review.get('apiVersion'))[:80]!r}, kind "
+                f"{str(review.get('kind'))[:80]!r} (want {REVIEW_VERSIONS[0]}, AdmissionReview)")
+    request = review.get("request")
+    if not isinstance(request, dict):
+        return "the AdmissionReview has no request object"
+    for key in ("uid", "operation"):
+        if not isinstance(request.get(key), str) or not request[key]:
+            return f"request.{key} is missing or not a string"
+    for key, fields in (("kind", ("group", "version", "kind")), ("resource", ("group", "version", "resource"))):
+        value = request.get(key)
+        if not isinstance(value, dict) or not all(isinstance(value.get(f), str) for f in fields):
+            return f"request.{key} is missing or not an object of strings {', '.join(fields)}"
+    if not isinstance(request.get("userInfo"), dict):
+        return "request.userInfo is missing or not an object"
+    for key in ("object", "oldObject"):
+        if request.get(key) is not None and not isinstance(request[key], dict):
+            return f"request.{key} is not an object"
+    if request.get("object") is None and request.get("oldObject") is None:
+        return "the request carries neither object nor oldObject"
+    if request.get("subResource") is not None and not isinstance(request["subResource"], str):
+        return "request.subResource is not a string"
+    return None
+
 
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     """Kubernetes label selector semantics (matchLabels AND matchExpressions); empty matches nothing here."""

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from gluon_agent.kube import MERGE_PATCH
 
-from .. import __version__
+from .. import __version__, records
 from ..spec import GROUP, PLURAL, VERSION
 from ..world import AGENT_LABEL
 from . import controls, views
@@ -43,7 +43,7 @@ class Cluster:
 
         try:
             response = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-            return json.loads(response.data)
+            return records.loads(response.data, max_bytes=records.PAGE_BYTES_LIMIT)
         except ApiException as exc:
             raise PluginError(api_problem(what, exc.status, exc.body)) from exc
         except Exception as exc:  # urllib3's connection and timeout errors
@@ -92,7 +92,7 @@ def context_namespace(kubeconfig: str | None, context: str | None) -> str:
 def api_problem(what: str, status: int | None, body: Any) -> str:
     """kubectl-like wording for an API error, naming the object."""
     try:
-        message = json.loads(body).get("message") if body else None
+        message = records.loads(body).get("message") if body else None
     except (ValueError, AttributeError):
         message = None
     if status == 404:

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gluon_agent import contract
 
-from .. import gating, plan, webhook, world
+from .. import gating, plan, records, webhook, world
 
 NONE = "-"
 FLAG_ORDER = ("1", "0", "?")
@@ -166,7 +166,7 @@ def agent_alive(node_name: str, agent_pods: Iterable[Mapping[str, Any]]) -> bool
 def raw_json(annotation: str | None) -> dict[str, Any] | None:
     """An annotation's JSON object for display (the operator's typed reading says what is wrong with it)."""
     try:
-        value = json.loads(annotation) if annotation else None
+        value = records.loads(annotation) if annotation else None
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
