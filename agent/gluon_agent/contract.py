@@ -150,6 +150,11 @@ M_ROLLOUT_LOAD_ADJUSTMENT: Final = ROLLOUT_METRIC_PREFIX + "load_adjustment_rati
 M_ROLLOUT_SEQUENTIAL_P: Final = ROLLOUT_METRIC_PREFIX + "sequential_p_value"
 M_ROLLOUT_ANALYSIS_LOOKS: Final = ROLLOUT_METRIC_PREFIX + "analysis_looks"
 M_ROLLOUT_JUDGE_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "judge_cpu_seconds"  # histogram, per evaluation
+# Where the operator's own CPU goes (label phase: watch = list and watch of nodes and pods, plan = the world
+# snapshot and the pure plan, write = the API calls the executor makes), and its reconciles by outcome
+# (planned | waiting: caches not synced or its own status write not seen yet). bench/scale.py reads them.
+M_ROLLOUT_OPERATOR_CPU: Final = ROLLOUT_METRIC_PREFIX + "operator_cpu_seconds"  # counter
+M_ROLLOUT_RECONCILES: Final = ROLLOUT_METRIC_PREFIX + "reconciles"  # counter
 
 # ---------------------------------------------------------------- operator environment
 # Bearer token and CA file for Prometheus (the chart sets them from operator.prometheusAuth).

@@ -76,10 +76,15 @@ def custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client())
 
 
+def timed_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    with METRICS.cpu("write"):
+        return fn(*args, **kwargs)
+
+
 async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         # Raw responses: nothing reads them, and deserializing costs time at fleet scale.
-        return await asyncio.to_thread(fn, *args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+        return await asyncio.to_thread(timed_call, fn, *args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
     except Exception as exc:
         failure = classify(exc)
         METRICS.api_errors.labels(failure.kind).inc()

@@ -178,17 +178,21 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
 async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any], body: kopf.Body,
                          rollout_index: kopf.Index, logger: logging.Logger) -> None:
     if own_write_pending(uid, status):
+        METRICS.reconciles.labels("waiting").inc()
         logger.debug("waiting for the watch to deliver our last status write")
         return
     Caches.want_pods(pod_informers(rollout_index))
     pods = (namespace, label_selector(spec.get("podSelector") or {}))
     if not Caches.synced(pods if pods[1] else None):
+        METRICS.reconciles.labels("waiting").inc()
         logger.info("waiting for the node and pod caches to fill")
         return
     now = time.time()
     view = rollout_view(body)
     verdicts, summary = finished_analysis(uid, logger)
-    planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
+    with METRICS.cpu("plan"):
+        planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
+    METRICS.reconciles.labels("planned").inc()
     after = await execute(planned, namespace, name, uid, status, body, logger)
     if planned.spec is not None and uid not in Analyses.tasks and analysis_due(planned.spec, after, now):
         start_analysis(uid, namespace, name, planned.spec, planned.statuses, now, logger)
