@@ -183,7 +183,9 @@ async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str,
         return
     Caches.want_pods(pod_informers(rollout_index))
     pods = (namespace, label_selector(spec.get("podSelector") or {}))
-    if not Caches.synced(pods if pods[1] else None):
+    # The first reconciles meet caches still listing: wait for them, up to one interval, rather than a whole
+    # interval for the next reconcile (at start, that was the operator's time to converge beyond the API's floor).
+    if not await asyncio.to_thread(Caches.wait_synced, pods if pods[1] else None, RECONCILE_SECONDS):
         METRICS.reconciles.labels("waiting").inc()
         logger.info("waiting for the node and pod caches to fill")
         return
