@@ -278,7 +278,7 @@ def test_stale_work_metadata_gives_wrong_answers(fake_aiter):
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
-@pytest.mark.parametrize("tile, step_tokens", [(16, 48), (128, 65536), (256, 256)])
+@pytest.mark.parametrize("tile, step_tokens", [(16, 48), (64, 65536), (256, 256)])
 @pytest.mark.parametrize("q_len", [1, 3])
 def test_stand_in_answers_do_not_depend_on_its_tile_or_step_size(fake_aiter, monkeypatch, tile, step_tokens, q_len):
     """The stand-in cuts each work item's KV range into tiles and walks them in steps of static size; an

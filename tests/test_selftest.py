@@ -415,7 +415,7 @@ def runner_source():
     return Path(runner.__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("ms, replays", [(0.0, 25), (0.05, 25), (6.0, 25), (10.0, 15), (17.0, 9), (50.0, 9)])
+@pytest.mark.parametrize("ms, replays", [(0.0, 25), (0.05, 25), (4.0, 25), (8.0, 12), (11.0, 9), (50.0, 9)])
 def test_timed_runs_are_fewer_only_where_each_is_long(ms, replays):
     from gluon_agent.selftest import timing
 
@@ -426,3 +426,13 @@ def test_a_cpu_child_has_nothing_to_prewarm():
     from gluon_agent.selftest import worker
 
     assert worker.prewarm("cpu") is None
+
+
+def test_a_worker_on_the_aiter_paths_does_not_import_triton():
+    """Triton is the portable kernel's; a child running aiter's paths imports it only if it is that
+    path's backend (it was a few tenths of a second of each child's imports)."""
+    code = "import sys, gluon_agent.selftest.worker\nprint('triton' in sys.modules)\n"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(runner_source()), os.environ.get("PYTHONPATH", "")])))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]

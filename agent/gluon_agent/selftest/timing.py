@@ -15,7 +15,7 @@ import torch
 WARMUP_CALLS = 2
 REPLAYS = 25  # at most; fewer where each run is long (replays_for)
 MIN_REPLAYS = 9
-MEASURE_SECONDS = 0.15  # GPU time worth of runs a median needs: 25 of 6 ms, 9 of 17 ms or more
+MEASURE_SECONDS = 0.1  # GPU time worth of runs a median needs: 25 of 4 ms, 9 of 11 ms or more
 WARMUP_SECONDS = 0.05  # an idle GPU clocks down; replay until it has been busy this long
 WARMUP_MAX_REPLAYS = 200
 
@@ -77,9 +77,11 @@ def warm_up(run: Callable[[], None]) -> float:
     return last
 
 
-def median_ms(run: Callable[[], None]) -> float:
-    """Median milliseconds of `run` (a graph replay or an eager call) after warm-up."""
-    return statistics.median(event_ms(run, replays_for(warm_up(run))))
+def median_ms(run: Callable[[], None], warm: bool = True) -> float:
+    """Median milliseconds of `run` (a graph replay or an eager call), after warm-up unless the GPU has
+    just been kept busy (`warm` False: one untimed run sizes the count)."""
+    last = warm_up(run) if warm else event_ms(run, 1)[0]
+    return statistics.median(event_ms(run, replays_for(last)))
 
 
 def eager_ms(call: Callable[[], None]) -> float:
@@ -98,6 +100,6 @@ def copy_ceiling_tbps(device: torch.device, nbytes: int = 2**30) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
     kernel_ms = graph_ms_per_call([lambda: torch.add(src, 0.0, out=dst)])
-    memcpy_ms = eager_ms(lambda: dst.copy_(src))
+    memcpy_ms = median_ms(lambda: dst.copy_(src), warm=False)  # the replays above warmed the GPU
     del src, dst
     return tbps(2 * nbytes, min(kernel_ms, memcpy_ms))

@@ -1,8 +1,8 @@
 """One self-test child: one device, one path (accelerated or fallback). Imports torch; the parent never does.
 
     python -m gluon_agent.selftest.worker '<json spec>'
-    python -m gluon_agent.selftest.worker - [DEVICE]  # the spec as one line on stdin, once it is known;
-                                                      # meanwhile DEVICE's context is made ready (prewarm)
+    python -m gluon_agent.selftest.worker - [DEVICE [PATH]]  # the spec as one line on stdin, once it is
+                                                             # known; meanwhile DEVICE is made ready (prewarm)
 
 Prints progress lines (so a crash can be attributed to the step that died) and one result line.
 """
@@ -157,8 +157,8 @@ def check_graph(backend: Backend, device: torch.device, seed: int, heads: int, s
         ref = reference_of(view)
         replays.append({"kv_len": kv_len, "rel_l2": compare(replayed, ref)["rel_l2"], "rel_vs_eager": relative(replayed, eager.float())})
         if kv_len == capture_len:
-            replay_ms = timing.median_ms(graph.replay)
             eager_ms = timing.eager_ms(lambda: eager_bound.launch(eager))
+            replay_ms = timing.median_ms(graph.replay, warm=False)  # the eager runs have just warmed the GPU
     return plan.judge_graph(plan.GraphResult(backend.name, batch, capture_len, replays, replay_ms, eager_ms,
                                              capture_violations=guard.violations))
 
@@ -286,17 +286,21 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def prewarm(name: str) -> float | None:
+def prewarm(name: str, path: str = "") -> float | None:
     """What every path pays once before its first case, done while the spec is on its way: the device's
     context, the BLAS handle and the first load of the kernels that make, check and compare a problem,
     on a tiny one. No kernel of either path runs, nothing is timed, and it is freed before the spec is
-    read. Seconds taken, None where there is nothing to prepare; an error is left for the run to meet
-    (and report: a GPU without memory is deferred there)."""
+    read. The fallback child, which waits for the whole accelerated run, also imports the portable
+    kernel's module (Triton), in case its backend is that one. Seconds taken, None where there is
+    nothing to prepare; an error is left for the run to meet (and report: a GPU without memory is
+    deferred there)."""
     device = torch.device(name)
     if device.type != "cuda":
         return None
     started = time.monotonic()
     try:
+        if path == "fallback":
+            from . import triton_mla  # noqa: F401
         torch.cuda.set_device(device)
         p = make_problem([3, 2], device=device, seed=0)
         compare(p.new_output(0.0), reference_of(p))
@@ -315,7 +319,7 @@ def main(argv: list[str]) -> int:
     """The spec as the argument, or '-': one line on stdin, sent once known (the imports above run
     meanwhile, then the named device's prewarm); an empty line means cancelled."""
     if argv[0] == "-" and len(argv) > 1:
-        PREWARM["seconds"] = prewarm(argv[1])
+        PREWARM["seconds"] = prewarm(*argv[1:3])
         PREWARM["done_at"] = time.monotonic()
     text = sys.stdin.readline() if argv[0] == "-" else argv[0]
     if not text.strip():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-TILE = 128  # tokens per tile; tiles are cut per work item and masked at its end, so any size is exact
+TILE = 64  # tokens per tile; tiles are cut per work item and masked at its end, so any size is exact
 TOKENS_PER_CHUNK = 65536  # tiles per loop step = this / TILE: bounds the temporaries (~150 MB of fp32 keys)
 D_LATENT = 512
 # plain numbers: the probe imports this module against a stand-in torch without finfo/iinfo
