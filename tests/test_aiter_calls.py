@@ -278,6 +278,24 @@ def test_stale_work_metadata_gives_wrong_answers(fake_aiter):
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
+@pytest.mark.parametrize("tile, step_tokens", [(16, 48), (64, 65536), (256, 256)])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_stand_in_answers_do_not_depend_on_its_tile_or_step_size(fake_aiter, monkeypatch, tile, step_tokens, q_len):
+    """The stand-in cuts each work item's KV range into tiles and walks them in steps of static size; an
+    item ending mid-tile, or whose tiles straddle two steps, must give the same answer (16-token tiles in
+    3-tile steps split the zero-pad path's 2-way-split 400-token sequence across steps)."""
+    import aiter._compute
+
+    monkeypatch.setattr(aiter._compute, "TILE", tile)
+    monkeypatch.setattr(aiter._compute, "TOKENS_PER_CHUNK", step_tokens)
+    p = make_problem([5, 400, 33], q_len=q_len, seed=3)
+    serving = Serving(speculative=q_len > 1, max_seqlen_qo=q_len)
+    for path in ("accelerated", "fallback"):
+        out = p.new_output(plan.POISON)
+        BACKEND_SETS["aiter"][path].run(p, out, Call(max_kv_len=400), serving)
+        assert rel_l2(out, reference_of(p)) < 1e-2, (path, tile, step_tokens)
+
+
 @pytest.mark.parametrize("q_len", [2, 3, 4])
 def test_mtp_calls_on_both_aiter_paths(fake_aiter, q_len):
     p = make_problem([9, 130], q_len=q_len)
