@@ -78,6 +78,8 @@ def selftest_summary(report: Mapping[str, Any], trigger: str) -> dict[str, Any]:
         "thresholds": report.get("thresholds"),
         "problems": report.get("problems", []),
         "simulated": bool(report.get("simulated")),
+        "serving": report.get("serving"),  # the configuration proved, with its digest (the operator gates on it)
+        "no_route": {path: info.get("no_route") for path, info in (report.get("routes") or {}).items() if info.get("no_route")},
         "gpus": gpus,
     }
 
