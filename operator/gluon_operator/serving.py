@@ -243,13 +243,19 @@ def disagreement(by_digest: Mapping[str, tuple[ServingConfig, list[str]]]) -> st
 # ---------------------------------------------------------------- what each flag can run
 
 
+def without_route(sglang: Mapping[str, Any] | None, config: ServingConfig, flag: str) -> list[str]:
+    """Why `flag` cannot serve this configuration on an SGLang (the probe's decode_routes; None: current
+    upstream): one line per q_len whose route aborts or is refused, with the route's upstream evidence."""
+    routes = flag_routes(sglang, config)[flag]
+    return [f"{line} [{routes[line.split(':')[0].split()[1]]['evidence']}]" for line in no_route(routes)]
+
+
 def flag0_no_route(sglang: Mapping[str, Any] | None, config: ServingConfig) -> list[str]:
-    """Why flag 0 cannot serve this configuration on an SGLang (probe's decode_routes; None: current upstream)."""
-    return no_route(flag_routes(sglang, config)["0"])
+    return without_route(sglang, config, "0")
 
 
 def flag1_no_route(sglang: Mapping[str, Any] | None, config: ServingConfig) -> list[str]:
-    return no_route(flag_routes(sglang, config)["1"])
+    return without_route(sglang, config, "1")
 
 
 def describe(config: ServingConfig) -> str:
