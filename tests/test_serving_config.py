@@ -403,3 +403,21 @@ def test_the_agent_tests_the_config_on_its_node_and_reports_its_digest(tmp_path)
         assert agent.running is None  # the same digest asks for nothing more
     finally:
         agent._worker.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------- the chart's admission policies know the key
+
+
+@pytest.mark.parametrize("key", contract.OPERATOR_NODE_KEYS)
+def test_the_operator_may_write_each_of_its_node_keys_and_the_agent_none(key):
+    from tests.test_chart import AGENT_USER, OPERATOR_USER, admit, node, policy, request
+
+    old = node("n1", {"kubernetes.io/hostname": "n1"})
+    new = json.loads(json.dumps(old))
+    new["metadata"]["labels" if key in (contract.LABEL_ENABLED, contract.LABEL_STATE) else "annotations"][key] = "x"
+    as_operator = {**request(user=OPERATOR_USER), "resource": {"group": "", "version": "v1", "resource": "nodes"}}
+    assert admit(as_operator, old, new, policy("-operator-reach")) == []
+    stranger = json.loads(json.dumps(old))
+    stranger["metadata"]["annotations"][contract.PREFIX + "not-ours"] = "x"
+    assert admit(as_operator, old, stranger, policy("-operator-reach"))  # the policy does refuse a key it does not list
+    assert any("the agent may not change the operator's keys" in m for m in admit(request(user=AGENT_USER), old, new))
