@@ -122,7 +122,9 @@ def test_gating_canary_labels_status_and_events(operator, admin, namespace, node
         assert labels[contract.LABEL_ENABLED] == "false" and labels[contract.LABEL_STATE] == "Ineligible"
     assert status["phase"] == "Progressing" and status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Ready": "False", "Progressing": "True", "Degraded": "False", "Invalid": "False"}
+        "Ready": "False", "Progressing": "True", "Degraded": "False", "Invalid": "False", "ServingConfigResolved": "True",
+        "RollbackUnsafe": "False"}
+    assert status["serving"]["sources"]["verifyQLens"] == "default" and status["serving"]["pods"] > 0  # read from the serving pods
     messages = events(admin, namespace)
     assert any(m.startswith(f"node {canary[0]}: ") and "-> Enabling: chosen by the rollout strategy" in m for m in messages)
     assert any(f"node {canary[0]}: Enabling -> Analyzing" in m for m in messages)
