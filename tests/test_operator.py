@@ -171,7 +171,8 @@ def test_a_rollout_deleted_mid_reconcile_goes_in_seconds_and_leaves_its_nodes_cl
     wait_for(lambda: not rollout_status(admin, namespace) and not client.CustomObjectsApi(admin).list_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL)["items"], timeout=40, interval=0.2, what="the rollout gone")
     seconds = time.monotonic() - started
-    left = {name: [k for k in keys if k in nodes.labels(name)] + [a for a in (contract.ANNOTATION_NODE_RECORD,) if a in nodes.annotations(name)]
+    left = {name: [k for k in keys if k in nodes.labels(name)] + [a for a in (contract.ANNOTATION_NODE_RECORD, contract.ANNOTATION_SERVING_CONFIG)
+                                                                      if a in nodes.annotations(name)]
             for name in nodes.bodies}
     assert not any(left.values()), (left, seconds)
 
