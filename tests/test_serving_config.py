@@ -190,6 +190,12 @@ def test_eligibility_follows_the_serving_configuration(proved, rollout, routes, 
         assert el.reason.startswith("no safe rollback: flag 0 has no working route") and "never enabled" in el.reason
 
 
+def test_a_probe_with_odd_sglang_values_is_read_without_them():
+    odd = {"flag0_route": ["persistent"], "version": {"x": 1}, "mtp_through_gluon": True}
+    el = gating.eligibility(with_probe_sglang(facts(serving=ServingConfig()), odd), NOW, None, ServingConfig())
+    assert el.eligible  # taken as current upstream, never a crash of the reconcile
+
+
 def test_eligibility_without_a_resolved_configuration_says_why():
     el = gating.eligibility(facts(), NOW, None, "the serving pods run 2 different serving configurations")
     assert not el.eligible and el.reason == "serving configuration unresolved: the serving pods run 2 different serving configurations"

@@ -24,6 +24,7 @@ spec must say it, or the rollout says the configuration is unresolved; it never 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -209,20 +210,23 @@ def resolve_serving(pods: Iterable[tuple[str, PodServing]], override: Mapping[st
     """One configuration for the rollout from its pods (name, what it states) and spec.serving. Pods that
     resolve to different configurations, or a value neither a pod nor the spec resolves: no config, and why."""
     override = {k: v for k, v in (override or {}).items() if v is not None}
+    listed = sorted(pods, key=lambda p: p[0]) or [("", PodServing())]
+    count = sum(1 for name, _ in listed if name)
+    groups: dict[str, tuple[str, PodServing, list[str]]] = {}  # a fleet's pods state a few setups: each is resolved once
+    for name, pod in listed:
+        groups.setdefault(repr(sorted(pod.stated.items())), (name, pod, []))[2].append(name)
     by_digest: dict[str, tuple[ServingConfig, list[str]]] = {}
     sources: dict[str, str] = {}
-    count = 0
-    for name, pod in sorted(pods, key=lambda p: p[0]) or [("", PodServing())]:
-        count += bool(name)
+    for first, pod, names in groups.values():
         data, sources_here, unknown = pod_config(pod.stated, override)
-        where = f"pod {name}" if name else "spec.serving"
+        where = f"pod {first}" if first else "spec.serving"
         if unknown:
             return Resolution(None, f"{where}: " + "; ".join(unknown), sources_here, count)
         try:
             config = ServingConfig.from_dict(data, where)
         except ValueError as exc:
             return Resolution(None, str(exc), sources_here, count)
-        by_digest.setdefault(config.digest, (config, []))[1].append(name)
+        by_digest.setdefault(config.digest, (config, []))[1].extend(names)
         sources = {k: ("pods" if v == "pods" or sources.get(k) == "pods" else v) for k, v in sources_here.items()}
     if len(by_digest) > 1:
         return Resolution(None, disagreement(by_digest), sources, count)
@@ -246,8 +250,18 @@ def disagreement(by_digest: Mapping[str, tuple[ServingConfig, list[str]]]) -> st
 def without_route(sglang: Mapping[str, Any] | None, config: ServingConfig, flag: str) -> list[str]:
     """Why `flag` cannot serve this configuration on an SGLang (the probe's decode_routes; None: current
     upstream): one line per q_len whose route aborts or is refused, with the route's upstream evidence."""
-    routes = flag_routes(sglang, config)[flag]
-    return [f"{line} [{routes[line.split(':')[0].split()[1]]['evidence']}]" for line in no_route(routes)]
+    key = tuple(sorted((k, v) for k, v in sglang.items()  # a report's values are anyone's: only scalars count
+                       if k in ROUTE_FACTS and (v is None or isinstance(v, (str, bool, int, float))))) if sglang else None
+    return list(_without_route(key, config, flag))
+
+
+ROUTE_FACTS = ("version", "flag0_route", "mtp_through_gluon", "evidence")  # what flag_routes reads of decode_routes
+
+
+@functools.lru_cache(maxsize=256)  # every node of a fleet asks with one of a few SGLang builds
+def _without_route(sglang: tuple[tuple[str, Any], ...] | None, config: ServingConfig, flag: str) -> tuple[str, ...]:
+    routes = flag_routes(dict(sglang) if sglang else None, config)[flag]
+    return tuple(f"{line} [{routes[line.split(':')[0].split()[1]]['evidence']}]" for line in no_route(routes))
 
 
 def flag0_no_route(sglang: Mapping[str, Any] | None, config: ServingConfig) -> list[str]:
