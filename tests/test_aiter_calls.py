@@ -487,6 +487,30 @@ def test_old_sglang_image_fails_the_fallback_and_the_node_stays_ineligible(clean
     assert not verdict.eligible and "fallback fail (no route at flag 0: SGLang 0.5.19rc0 aborts" in verdict.reason
 
 
+def test_mtp_without_37601_fails_the_accelerated_path_and_the_operator_names_flag_1(clean_env, tmp_path):
+    """A SIMULATION of a serving image with #37438 but not #37601, serving speculative decoding (verify
+    q_len 2): flag 1 turns persistent MLA off and verify runs the non-persistent kernel aiter does not ship.
+    The accelerated path fails with the route's reason; the operator's eligibility, for the rollout's
+    serving config, names flag 1's missing route."""
+    torch_stack = write_tree(tmp_path / "torch", TORCH_GFX950)
+    image = sglang_image(tmp_path / "sglang", version="0.5.19", flag0_guard=True, mtp=False)
+    probed = probe(env=dict(clean_env, PYTHONPATH=":".join(map(str, (AITER_STACK, torch_stack, image)))))
+    assert probed["capable"] and probed["sglang"]["mtp_through_gluon"] is False
+    serving = sglang_routes.ServingConfig(verify_q_lens=(2,))
+    report = runner.run_selftest(probed, backend_set="aiter", cpu_interpret=True, env=child_env(clean_env, AITER_STACK), seed=12,
+                                 serving=serving)
+    for gpu in report["gpus"]:
+        assert gpu["result"]["accelerated"] == "fail"
+        assert gpu["paths"]["accelerated"]["reasons"][0].startswith("no route at flag 1:") and "#37601" in gpu["paths"]["accelerated"]["reasons"][0]
+    summary = selftest_summary(report, "start")
+    assert summary["serving"]["digest"] == serving.digest and summary["no_route"]["accelerated"]
+    desired = decisions.desired_state(probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary,
+                                                                             report["result"], None))
+    verdict = gating.eligibility(gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None, serving)
+    assert not verdict.eligible and verdict.reason.startswith("flag 1 has no working route for the serving configuration (verify q_len 2")
+    assert "#37601" in verdict.reason
+
+
 def test_mla_decode_fwd_returns_logits_and_lse_as_aiter_does(fake_aiter):
     """Persistent mode: (logits, final_lse), logits aiter's fp32 split buffer sized by reduce_partial_map; the
     answer itself is written to o."""
