@@ -278,6 +278,24 @@ def test_stale_work_metadata_gives_wrong_answers(fake_aiter):
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
+@pytest.mark.parametrize("tile, step_tokens", [(16, 48), (64, 65536), (256, 256)])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_stand_in_answers_do_not_depend_on_its_tile_or_step_size(fake_aiter, monkeypatch, tile, step_tokens, q_len):
+    """The stand-in cuts each work item's KV range into tiles and walks them in steps of static size; an
+    item ending mid-tile, or whose tiles straddle two steps, must give the same answer (16-token tiles in
+    3-tile steps split the zero-pad path's 2-way-split 400-token sequence across steps)."""
+    import aiter._compute
+
+    monkeypatch.setattr(aiter._compute, "TILE", tile)
+    monkeypatch.setattr(aiter._compute, "TOKENS_PER_CHUNK", step_tokens)
+    p = make_problem([5, 400, 33], q_len=q_len, seed=3)
+    serving = Serving(speculative=q_len > 1, max_seqlen_qo=q_len)
+    for path in ("accelerated", "fallback"):
+        out = p.new_output(plan.POISON)
+        BACKEND_SETS["aiter"][path].run(p, out, Call(max_kv_len=400), serving)
+        assert rel_l2(out, reference_of(p)) < 1e-2, (path, tile, step_tokens)
+
+
 @pytest.mark.parametrize("q_len", [2, 3, 4])
 def test_mtp_calls_on_both_aiter_paths(fake_aiter, q_len):
     p = make_problem([9, 130], q_len=q_len)
@@ -467,6 +485,30 @@ def test_old_sglang_image_fails_the_fallback_and_the_node_stays_ineligible(clean
     assert desired.labels[contract.LABEL_SELFTEST] == "fail" and desired.labels[contract.LABEL_CAPABLE] == "true"
     verdict = gating.eligibility(gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None)
     assert not verdict.eligible and "fallback fail (no route at flag 0: SGLang 0.5.19rc0 aborts" in verdict.reason
+
+
+def test_mtp_without_37601_fails_the_accelerated_path_and_the_operator_names_flag_1(clean_env, tmp_path):
+    """A SIMULATION of a serving image with #37438 but not #37601, serving speculative decoding (verify
+    q_len 2): flag 1 turns persistent MLA off and verify runs the non-persistent kernel aiter does not ship.
+    The accelerated path fails with the route's reason; the operator's eligibility, for the rollout's
+    serving config, names flag 1's missing route."""
+    torch_stack = write_tree(tmp_path / "torch", TORCH_GFX950)
+    image = sglang_image(tmp_path / "sglang", version="0.5.19", flag0_guard=True, mtp=False)
+    probed = probe(env=dict(clean_env, PYTHONPATH=":".join(map(str, (AITER_STACK, torch_stack, image)))))
+    assert probed["capable"] and probed["sglang"]["mtp_through_gluon"] is False
+    serving = sglang_routes.ServingConfig(verify_q_lens=(2,))
+    report = runner.run_selftest(probed, backend_set="aiter", cpu_interpret=True, env=child_env(clean_env, AITER_STACK), seed=12,
+                                 serving=serving)
+    for gpu in report["gpus"]:
+        assert gpu["result"]["accelerated"] == "fail"
+        assert gpu["paths"]["accelerated"]["reasons"][0].startswith("no route at flag 1:") and "#37601" in gpu["paths"]["accelerated"]["reasons"][0]
+    summary = selftest_summary(report, "start")
+    assert summary["serving"]["digest"] == serving.digest and summary["no_route"]["accelerated"]
+    desired = decisions.desired_state(probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary,
+                                                                             report["result"], None))
+    verdict = gating.eligibility(gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None, serving)
+    assert not verdict.eligible and verdict.reason.startswith("flag 1 has no working route for the serving configuration (verify q_len 2")
+    assert "#37601" in verdict.reason
 
 
 def test_mla_decode_fwd_returns_logits_and_lse_as_aiter_does(fake_aiter):

@@ -291,7 +291,7 @@ def test_policy_lets_the_agent_write_its_own_keys_on_its_own_node():
 @pytest.mark.parametrize("case,expected", [
     ("other node", "the agent may change only its own node"),
     ("foreign label", f"the agent may change only {contract.PREFIX} labels and annotations"),
-    ("operator key", "the agent may not change the operator's keys (enabled, state, rollback)"),
+    ("operator key", "the agent may not change the operator's keys (enabled, state, rollback, record, serving-config)"),
     ("spec", "the agent may not change a node's spec"),
 ])
 def test_policy_denies(case, expected):

@@ -196,3 +196,32 @@ def test_a_failing_node_is_disabled_at_once_despite_a_poisoned_node_and_a_hangin
     assert "self-test not passed" in current[flagged]["reason"]
     assert current[poisoned]["state"] == "Ineligible" and "field selftest.gpus.0" in current[poisoned]["reason"]
     assert current[other]["state"] in ("Eligible", "Enabling", "Analyzing")
+
+
+def test_the_serving_config_reaches_the_agent_and_a_node_proven_for_another_is_kept_out(control_plane, namespace, installed, operator,
+                                                                                      gpu_nodes, tmp_path):
+    """The rollout's serving config (here from spec.serving: no serving pods) is written on its node; the
+    node's report proves another config, so it stays out; its real agent reads the annotation, self-tests
+    that config (SIMULATION) and publishes the digest; then the node is enabled."""
+    from gluon_agent.sglang_routes import ServingConfig
+    from gluon_agent.sources import simulated_node
+    from tests.helpers import running_agent
+
+    (name,) = gpu_nodes(1)
+    wanted = ServingConfig(verify_q_lens=(4,), page_size=64)
+    create_rollout(control_plane, namespace, gpu_nodes.tag, {"canaryNodes": 1}, HOLD, serving={"verifyQLens": [4], "pageSize": 64})
+    wait_for(lambda: node_meta(control_plane, name).get("annotations", {}).get(contract.ANNOTATION_SERVING_CONFIG) is not None,
+             timeout=60, what="the serving config annotation on the node")
+    assert json.loads(node_meta(control_plane, name)["annotations"][contract.ANNOTATION_SERVING_CONFIG]) == wanted.as_dict()
+    wait_for(lambda: "re-test requested" in ((status(control_plane, namespace).get("nodes") or {}).get(name) or {}).get("reason", ""),
+             timeout=60, what="the node kept out for its proof of another serving config")
+    assert states(control_plane, namespace)[name] == "Ineligible" and status(control_plane, namespace)["serving"]["digest"] == wanted.digest
+    assert node_meta(control_plane, name)["labels"].get(contract.LABEL_ENABLED) != "true"
+    sim = tmp_path / "sim.json"
+    sim.write_text(json.dumps(simulated_node()))
+    with running_agent(installed.agent_kubeconfig(name), name, sim):
+        def proved() -> str | None:
+            report = json.loads(node_meta(control_plane, name)["annotations"][contract.ANNOTATION_REPORT])
+            return ((report.get("selftest") or {}).get("serving") or {}).get("digest")
+        wait_for(lambda: proved() == wanted.digest, timeout=60, what="the agent's proof of the rollout's serving config")
+        wait_for(lambda: states(control_plane, namespace).get(name) in ("Enabling", "Analyzing"), timeout=60, what="the node enabled")

@@ -122,7 +122,9 @@ def test_gating_canary_labels_status_and_events(operator, admin, namespace, node
         assert labels[contract.LABEL_ENABLED] == "false" and labels[contract.LABEL_STATE] == "Ineligible"
     assert status["phase"] == "Progressing" and status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Ready": "False", "Progressing": "True", "Degraded": "False", "Invalid": "False"}
+        "Ready": "False", "Progressing": "True", "Degraded": "False", "Invalid": "False", "ServingConfigResolved": "True",
+        "RollbackUnsafe": "False"}
+    assert status["serving"]["sources"]["verifyQLens"] == "default" and status["serving"]["pods"] > 0  # read from the serving pods
     messages = events(admin, namespace)
     assert any(m.startswith(f"node {canary[0]}: ") and "-> Enabling: chosen by the rollout strategy" in m for m in messages)
     assert any(f"node {canary[0]}: Enabling -> Analyzing" in m for m in messages)
@@ -169,7 +171,8 @@ def test_a_rollout_deleted_mid_reconcile_goes_in_seconds_and_leaves_its_nodes_cl
     wait_for(lambda: not rollout_status(admin, namespace) and not client.CustomObjectsApi(admin).list_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL)["items"], timeout=40, interval=0.2, what="the rollout gone")
     seconds = time.monotonic() - started
-    left = {name: [k for k in keys if k in nodes.labels(name)] + [a for a in (contract.ANNOTATION_NODE_RECORD,) if a in nodes.annotations(name)]
+    left = {name: [k for k in keys if k in nodes.labels(name)] + [a for a in (contract.ANNOTATION_NODE_RECORD, contract.ANNOTATION_SERVING_CONFIG)
+                                                                      if a in nodes.annotations(name)]
             for name in nodes.bodies}
     assert not any(left.values()), (left, seconds)
 

@@ -388,3 +388,51 @@ def test_guessed_devices_follow_the_visible_devices_variable(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert runner.guess_devices(False, 1) == []
     assert runner.guess_devices(True, 2) == ["cpu", "cpu"]
+
+
+def test_capture_guard_does_not_import_dynamo_and_still_names_an_allocation():
+    """torch wraps a dispatch mode's handler in torch._disable_dynamo unless the mode opts out; its first
+    call then imports torch._dynamo (4-5 s of the H200 self-test's graph step). The guard opts out and
+    still records what it is there for."""
+    code = (
+        "import sys, torch\n"
+        "from gluon_agent.selftest.capture_guard import CaptureGuard\n"
+        "x = torch.ones(4)\n"
+        "guard = CaptureGuard()\n"
+        "with guard:\n"
+        "    y = x + 1\n"
+        "print('torch._dynamo' in sys.modules, len(guard.violations), guard.violations[0].split(' at ')[0])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(runner_source()), os.environ.get("PYTHONPATH", "")])))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "1", "allocation", "aten.add.Tensor"]
+
+
+def runner_source():
+    from pathlib import Path
+
+    return Path(runner.__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("ms, replays", [(0.0, 25), (0.05, 25), (4.0, 25), (8.0, 12), (11.0, 9), (50.0, 9)])
+def test_timed_runs_are_fewer_only_where_each_is_long(ms, replays):
+    from gluon_agent.selftest import timing
+
+    assert timing.replays_for(ms) == replays
+
+
+def test_a_cpu_child_has_nothing_to_prewarm():
+    from gluon_agent.selftest import worker
+
+    assert worker.prewarm("cpu") is None
+
+
+def test_a_worker_on_the_aiter_paths_does_not_import_triton():
+    """Triton is the portable kernel's; a child running aiter's paths imports it only if it is that
+    path's backend (it was a few tenths of a second of each child's imports)."""
+    code = "import sys, gluon_agent.selftest.worker\nprint('triton' in sys.modules)\n"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(runner_source()), os.environ.get("PYTHONPATH", "")])))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]

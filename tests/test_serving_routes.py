@@ -57,6 +57,9 @@ def test_route_evidence_names_the_pull_requests():
     assert "v0.5.19 by PR #37856" in flag_routes(OLD, ServingConfig())["0"]["1"]["evidence"]
     assert "#34432" in flag_routes(NEW, ServingConfig(dcp_size=4))["0"]["1"]["evidence"]
     assert "current upstream" in flag_routes(None, ServingConfig())["0"]["1"]["evidence"]
+    asm = flag_routes(NEW, ServingConfig(dcp_size=8, dcp_decode_backend="asm", verify_q_lens=(4,)))
+    assert "q quantized to fp8 over the 96 gathered heads" in asm["0"]["1"]["evidence"] and "in its place" in asm["1"]["1"]["evidence"]
+    assert asm["0"]["4"]["refusal"]  # #40750 is decode only: target verify under DCP stays on Gluon, flag 0 has none
 
 
 def test_serving_config_round_trip_and_digest():

@@ -129,3 +129,17 @@ def test_odd_and_large_pods_are_allowed_over_tls(webhook_url, namespace):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, context=context, timeout=5)
         assert refused.value.code == 400 and refused.value.read().startswith(b"not an AdmissionReview: ")
+
+
+def test_the_api_server_passes_on_the_warning_for_a_pod_whose_flag_0_has_no_route(webhook_url, namespace, admin):
+    """A DCP pod (PR #34432's `--dcp-size 8`) whose template carries SGLANG_AITER_MLA_GLUON=0: admitted and
+    injected, and the API server hands the webhook's warning to the client (the `Warning` header)."""
+    pod = sglang_pod(namespace, env=[{"name": contract.FLAG_ENV, "value": "0"}])
+    pod["spec"]["containers"][0]["command"] = ["python3", "-m", "sglang.launch_server", "--tp-size", "8", "--dcp-size", "8"]
+    created, _, headers = client.CoreV1Api(admin).create_namespaced_pod_with_http_info(namespace, pod, dry_run="All")
+    assert created.metadata.annotations[contract.ANNOTATION_POD_INJECTED] == "kimi"
+    warning = headers.get("Warning") or ""
+    assert "no working route at SGLANG_AITER_MLA_GLUON=0" in warning and "the template's SGLANG_AITER_MLA_GLUON=0 would crash serving" in warning
+    plain = sglang_pod(namespace)
+    _, _, quiet = client.CoreV1Api(admin).create_namespaced_pod_with_http_info(namespace, plain, dry_run="All")
+    assert "no working route" not in (quiet.get("Warning") or "")

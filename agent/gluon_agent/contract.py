@@ -102,11 +102,16 @@ LABEL_SKIP: Final = PREFIX + "skip"
 ANNOTATION_ROLLOUT_APPROVE: Final = PREFIX + "approve"
 ANNOTATION_ROLLOUT_ABORT: Final = PREFIX + "abort"
 
+# Operator-owned. JSON: the serving configuration (sglang_routes.ServingConfig.as_dict()) the rollout's
+# serving pods run, derived from their args and env with spec.serving for the rest. The agent self-tests
+# exactly its routes and q_lens, again whenever its digest changes, and reports the digest it proved.
+ANNOTATION_SERVING_CONFIG: Final = PREFIX + "serving-config"
+
 # Keys the agent may write and remove; it never touches the operator's or a person's keys.
 AGENT_LABELS: Final = (LABEL_CAPABLE, LABEL_SELFTEST, LABEL_GPU_ARCH)
 AGENT_ANNOTATIONS: Final = (ANNOTATION_REPORT, ANNOTATION_OWNED_KEYS)
 # Keys the operator writes on nodes (the agent reads LABEL_ENABLED and LABEL_STATE for its decision).
-OPERATOR_NODE_KEYS: Final = (LABEL_ENABLED, LABEL_STATE, ANNOTATION_ROLLBACK, ANNOTATION_NODE_RECORD)
+OPERATOR_NODE_KEYS: Final = (LABEL_ENABLED, LABEL_STATE, ANNOTATION_ROLLBACK, ANNOTATION_NODE_RECORD, ANNOTATION_SERVING_CONFIG)
 
 # ---------------------------------------------------------------- agent metrics
 AGENT_METRIC_PREFIX: Final = "gluon_agent_"
@@ -149,6 +154,10 @@ M_ROLLOUT_EFFECTIVE_SAMPLES: Final = ROLLOUT_METRIC_PREFIX + "effective_samples"
 M_ROLLOUT_LOAD_ADJUSTMENT: Final = ROLLOUT_METRIC_PREFIX + "load_adjustment_ratio"
 M_ROLLOUT_SEQUENTIAL_P: Final = ROLLOUT_METRIC_PREFIX + "sequential_p_value"
 M_ROLLOUT_ANALYSIS_LOOKS: Final = ROLLOUT_METRIC_PREFIX + "analysis_looks"
+# Nodes of a rollout where flag 0 has no working route for the serving configuration (DCP with the gluon
+# decode backend, a verify q_len no flag-0 kernel serves, SGLang between #34647 and #37438): no safe
+# rollback, so the operator never enables them.
+M_ROLLOUT_NO_SAFE_ROLLBACK: Final = ROLLOUT_METRIC_PREFIX + "no_safe_rollback_nodes"
 M_ROLLOUT_JUDGE_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "judge_cpu_seconds"  # histogram, per evaluation
 # Where the operator's own CPU goes (label phase: watch = list and watch of nodes and pods, plan = the world
 # snapshot and the pure plan, write = the API calls the executor makes), and its reconciles by outcome

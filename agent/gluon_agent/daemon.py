@@ -22,6 +22,7 @@ from . import __version__, contract, decisions, isolation
 from .fingerprint import fingerprint, fingerprint_parts
 from .kube import ApiFailure, NodeApi
 from .metrics import AgentMetrics
+from .sglang_routes import DEFAULT_SERVING, ServingConfig
 from .sources import ResultSource
 
 log = logging.getLogger("gluon_agent")
@@ -78,6 +79,8 @@ def selftest_summary(report: Mapping[str, Any], trigger: str) -> dict[str, Any]:
         "thresholds": report.get("thresholds"),
         "problems": report.get("problems", []),
         "simulated": bool(report.get("simulated")),
+        "serving": report.get("serving"),  # the configuration proved, with its digest (the operator gates on it)
+        "no_route": {path: info.get("no_route") for path, info in (report.get("routes") or {}).items() if info.get("no_route")},
         "gpus": gpus,
     }
 
@@ -103,6 +106,16 @@ def node_report(node: str, probe: Mapping[str, Any], fp: str, selftest: Mapping[
         "selftest": selftest,
         "last_attempt": last_attempt,
     }
+
+
+def parse_serving_config(raw: str | None) -> tuple[ServingConfig, str | None]:
+    """(the config to test, why the annotation was not used): the default while there is none."""
+    if raw is None:
+        return DEFAULT_SERVING, None
+    try:
+        return ServingConfig.from_dict(json.loads(raw), contract.ANNOTATION_SERVING_CONFIG), None
+    except ValueError as exc:  # JSONDecodeError is one
+        return DEFAULT_SERVING, f"{exc} ({raw[:100]!r})"
 
 
 def restore(node: Mapping[str, Any] | None, fp: str) -> tuple[str | None, dict[str, Any] | None, str | None]:
@@ -193,6 +206,8 @@ class Agent:
         self.running: Future | None = None
         self.running_trigger = ""
         self.running_request: str | None = None
+        self.running_serving: str | None = None
+        self.last_serving_problem: str | None = None
         self.published_once = False
         self.heartbeat = time.monotonic()
         self.retry_publish_at = 0.0
@@ -220,6 +235,18 @@ class Agent:
             log.warning("ignoring a malformed self-test request: %s", problem)
         return token
 
+    def serving_config(self) -> ServingConfig:
+        """The serving config the operator wrote on this node (contract.ANNOTATION_SERVING_CONFIG), or the
+        default until it has; a malformed one is counted, logged once, and the default tested."""
+        node, _ = self.view.snapshot()
+        raw = ((node or {}).get("metadata", {}).get("annotations") or {}).get(contract.ANNOTATION_SERVING_CONFIG)
+        config, problem = parse_serving_config(raw)
+        if problem and problem != self.last_serving_problem:
+            self.metrics.malformed.labels(contract.ANNOTATION_SERVING_CONFIG).inc()
+            log.warning("ignoring a malformed serving config: %s", problem)
+        self.last_serving_problem = problem
+        return config
+
     def desired(self) -> decisions.Desired:
         assert self.probe_report is not None and self.fingerprint is not None
         report = node_report(self.config.node_name, self.probe_report, self.fingerprint, self.selftest,
@@ -228,12 +255,12 @@ class Agent:
 
     # ------------------------------------------------------------ self-test
 
-    def start_selftest(self, now: float, reason: str, request: str | None) -> None:
-        log.info("self-test starting: %s", reason)
+    def start_selftest(self, now: float, reason: str, request: str | None, serving: ServingConfig = DEFAULT_SERVING) -> None:
+        log.info("self-test starting: %s (serving config %s)", reason, serving.digest)
         assert self.probe_report is not None
         probe_report = dict(self.probe_report)
-        self.running_trigger, self.running_request = reason, request
-        self.running = self._worker.submit(self.source.selftest, probe_report)
+        self.running_trigger, self.running_request, self.running_serving = reason, request, serving.digest
+        self.running = self._worker.submit(self.source.selftest, probe_report, serving)
 
     def collect_selftest(self, now: float) -> None:
         assert self.running is not None and self.fingerprint is not None
@@ -257,7 +284,7 @@ class Agent:
         log.info("self-test %s (published verdict %s)", result, self.verdict)
         self.schedule = decisions.after_run(self.schedule, now, self.fingerprint, self.running_request, result,
                                             self.config.period, self.config.jitter, self.config.retry_base,
-                                            self.config.retry_cap, self.rng)
+                                            self.config.retry_cap, self.rng, self.running_serving)
 
     # ------------------------------------------------------------ publishing
 
@@ -318,11 +345,12 @@ class Agent:
             self.retry_publish_at = 0.0
         if self.running is None:
             request = self.request_token()
-            reason = decisions.retest_reason(self.schedule, now, self.fingerprint, request)
+            serving = self.serving_config()
+            reason = decisions.retest_reason(self.schedule, now, self.fingerprint, request, serving.digest)
             if reason:
                 if self.verdict_fingerprint != self.fingerprint and self.verdict != "pending":
                     self.verdict, self.selftest = "pending", None  # the old verdict is for other software
-                self.start_selftest(now, reason, request)
+                self.start_selftest(now, reason, request, serving)
         if (not self.published_once or not self.node_matches_desired()) and now >= self.retry_publish_at:
             if not self.publish():
                 self.retry_publish_at = now + self.config.api_backoff_cap / 4

@@ -133,15 +133,19 @@ class Schedule:
     next_periodic_at: float = 0.0
     deferrals: int = 0
     next_retry_at: float | None = None
+    tested_serving: str | None = None  # the digest of the serving config last tested
 
 
-def retest_reason(s: Schedule, now: float, fingerprint: str, request: str | None) -> str | None:
+def retest_reason(s: Schedule, now: float, fingerprint: str, request: str | None, serving: str | None = None) -> str | None:
+    """Why to test now, or None. `serving`: the digest of the serving config the operator asks for."""
     if s.last_run_at is None:
         return "start"
     if fingerprint != s.tested_fingerprint:
         return "fingerprint changed"
     if request is not None and request != s.handled_request:
         return "requested"
+    if serving is not None and serving != s.tested_serving:
+        return "serving config changed"
     if s.next_retry_at is not None and now >= s.next_retry_at:
         return "deferred retry"
     if now >= s.next_periodic_at:
@@ -161,7 +165,7 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
 
 
 def after_run(s: Schedule, now: float, fingerprint: str, request: str | None, result: str, period: float,
-              jitter: float, retry_base: float, retry_cap: float, rng: random.Random) -> Schedule:
+              jitter: float, retry_base: float, retry_cap: float, rng: random.Random, serving: str | None = None) -> Schedule:
     deferrals = s.deferrals + 1 if result == "deferred" else 0
     return Schedule(
         tested_fingerprint=fingerprint,
@@ -170,6 +174,7 @@ def after_run(s: Schedule, now: float, fingerprint: str, request: str | None, re
         next_periodic_at=now + jittered(period, jitter, rng),
         deferrals=deferrals,
         next_retry_at=now + backoff(deferrals - 1, retry_base, retry_cap, rng) if deferrals else None,
+        tested_serving=serving,
     )
 
 

@@ -113,7 +113,9 @@ def flag0_failure(routes: Mapping[str, Any] | None) -> str | None:
 #   PR #37438 (then non-persistent);
 # - with DCP (dcp_world_size > 1) decode always uses Gluon, and with the flag off newer builds raise
 #   "AITER Gluon MLA is required for DCP"; PR #40750's SGLANG_AITER_MLA_DCP_DECODE_BACKEND=asm runs
-#   the persistent mla_decode_fwd instead, decode (q_len 1) only;
+#   the persistent mla_decode_fwd instead, decode (q_len 1) only: fast-mode metadata (fast_mode=True,
+#   intra_batch_mode=False), the all-gathered q quantized to fp8, return_lse=True (its description);
+#   target verify under DCP stays on Gluon (PR #34537 would add an asm one);
 # - on gfx950 the only bf16-q / fp8-KV 16-head kernel is persistent with qSeqLen 4 (bf16,fp8,16,1,4),
 #   and asm_mla.cu pads q_len up to 4 only: non-persistent, or q_len 5 and more, has no kernel.
 MAX_PADDED_Q_LEN = 4
@@ -204,7 +206,10 @@ def flag_routes(routes: Mapping[str, Any] | None, config: ServingConfig) -> dict
     for q_len in config.q_lens:
         key = str(q_len)
         if config.dcp_size > 1 and config.dcp_decode_backend == "asm" and q_len == 1:
-            dcp = _route("mla_decode_fwd", True, f"DCP {config.dcp_size} with the asm decode backend (PR #40750){assumed}", q_len)
+            dcp = _route("mla_decode_fwd", True, f"DCP {config.dcp_size} with the asm decode backend (PR #40750, open as read): "
+                         f"persistent mla_decode_fwd with fast-mode work metadata, q quantized to fp8 over the "
+                         f"{12 * config.dcp_size} gathered heads, return_lse; the self-test runs the bf16-q 16-head "
+                         f"persistent call in its place{assumed}", q_len)
             out["1"][key] = out["0"][key] = dcp
             continue
         if flag0_route == NO_GLUON:

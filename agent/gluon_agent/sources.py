@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from .fingerprint import fingerprint, fingerprint_parts
 from .probe import probe
-from .sglang_routes import decode_routes
+from .sglang_routes import DEFAULT_SERVING, ServingConfig, decode_routes
 from .selftest import runner
 
 
@@ -20,7 +20,7 @@ class ResultSource(Protocol):
 
     def probe(self) -> dict[str, Any]: ...
 
-    def selftest(self, probe_report: dict[str, Any]) -> dict[str, Any]: ...
+    def selftest(self, probe_report: dict[str, Any], serving: ServingConfig = DEFAULT_SERVING) -> dict[str, Any]: ...
 
 
 class RealSource:
@@ -33,8 +33,8 @@ class RealSource:
     def probe(self) -> dict[str, Any]:
         return probe()
 
-    def selftest(self, probe_report: dict[str, Any]) -> dict[str, Any]:
-        return runner.run_selftest(probe_report, cpu_interpret=self.cpu_interpret, timeout=self.timeout)
+    def selftest(self, probe_report: dict[str, Any], serving: ServingConfig = DEFAULT_SERVING) -> dict[str, Any]:
+        return runner.run_selftest(probe_report, cpu_interpret=self.cpu_interpret, timeout=self.timeout, serving=serving)
 
 
 class SimulatedSource:
@@ -55,10 +55,12 @@ class SimulatedSource:
     def probe(self) -> dict[str, Any]:
         return dict(self._read()["probe"], simulated=True)
 
-    def selftest(self, probe_report: dict[str, Any]) -> dict[str, Any]:
+    def selftest(self, probe_report: dict[str, Any], serving: ServingConfig = DEFAULT_SERVING) -> dict[str, Any]:
+        """The file's outcome, reported as a proof of `serving` (SIMULATION: nothing ran its routes)."""
         spec = self._read()
         if spec["selftest"] == "cpu-interpret":
-            report = runner.run_selftest(probe_report, cpu_interpret=True, timeout=float(spec.get("selftest_timeout", runner.DEFAULT_TIMEOUT_S)))
+            report = runner.run_selftest(probe_report, cpu_interpret=True, timeout=float(spec.get("selftest_timeout", runner.DEFAULT_TIMEOUT_S)),
+                                         serving=serving)
             return dict(report, simulated=True)
         started = time.monotonic()
         time.sleep(float(spec.get("selftest_seconds", 0)))
@@ -71,6 +73,7 @@ class SimulatedSource:
             fingerprint_parts=fingerprint_parts(probe_report),
             seconds=round(time.monotonic() - started, 3),
             finished_at=time.time(),
+            serving=serving.as_dict() | {"digest": serving.digest},
         )
         return report
 

@@ -13,6 +13,7 @@ from typing import Any
 from gluon_agent import contract, decisions
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.fingerprint import fingerprint
+from gluon_agent.sglang_routes import ServingConfig
 from gluon_agent.sources import simulated_node
 from gluon_operator.spec import GROUP, KIND, VERSION
 
@@ -44,12 +45,14 @@ def kwok_node(name: str, index: int, labels: dict[str, str] | None = None, annot
 
 
 def agent_published(name: str, capable: bool = True, accelerated: str = "pass", fallback: str = "pass",
-                    stale: bool = False) -> tuple[dict[str, str], dict[str, str]]:
-    """The labels and annotations a node's agent publishes for these (simulated) self-test results."""
-    spec = simulated_node(capable=capable, accelerated=accelerated, fallback=fallback, driver="6.12.12")
+                    stale: bool = False, serving: ServingConfig = ServingConfig(), sglang: str = "0.5.19") -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations a node's agent publishes for these (simulated) self-test results, the
+    self-test having proved `serving` (the configuration a rollout derives from pods that say nothing)."""
+    spec = simulated_node(capable=capable, accelerated=accelerated, fallback=fallback, driver="6.12.12", sglang=sglang)
     probe = spec["probe"]
     fp = fingerprint(probe)
-    selftest = dict(spec["selftest"], finished_at=time.time(), seconds=1.0, fingerprint=STALE_FINGERPRINT if stale else fp)
+    selftest = dict(spec["selftest"], finished_at=time.time(), seconds=1.0, fingerprint=STALE_FINGERPRINT if stale else fp,
+                    serving=serving.as_dict() | {"digest": serving.digest})
     summary = selftest_summary(selftest, "start") | {"fingerprint": selftest["fingerprint"]}
     desired = decisions.desired_state(probe, selftest["result"], node_report(name, probe, fp, summary, selftest["result"], None))
     return dict(desired.labels), dict(desired.annotations)

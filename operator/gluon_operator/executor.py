@@ -250,5 +250,5 @@ async def execute(plan: Plan, namespace: str, name: str, uid: str, status: Mappi
     for pod in plan.pod_labels:
         await label_pod(pod.namespace, pod.name, pod.flag, logger)
     if plan.statuses:
-        METRICS.observe_rollout(namespace, name, plan.statuses)
+        METRICS.observe_rollout(namespace, name, plan.statuses, len(plan.no_safe_rollback))
     return after

@@ -14,6 +14,9 @@ from typing import Any, Iterable, Mapping
 
 from gluon_agent import contract
 
+from gluon_agent.sglang_routes import ServingConfig
+
+from . import serving as routing
 from .records import AgentReport, NodeRecord, RollbackRecord, finite, finite_number, read_json, whole_count
 
 INELIGIBLE, ELIGIBLE, ENABLING, ANALYZING, PROMOTED, ROLLED_BACK, DISABLED = contract.NODE_STATES
@@ -37,6 +40,7 @@ class Eligibility:
     eligible: bool
     reason: str
     fingerprint: str | None
+    no_safe_rollback: bool = False  # flag 0 has no working route here: never enabled (plan keeps an enabled one on)
 
 
 def parse_report(annotations: Mapping[str, str]) -> tuple[AgentReport | None, str | None]:
@@ -75,10 +79,36 @@ def rolled_back_for(rollback: RollbackRecord | None, fingerprint: str | None, no
 SKIPPED = f"skipped: node label {contract.LABEL_SKIP}=true"
 
 
-def eligibility(facts: NodeFacts, now: float, retry_after: int | None) -> Eligibility:
-    """Eligible only when not skipped by a person, with a live agent, capable, both paths passing for the
-    current fingerprint, and not rolled back for that fingerprint. A report or record of the wrong shape
-    makes this node alone ineligible, naming the field."""
+NO_SAFE_ROLLBACK = "no safe rollback"
+
+
+def serving_problem(report: AgentReport, serving: ServingConfig | str | None) -> tuple[str, bool] | None:
+    """(why the node cannot serve the rollout's configuration, whether it is because flag 0 has no route),
+    or None. `serving`: the rollout's configuration, why it has none (a str), or None: not checked."""
+    if serving is None:
+        return None
+    if isinstance(serving, str):
+        return f"serving configuration unresolved: {serving}", False
+    sglang = report.probe.sglang
+    flag0 = routing.flag0_no_route(sglang, serving)
+    if flag0:
+        return (f"{NO_SAFE_ROLLBACK}: flag 0 has no working route for the serving configuration ({routing.describe(serving)}): "
+                f"{flag0[0]}; a node enabled here could not be rolled back, so it is never enabled"), True
+    flag1 = routing.flag1_no_route(sglang, serving)
+    if flag1:
+        return f"flag 1 has no working route for the serving configuration ({routing.describe(serving)}): {flag1[0]}", False
+    proved = report.selftest.serving.digest if report.selftest.serving else None
+    if proved != serving.digest:
+        return (f"self-test proved serving config {proved or '(none: an agent without serving configs)'}; this rollout serves "
+                f"{serving.digest} ({routing.describe(serving)}); re-test requested"), False
+    return None
+
+
+def eligibility(facts: NodeFacts, now: float, retry_after: int | None, serving: ServingConfig | str | None = None) -> Eligibility:
+    """Eligible only when not skipped by a person, with a live agent, capable, able to serve the rollout's
+    serving configuration on both flags with a self-test that proved that configuration, both paths passing
+    for the current fingerprint, and not rolled back for that fingerprint. A report or record of the wrong
+    shape makes this node alone ineligible, naming the field."""
     report, problem = parse_report(facts.annotations)
     fingerprint = report.fingerprint if report else None
     if facts.labels.get(contract.LABEL_SKIP) == "true":
@@ -90,6 +120,9 @@ def eligibility(facts: NodeFacts, now: float, retry_after: int | None) -> Eligib
     if facts.labels.get(contract.LABEL_CAPABLE) != "true" or not report.probe.capable:
         missing = report.probe.missing_for_capable or ["capable label is not 'true'"]
         return Eligibility(False, "not capable: " + "; ".join(missing), fingerprint)
+    problem_here = serving_problem(report, serving)
+    if problem_here:
+        return Eligibility(False, problem_here[0], fingerprint, problem_here[1])
     verdict = facts.labels.get(contract.LABEL_SELFTEST)
     if verdict != "pass" or report.verdict != "pass":
         failing = failing_paths(report)

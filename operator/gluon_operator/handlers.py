@@ -202,7 +202,7 @@ async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str,
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def cleanup(namespace: str, name: str, status: Mapping[str, Any], meta: Mapping[str, Any], logger: logging.Logger, **_: Any) -> None:
-    """Deleting a rollout takes its labels and records off the nodes it managed: new pods start at flag 0.
+    """Deleting a rollout takes its labels, records and serving config off the nodes it managed: new pods start at flag 0.
     Running pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
     uid = meta.get("uid", "")
     Reconciles.deleted.add(uid)
@@ -226,7 +226,8 @@ async def clean_nodes(uid: str, namespace: str, name: str, status: Mapping[str, 
     failed = []
     for node in sorted(nodes):
         try:
-            await patch_node(node, {contract.LABEL_ENABLED: None, contract.LABEL_STATE: None}, {contract.ANNOTATION_NODE_RECORD: None})
+            await patch_node(node, {contract.LABEL_ENABLED: None, contract.LABEL_STATE: None},
+                             {contract.ANNOTATION_NODE_RECORD: None, contract.ANNOTATION_SERVING_CONFIG: None})
         except ApiFailure as failure:
             if failure.status != 404:  # a node deleted meanwhile has nothing left to clean
                 logger.warning("cleanup of node %s: %s", node, failure)

@@ -36,6 +36,8 @@ class OperatorMetrics:
         self.load_adjustment = Gauge(contract.M_ROLLOUT_LOAD_ADJUSTMENT, "Ratio the load-gauge adjustment applied to the effect", node, registry=r)
         self.sequential_p = Gauge(contract.M_ROLLOUT_SEQUENTIAL_P, "Always-valid p-value of the sequential test", node + ["hypothesis"], registry=r)
         self.looks = Gauge(contract.M_ROLLOUT_ANALYSIS_LOOKS, "Evaluations of the node since its flag flipped", node, registry=r)
+        self.no_safe_rollback = Gauge(contract.M_ROLLOUT_NO_SAFE_ROLLBACK, "Nodes where flag 0 has no working route for the "
+                                      "rollout's serving configuration (never enabled: no safe rollback)", ["namespace", "rollout"], registry=r)
         self.judge_seconds = Histogram(contract.M_ROLLOUT_JUDGE_SECONDS, "CPU seconds of one rollout's judgement (every node)", registry=r,
                                        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
         self.analysis_errors = Counter(contract.M_ROLLOUT_ANALYSIS_ERRORS, "Analysis errors by kind", ["kind"], registry=r)
@@ -84,7 +86,8 @@ class OperatorMetrics:
         if judgement.looks:
             self.looks.labels(*labels).set(judgement.looks)
 
-    def observe_rollout(self, namespace: str, rollout: str, statuses: Mapping[str, object]) -> None:
+    def observe_rollout(self, namespace: str, rollout: str, statuses: Mapping[str, object], no_safe_rollback: int = 0) -> None:
+        self.no_safe_rollback.labels(namespace, rollout).set(no_safe_rollback)
         for result in VERDICT_RESULTS:
             self.verdicts.labels(namespace, rollout, result)
         counts = {state: 0 for state in contract.NODE_STATES}

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 from gluon_agent import contract
 
 from . import gating, webhook
+from .serving import PodServing, Resolution, describe, resolve_serving
 from .gating import DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, NodeStatus
 from .records import NodeRecord, dumps, finite, read_json
 from .spec import GluonRolloutSpec, parse_spec, resolve
@@ -80,6 +81,7 @@ class PodView:
     injected: bool = True
     transient: bool = False
     controlled: bool = True  # a controller (ReplicaSet, StatefulSet, ...) recreates it when it is restarted
+    serving: PodServing | None = None  # what its serving container states of its SGLang setup (serving.py)
 
     def facts(self) -> gating.PodFacts:
         return gating.PodFacts(self.name, self.created, self.flag, self.preflight_reason, self.ready, self.deleting, self.injected,
@@ -205,6 +207,7 @@ class Plan:
     statuses: dict[str, NodeStatus] = field(default_factory=dict)  # every node's new record (analysis, metrics)
     transitions: list[Transition] = field(default_factory=list)
     spec: GluonRolloutSpec | None = None
+    no_safe_rollback: list[str] = field(default_factory=list)  # nodes where flag 0 has no working route
 
     def writes(self) -> int:
         """Writes to nodes and pods this plan asks for (a dry run's is 0)."""
@@ -233,6 +236,7 @@ class NodeWork:
     status: NodeStatus
     action: str | None = None
     known: bool = True  # False: the node is new to this rollout (no record, no status entry)
+    no_safe_rollback: bool = False  # flag 0 has no working route for the rollout's serving configuration here
 
 
 def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdict], analysis: Mapping[str, Any] | None,
@@ -242,7 +246,9 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
         return invalid_plan(rollout, "; ".join(problems), now)
     out = Plan(dry_run=spec.dryRun, spec=spec)
     owned, conflicts = claimed_nodes(rollout, spec, world)
-    work = {name: node_work(rollout, spec, world, world.nodes[name], verdicts.get(name), now) for name in owned}
+    serving = rollout_serving(rollout, spec, world)
+    work = {name: node_work(rollout, spec, world, world.nodes[name], verdicts.get(name), now, serving) for name in owned}
+    out.no_safe_rollback = sorted(n for n, w in work.items() if w.no_safe_rollback)
 
     aborted = abort_record(rollout, spec, work)
     if aborted:
@@ -262,8 +268,9 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
     out.statuses = {n: w.status for n, w in sorted(work.items())}
 
     for name, w in sorted(work.items()):
-        node_plan(rollout, spec, w, now, out)
+        node_plan(rollout, spec, w, now, out, serving)
     out.events[:0] = first_sight_events(out)
+    out.events += serving_events(rollout, serving, out.no_safe_rollback)
     # Writes that free a slot before those that take one: an operator stopped between two writes, or a
     # write that fails, never leaves more nodes in progress than the strategy allows.
     out.node_writes.sort(key=lambda write: write.starts)
@@ -271,7 +278,7 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
         out.events.append(Event("Normal", "Approved", f"approval gate {gate!r} granted by annotation {contract.ANNOTATION_ROLLOUT_APPROVE}"))
     if aborted and not rollout.status.get("aborted"):
         out.events.append(Event("Warning", "Aborted", aborted["reason"][:1000]))
-    out.status = finite(rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now))  # JSON has no NaN
+    out.status = finite(rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now, serving))  # JSON has no NaN
     if spec.dryRun:
         dry_run_only(rollout, out)
     return out
@@ -326,8 +333,21 @@ def batch_of(spec: GluonRolloutSpec, view: NodeView) -> str | None:
     return value if value in batches.order else None
 
 
+def rollout_serving(rollout: RolloutView, spec: GluonRolloutSpec, world: World) -> Resolution:
+    """The serving configuration of every pod the rollout selects (on any node), with spec.serving."""
+    selector = spec.podSelector.model_dump()
+    pods = [(p.name, p.serving or PodServing()) for (namespace, _), views in world.pods.items() if namespace == rollout.namespace
+            for p in views if not p.deleting and webhook.selector_matches(selector, p.labels)]
+    return resolve_serving(pods, spec.serving.model_dump())
+
+
+def serving_expectation(serving: Resolution) -> Any:
+    """What gating.eligibility checks a node against: the config, or why there is none."""
+    return serving.config if serving.config is not None else serving.problem
+
+
 def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: NodeView, verdict: gating.Verdict | None,
-              now: float) -> NodeWork:
+              now: float, serving: Resolution | None = None) -> NodeWork:
     recorded, _ = recorded_status(rollout, view)
     fallback = (rollout.status.get("nodes") or {}).get(view.name)  # a status written before records were on nodes
     known = True
@@ -338,7 +358,13 @@ def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: 
     else:
         prior, known = NodeStatus(since=now), False
     retry = spec.analysis.retryAfterSeconds
-    el = gating.eligibility(gating.NodeFacts(view.name, view.labels, view.annotations, bool(world.agents.get(view.name))), now, retry)
+    el = gating.eligibility(gating.NodeFacts(view.name, view.labels, view.annotations, bool(world.agents.get(view.name))), now, retry,
+                            serving_expectation(serving) if serving is not None else None)
+    no_safe_rollback = el.no_safe_rollback
+    if not el.eligible and prior.state in FLAG_ON_STATES and (el.no_safe_rollback or serving is not None and serving.config is None):
+        # Turning it off would restart its pods at a flag that cannot serve (or at a config nobody resolved):
+        # it keeps its state, and the condition and Events say so.
+        el = gating.Eligibility(True, f"kept as it is: {el.reason}", el.fingerprint, el.no_safe_rollback)
     rollback, _ = gating.parse_rollback(view.annotations)
     cleared = gating.rolled_back_for(rollback, el.fingerprint, now, retry) is None
     batch, held = batch_of(spec, view), held_reason(view)
@@ -354,7 +380,7 @@ def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: 
     status = step.status
     if held and status.state in FLAG_ON_STATES:
         status = replace(status, reason=f"{status.reason} ({held.split(':')[0]}: its pods left alone)")
-    return NodeWork(view, batch, prior, recorded, pods, summary, held, status, step.action, known)
+    return NodeWork(view, batch, prior, recorded, pods, summary, held, status, step.action, known, no_safe_rollback)
 
 
 def abort_record(rollout: RolloutView, spec: GluonRolloutSpec, work: Mapping[str, NodeWork]) -> dict[str, Any] | None:
@@ -446,15 +472,24 @@ def core(status: NodeStatus | None) -> tuple[Any, ...] | None:
             *(status.numbers.get(k) for k in DECIDING_NUMBERS))
 
 
-def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: float, out: Plan) -> None:
+def serving_annotation(serving: Resolution | None) -> str | None:
+    """contract.ANNOTATION_SERVING_CONFIG's value, or None while the configuration is unresolved (then the
+    nodes keep the one they have)."""
+    return dumps(serving.config.as_dict()) if serving is not None and serving.config is not None else None
+
+
+def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: float, out: Plan, serving: Resolution | None = None) -> None:
     """This node's write, restarts, pod labels and Event."""
     name, new, view = w.view.name, w.status, w.view
     labels = gating.node_labels(new)
     annotations: dict[str, str | None] = {}
+    wanted = serving_annotation(serving)
+    if wanted is not None and view.annotations.get(contract.ANNOTATION_SERVING_CONFIG) != wanted:
+        annotations[contract.ANNOTATION_SERVING_CONFIG] = wanted
     if w.action == "rollback":
         annotations[contract.ANNOTATION_ROLLBACK] = dumps({"rollout": rollout.name, "fingerprint": new.fingerprint, "at": new.since,
                                                            "reason": new.reason, "numbers": dict(new.numbers)})
-    if core(w.recorded) != core(new) or annotations:
+    if core(w.recorded) != core(new) or contract.ANNOTATION_ROLLBACK in annotations:
         annotations[contract.ANNOTATION_NODE_RECORD] = dumps(new.record(rollout.key))
     if annotations or any(view.labels.get(k) != v for k, v in labels.items()):
         starts = new.state in IN_PROGRESS and (w.recorded is None or w.recorded.state not in IN_PROGRESS)
@@ -519,7 +554,8 @@ def status_nodes(statuses: Mapping[str, NodeStatus], dry_run: bool) -> tuple[dic
 
 
 def rollout_status(rollout: RolloutView, spec: GluonRolloutSpec, out: Plan, work: Mapping[str, NodeWork], aborted: dict[str, Any] | None,
-                   approval: dict[str, Any], conflicts: list[str], analysis: Mapping[str, Any] | None, now: float) -> dict[str, Any]:
+                   approval: dict[str, Any], conflicts: list[str], analysis: Mapping[str, Any] | None, now: float,
+                   serving: Resolution | None = None) -> dict[str, Any]:
     statuses = out.statuses
     phase = gating.phase(statuses, spec.paused, bool(aborted), False)
     if approval["waitingFor"] and phase in ("Progressing", "Idle"):
@@ -529,6 +565,8 @@ def rollout_status(rollout: RolloutView, spec: GluonRolloutSpec, out: Plan, work
     fresh = gating.conditions(phase, statuses, "", iso(now))
     if conflicts or any(c.get("type") == "Conflict" for c in rollout.status.get("conditions") or []):
         fresh.append(conflict_condition(conflicts, iso(now)))  # present once a conflict was seen
+    if serving is not None:
+        fresh += serving_conditions(serving, out.no_safe_rollback, iso(now))
     nodes, omitted = status_nodes(statuses, spec.dryRun)
     return {
         "phase": phase,
@@ -542,8 +580,56 @@ def rollout_status(rollout: RolloutView, spec: GluonRolloutSpec, out: Plan, work
         "approval": {k: v for k, v in approval.items() if not k.startswith("_")} if spec.strategy.approval != "Automatic" or approval["granted"] else None,
         "conflicts": {"nodes": conflicts[:CONFLICT_NAMES], "count": len(conflicts)} if conflicts else None,
         "dryRun": None,
+        "serving": serving.status() if serving is not None else None,
+        "noSafeRollback": no_safe_rollback_status(serving, out.no_safe_rollback),
         "conditions": gating.merge_conditions(rollout.status.get("conditions") or [], fresh),
     }
+
+
+NO_SAFE_ROLLBACK_NAMES = 20
+
+
+def no_safe_rollback_status(serving: Resolution | None, nodes: list[str]) -> dict[str, Any] | None:
+    """status.noSafeRollback: the nodes where flag 0 has no working route, and why (None when there are none)."""
+    if not nodes:
+        return None
+    return {"count": len(nodes), "nodes": nodes[:NO_SAFE_ROLLBACK_NAMES],
+            "reason": (f"flag 0 ({contract.FLAG_ENV}=0) has no working route for the serving configuration"
+                       f"{f' ({describe(serving.config)})' if serving is not None and serving.config else ''} on "
+                       f"{len(nodes)} node(s): no safe rollback, so the operator does not enable them; a pod template with "
+                       f"{contract.FLAG_ENV}=0 would crash serving there (README: when flag 0 has no route)")}
+
+
+def serving_conditions(serving: Resolution, no_safe_rollback: list[str], now_iso: str) -> list[dict[str, Any]]:
+    """ServingConfigResolved (the pods' configuration is known and agreed) and RollbackUnsafe (flag 0 has no route)."""
+    resolved = serving.config is not None
+    reason = "Resolved" if resolved else ("PodsDisagree" if "different serving configurations" in (serving.problem or "") else "Unresolved")
+    message = (f"serving config {serving.config.digest}: {describe(serving.config)}" if serving.config is not None
+               else serving.problem or "")
+    unsafe = no_safe_rollback_status(serving, no_safe_rollback)
+    return [
+        {"type": "ServingConfigResolved", "status": "True" if resolved else "False", "reason": reason, "message": message[:1000],
+         "lastTransitionTime": now_iso},
+        {"type": "RollbackUnsafe", "status": "True" if unsafe else "False", "reason": "Flag0HasNoRoute" if unsafe else "Flag0Routed",
+         "message": unsafe["reason"] if unsafe else "flag 0 has a working route on every node that can serve the configuration",
+         "lastTransitionTime": now_iso},
+    ]
+
+
+def serving_events(rollout: RolloutView, serving: Resolution, no_safe_rollback: list[str]) -> list[Event]:
+    """One Event when the configuration changes (not when first seen: status.serving says it) or turns
+    unresolved, and one when the number of nodes where flag 0 has no route changes to a non-zero one."""
+    events = []
+    before = rollout.status.get("serving") or {}
+    if serving.config is not None and before.get("digest") not in (None, serving.config.digest):
+        events.append(Event("Normal", "ServingConfig", f"serving config {serving.config.digest} ({describe(serving.config)}) "
+                                                        f"written to the nodes; their agents re-test it"))
+    if serving.config is None and before.get("problem") != serving.problem:
+        events.append(Event("Warning", "ServingConfigUnresolved", (serving.problem or "")[:1000]))
+    unsafe = no_safe_rollback_status(serving, no_safe_rollback)
+    if unsafe and (rollout.status.get("noSafeRollback") or {}).get("count") != unsafe["count"]:
+        events.append(Event("Warning", "NoSafeRollback", unsafe["reason"][:1000]))
+    return events
 
 
 def conflict_condition(conflicts: list[str], now_iso: str) -> dict[str, Any]:

@@ -123,6 +123,13 @@ class Lenient(BaseModel):
 class Probe(Lenient):
     capable: StrictBool = False
     missing_for_capable: list[StrictStr] = Field(default_factory=list)
+    sglang: dict[StrictStr, Any] | None = None  # sglang_routes.decode_routes of the serving image's SGLang
+
+
+class ServingProof(Lenient):
+    """The serving configuration a self-test proved (its digest decides; the rest is for people)."""
+
+    digest: StrictStr | None = None
 
 
 class GpuResult(Lenient):
@@ -133,6 +140,7 @@ class GpuResult(Lenient):
 
 class SelfTest(Lenient):
     fingerprint: StrictStr | None = None
+    serving: ServingProof | None = None
     gpus: list[GpuResult] = Field(default_factory=list)
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, ValidationError, WithJsonSchema
 
 from gluon_agent import contract
+from gluon_agent.sglang_routes import MAX_VERIFY_Q_LEN
 
 GROUP = "gluonrollout.io"
 VERSION = "v1alpha1"
@@ -229,6 +230,22 @@ class Abort(Model):
         2, description="Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage of the batch's nodes, rounded down.")
 
 
+PAGE_SIZES = tuple(2**i for i in range(13))  # SGLang's --page-size as the self-test keys its split granularity on it
+
+
+class Serving(Model):
+    """What the serving pods' command, args and env do not say about their SGLang setup (serving.py reads
+    those first; a field here fills in only where the pods are silent or unreadable)."""
+
+    verifyQLens: list[Annotated[int, Field(ge=2, le=MAX_VERIFY_Q_LEN)]] | None = Field(
+        None, max_length=8, description="Speculative decoding's target-verify q_len (draft tokens; DSpark: block size + 1); [] for none.")
+    dcpSize: int | None = Field(None, ge=1, le=64, description="SGLang's --dcp-size (decode context parallel, PR #34432).")
+    dcpDecodeBackend: Literal["gluon", "asm"] | None = Field(None, description="SGLANG_AITER_MLA_DCP_DECODE_BACKEND (PR #40750).")
+    persist: StrictBool | None = Field(None, description="SGLANG_AITER_MLA_PERSIST.")
+    pageSize: Literal[PAGE_SIZES] | None = Field(None, description="SGLang's --page-size (a power of 2 up to 4096).")  # type: ignore[valid-type]
+    dpAttention: StrictBool | None = Field(None, description="SGLang's --enable-dp-attention.")
+
+
 class GluonRolloutSpec(Model):
     podSelector: LabelSelector = Field(description="The serving pods, in this rollout's namespace.")
     nodeSelector: LabelSelector = Field(default_factory=LabelSelector, description="The nodes this rollout may enable.")
@@ -237,6 +254,7 @@ class GluonRolloutSpec(Model):
     abort: Abort = Field(default_factory=Abort)
     paused: StrictBool = Field(False, description="Enable no further nodes; nodes already on stay on.")
     dryRun: StrictBool = Field(False, description="Decide and report (status.dryRun, Events), change nothing on nodes or pods. The analysis still runs.")
+    serving: Serving = Field(default_factory=Serving, description="The serving pods' SGLang setup where their args and env do not say it: decides which decode routes each node's self-test must prove.")
 
 
 def semantic_problems(spec: GluonRolloutSpec) -> list[str]:

@@ -16,6 +16,8 @@ from typing import Any, Literal, Mapping
 
 from gluon_agent import contract
 
+from . import serving
+
 VOLUME = "gluon-flag"
 MOUNT = "/gluon"
 INSTALL_CONTAINER = "gluon-install"
@@ -329,12 +331,39 @@ def admit(pod: Mapping[str, Any], namespace: str | None, rollouts: Mapping[Any, 
         matched = sorted(r["name"] for r in rollouts.get(namespace) or [] if selector_matches(r["podSelector"], labels))
         if not matched:
             return Admission("unmatched")
-        changes = mutation(pod, matched[0], config)
-        return Admission("injected" if changes else "unchanged", changes)
+        warned = no_rollback_warning(pod)
+        try:
+            changes = mutation(pod, matched[0], config)
+        except NotInjectable as exc:
+            return Admission("not-injected", None, (f"gluon-rollout did not inject: {exc}", *warned))
+        return Admission("injected" if changes else "unchanged", changes, warned)
     except NotInjectable as exc:
         return Admission("not-injected", None, (f"gluon-rollout did not inject: {exc}",))
     except Exception as exc:  # noqa: BLE001 - a pod shape nobody foresaw (or our bug) must not deny a pod
         return Admission("error", None, (f"gluon-rollout did not inject (internal error, pod admitted as it is): {type(exc).__name__}: {exc}",))
+
+
+def no_rollback_warning(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """A warning for a pod whose own SGLang setup leaves flag 0 without a working route (DCP with the gluon
+    decode backend, a verify q_len past 4) on current SGLang: the safe default the injection writes, and
+    any SGLANG_AITER_MLA_GLUON=0 in the template, would crash serving. Only what the pod itself states
+    counts (the rollout's spec.serving fills in only on the operator's side)."""
+    try:  # a warning is advice: a pod whose setup cannot be read gets none, and never an error
+        container = serving_container(checked_spec(pod)["containers"], annotations_of(pod))
+        stated = {k: v for k, v in serving.container_serving(container).stated.items() if not isinstance(v, serving.Unknown)}
+        config = serving.ServingConfig.from_dict(stated)
+    except Exception:  # noqa: BLE001
+        return ()
+    reasons = serving.flag0_no_route(None, config)
+    if not reasons:
+        return ()
+    template = any(isinstance(e, dict) and e.get("name") == contract.FLAG_ENV and e.get("value") == "0" for e in container.get("env") or [])
+    return (f"gluon-rollout: this pod's SGLang setup ({serving.describe(config)}) has no working route at {contract.FLAG_ENV}=0 "
+            f"({reasons[0]}): flag 0 is no safe fallback here, so "
+            + (f"the template's {contract.FLAG_ENV}=0 would crash serving" if template else
+               f"the injected default {contract.FLAG_ENV}=0 would crash serving")
+            + "; the rollout will not enable such nodes (see the README: when flag 0 has no route)",)
+
 
 def review_problem(review: Any) -> str | None:
     """Why a request body is not an AdmissionReview as the API server sends one (admission.py answers it

@@ -22,6 +22,7 @@ from . import webhook
 from .informer import Informer
 from .plan import Claim, NodeView, PodView, World, unix
 from .records import PreflightVerdict, read_json
+from .serving import PodServing, container_serving
 
 log = logging.getLogger("gluon_operator.world")
 
@@ -82,13 +83,26 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
         return None
     verdict, problem = preflight_verdict(status)
     agent = verdict.agent if verdict else None
+    serving = pod_serving(obj)
     transient = not (verdict and verdict.final) and (agent is None or agent.current is False or agent.enabled is False)
     injected = (contract.ANNOTATION_POD_INJECTED in (meta.get("annotations") or {}) or verdict is not None or problem is not None
                 or any(isinstance(c, Mapping) and c.get("name") == webhook.PREFLIGHT_CONTAINER for c in spec.get("initContainers") or []))
     return PodView(meta.get("namespace") or "", meta.get("name") or "", node, dict(meta.get("labels") or {}), unix(meta.get("creationTimestamp")),
                    bool(condition_true(status, "Ready")), bool(meta.get("deletionTimestamp")), verdict.flag if verdict else None,
                    verdict.reason if verdict else problem, injected, verdict is not None and verdict.flag == "0" and transient,
-                   any(isinstance(o, Mapping) and o.get("controller") is True for o in meta.get("ownerReferences") or []))
+                   any(isinstance(o, Mapping) and o.get("controller") is True for o in meta.get("ownerReferences") or []), serving)
+
+
+def pod_serving(obj: Mapping[str, Any]) -> PodServing | None:
+    """What the pod's serving container (as the webhook picks it) states of its SGLang setup; None for a pod
+    whose shape the webhook could not read either."""
+    containers = (obj.get("spec") or {}).get("containers")
+    if not isinstance(containers, list) or not containers or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in containers):
+        return None
+    try:  # no deep copy of the spec (webhook.checked_spec's): this runs on every pod event of the cache
+        return container_serving(webhook.serving_container(containers, webhook.annotations_of(obj)))
+    except webhook.NotInjectable:
+        return None
 
 
 def label_selector(selector: Mapping[str, Any]) -> str:

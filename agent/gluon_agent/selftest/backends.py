@@ -15,7 +15,6 @@ from typing import Callable
 
 import torch
 
-from . import triton_mla
 from .problem import D_LATENT, D_QK, D_ROPE, Problem
 
 ACCELERATED = "accelerated"
@@ -263,13 +262,23 @@ class TritonCall(Bound):
         self.kernel(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, self.call.max_kv_len, q_len=p.q_len)
 
 
+def triton_binder(kernel: str) -> Binder:
+    """Our portable kernel's call; Triton is imported on first use, so the aiter paths' children never
+    pay for it (a few tenths of a second of a child's imports on the H200 machines)."""
+    def bind(p: Problem, call: Call, serving: Serving) -> Bound:
+        from . import triton_mla
+
+        return TritonCall(p, call, serving, getattr(triton_mla, kernel))
+    return bind
+
+
 BACKEND_SETS: dict[str, dict[str, Backend]] = {
     "aiter": {
         ACCELERATED: Backend("aiter-gluon", ACCELERATED, aiter_binder(ACCELERATED)),
         FALLBACK: Backend("aiter-zero-pad", FALLBACK, aiter_binder(FALLBACK)),
     },
     "triton": {
-        ACCELERATED: Backend("triton-native", ACCELERATED, lambda p, c, s: TritonCall(p, c, s, triton_mla.mla_decode)),
-        FALLBACK: Backend("triton-zero-pad-16", FALLBACK, lambda p, c, s: TritonCall(p, c, s, triton_mla.mla_decode_zero_pad)),
+        ACCELERATED: Backend("triton-native", ACCELERATED, triton_binder("mla_decode")),
+        FALLBACK: Backend("triton-zero-pad-16", FALLBACK, triton_binder("mla_decode_zero_pad")),
     },
 }

@@ -48,6 +48,12 @@ def inside_kernel(where: str) -> bool:
 
 
 class CaptureGuard(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Not torch._disable_dynamo around __torch_dispatch__ (torch's default for a mode): its first call
+        imports torch._dynamo, 4-5 s on the H200 machines, and nothing here is compiled."""
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self.violations: list[str] = []

@@ -68,7 +68,8 @@ def run_path(device: str, index: int, path: str, spec_text: Callable[[], str | N
     None when it was cancelled before its spec was sent."""
     child_env = dict(env)
     child_env[DEVICE_INDEX_ENV] = str(index)
-    outcome = run_isolated([python, "-m", "gluon_agent.selftest.worker", "-"], timeout=timeout, env=child_env, stdin_text=spec_text)
+    argv = [python, "-m", "gluon_agent.selftest.worker", "-", device, path]  # the device is prewarmed while the spec comes
+    outcome = run_isolated(argv, timeout=timeout, env=child_env, stdin_text=spec_text)
     if outcome.status == "cancelled":
         return None
     child, failure = interpret(outcome)

@@ -13,7 +13,9 @@ from typing import Callable, ContextManager, Sequence
 import torch
 
 WARMUP_CALLS = 2
-REPLAYS = 25
+REPLAYS = 25  # at most; fewer where each run is long (replays_for)
+MIN_REPLAYS = 9
+MEASURE_SECONDS = 0.1  # GPU time worth of runs a median needs: 25 of 4 ms, 9 of 11 ms or more
 WARMUP_SECONDS = 0.05  # an idle GPU clocks down; replay until it has been busy this long
 WARMUP_MAX_REPLAYS = 200
 
@@ -48,25 +50,42 @@ def capture(calls: Sequence[Callable[[], None]], guard: ContextManager | None = 
     return graph
 
 
-def graph_ms_per_call(calls: Sequence[Callable[[], None]], replays: int = REPLAYS) -> float:
+def graph_ms_per_call(calls: Sequence[Callable[[], None]]) -> float:
     """Median milliseconds of one call, each call of `calls` working on its own inputs."""
     graph = capture(calls)
-    warm_up(graph.replay)
-    per_replay = event_ms(graph.replay, replays)
-    return statistics.median(per_replay) / len(calls)
+    return median_ms(graph.replay) / len(calls)
 
 
-def warm_up(run: Callable[[], None]) -> None:
-    busy = 0.0
+def replays_for(ms: float) -> int:
+    """How many timed runs of `ms` each: REPLAYS where they fit MEASURE_SECONDS, else as many as fit, at
+    least MIN_REPLAYS: a long run's jitter is a small share of it, so fewer of them give as steady a
+    median (docs/benchmarks/README.md, GPU self-test with the aiter stand-in); short runs keep every
+    replay."""
+    if ms <= 0:
+        return REPLAYS
+    return max(MIN_REPLAYS, min(REPLAYS, int(MEASURE_SECONDS * 1e3 / ms)))
+
+
+def warm_up(run: Callable[[], None]) -> float:
+    """Runs until the GPU has been busy WARMUP_SECONDS; the last run's milliseconds."""
+    busy, last = 0.0, 0.0
     for _ in range(WARMUP_MAX_REPLAYS):
-        busy += event_ms(run, 1)[0] * 1e-3
+        last = event_ms(run, 1)[0]
+        busy += last * 1e-3
         if busy >= WARMUP_SECONDS:
-            return
+            break
+    return last
 
 
-def eager_ms(call: Callable[[], None], replays: int = REPLAYS) -> float:
-    warm_up(call)
-    return statistics.median(event_ms(call, replays))
+def median_ms(run: Callable[[], None], warm: bool = True) -> float:
+    """Median milliseconds of `run` (a graph replay or an eager call), after warm-up unless the GPU has
+    just been kept busy (`warm` False: one untimed run sizes the count)."""
+    last = warm_up(run) if warm else event_ms(run, 1)[0]
+    return statistics.median(event_ms(run, replays_for(last)))
+
+
+def eager_ms(call: Callable[[], None]) -> float:
+    return median_ms(call)
 
 
 def tbps(nbytes: float, ms: float) -> float:
@@ -81,6 +100,6 @@ def copy_ceiling_tbps(device: torch.device, nbytes: int = 2**30) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
     kernel_ms = graph_ms_per_call([lambda: torch.add(src, 0.0, out=dst)])
-    memcpy_ms = eager_ms(lambda: dst.copy_(src))
+    memcpy_ms = median_ms(lambda: dst.copy_(src), warm=False)  # the replays above warmed the GPU
     del src, dst
     return tbps(2 * nbytes, min(kernel_ms, memcpy_ms))

@@ -1,7 +1,8 @@
 """One self-test child: one device, one path (accelerated or fallback). Imports torch; the parent never does.
 
     python -m gluon_agent.selftest.worker '<json spec>'
-    python -m gluon_agent.selftest.worker -      # the spec as one line on stdin, once it is known
+    python -m gluon_agent.selftest.worker - [DEVICE [PATH]]  # the spec as one line on stdin, once it is
+                                                             # known; meanwhile DEVICE is made ready (prewarm)
 
 Prints progress lines (so a crash can be attributed to the step that died) and one result line.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 from typing import Any
@@ -157,8 +157,8 @@ def check_graph(backend: Backend, device: torch.device, seed: int, heads: int, s
         ref = reference_of(view)
         replays.append({"kv_len": kv_len, "rel_l2": compare(replayed, ref)["rel_l2"], "rel_vs_eager": relative(replayed, eager.float())})
         if kv_len == capture_len:
-            replay_ms = statistics.median(timing.event_ms(graph.replay, timing.REPLAYS))
             eager_ms = timing.eager_ms(lambda: eager_bound.launch(eager))
+            replay_ms = timing.median_ms(graph.replay, warm=False)  # the eager runs have just warmed the GPU
     return plan.judge_graph(plan.GraphResult(backend.name, batch, capture_len, replays, replay_ms, eager_ms,
                                              capture_violations=guard.violations))
 
@@ -227,7 +227,7 @@ class StepClock:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     clock = StepClock()
     imports = round(IMPORTS_DONE - IMPORT_STARTED, 3)
-    waited = round(time.monotonic() - IMPORTS_DONE, 3)  # for the spec: the probe, or the other path's GPU turn
+    waited = round(time.monotonic() - PREWARM["done_at"], 3)  # for the spec: the probe, or the other path's GPU turn
     clock.start("device setup")
     device = torch.device(spec["device"])
     limit = int(spec.get("memory_limit_bytes", plan.MEMORY_LIMIT_BYTES))
@@ -271,6 +271,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "device": str(device),
         "import_seconds": imports,
+        "prewarm_seconds": PREWARM["seconds"],
         "waited_seconds": waited,
         "step_seconds": clock.seconds,
         "name": torch.cuda.get_device_name(device) if on_gpu else "cpu (TRITON_INTERPRET=1)",
@@ -285,9 +286,44 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def prewarm(name: str, path: str = "") -> float | None:
+    """What every path pays once before its first case, done while the spec is on its way: the device's
+    context, the BLAS handle and the first load of the kernels that make, check and compare a problem,
+    on a tiny one. No kernel of either path runs, nothing is timed, and it is freed before the spec is
+    read. The fallback child, which waits for the whole accelerated run, also imports the portable
+    kernel's module (Triton), in case its backend is that one. Seconds taken, None where there is
+    nothing to prepare; an error is left for the run to meet (and report: a GPU without memory is
+    deferred there)."""
+    device = torch.device(name)
+    if device.type != "cuda":
+        return None
+    started = time.monotonic()
+    if path == "fallback":
+        try:
+            from . import triton_mla  # noqa: F401
+        except Exception:  # noqa: BLE001 - a stack without Triton; only the portable kernel needs it
+            pass
+    try:
+        torch.cuda.set_device(device)
+        p = make_problem([3, 2], device=device, seed=0)
+        compare(p.new_output(0.0), reference_of(p))
+        synchronize(device)
+        del p
+        torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - the run meets it again, at its own step
+        pass
+    return round(time.monotonic() - started, 3)
+
+
+PREWARM: dict[str, float | None] = {"seconds": None, "done_at": IMPORTS_DONE}
+
+
 def main(argv: list[str]) -> int:
     """The spec as the argument, or '-': one line on stdin, sent once known (the imports above run
-    meanwhile); an empty line means cancelled."""
+    meanwhile, then the named device's prewarm); an empty line means cancelled."""
+    if argv[0] == "-" and len(argv) > 1:
+        PREWARM["seconds"] = prewarm(*argv[1:3])
+        PREWARM["done_at"] = time.monotonic()
     text = sys.stdin.readline() if argv[0] == "-" else argv[0]
     if not text.strip():
         return 0

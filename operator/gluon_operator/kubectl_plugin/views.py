@@ -9,7 +9,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gluon_agent import contract
 
-from .. import gating, plan, records, webhook, world
+from gluon_agent.sglang_routes import ServingConfig
+
+from .. import gating, plan, records, serving, webhook, world
 
 NONE = "-"
 FLAG_ORDER = ("1", "0", "?")
@@ -196,6 +198,29 @@ def when(timestamp: Any) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rollout_serving(rollout: Mapping[str, Any]) -> ServingConfig | str | None:
+    """The serving configuration the operator resolved for the rollout (status.serving), why it has none,
+    or None before the operator has said."""
+    status = (rollout.get("status") or {}).get("serving") or {}
+    if status.get("config"):
+        try:
+            return ServingConfig.from_dict(status["config"], "status.serving.config")
+        except ValueError as exc:
+            return str(exc)
+    return status.get("problem") or None
+
+
+def serving_view(expected: ServingConfig | str | None, report: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The rollout's serving configuration, the one the node's self-test proved, and whether flag 0 has a route."""
+    proved = (((report or {}).get("selftest") or {}).get("serving") or {}).get("digest")
+    sglang = ((report or {}).get("probe") or {}).get("sglang")
+    config = expected if isinstance(expected, ServingConfig) else None
+    return {"digest": config.digest if config else None, "described": serving.describe(config) if config else None,
+            "problem": expected if isinstance(expected, str) else None, "proved": proved,
+            "flag0NoRoute": serving.flag0_no_route(sglang if isinstance(sglang, Mapping) else None, config) if config else [],
+            "flag1NoRoute": serving.flag1_no_route(sglang if isinstance(sglang, Mapping) else None, config) if config else []}
+
+
 def explain(rollout: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
             agent_pods: Iterable[Mapping[str, Any]], now: float) -> dict[str, Any]:
     """The whole decision record of one node: what the operator recorded, why it is (in)eligible now,
@@ -206,7 +231,8 @@ def explain(rollout: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[
     report = raw_json(annotations(node).get(contract.ANNOTATION_REPORT))
     retry_after = ((rollout.get("spec") or {}).get("analysis") or {}).get("retryAfterSeconds")
     alive = agent_alive(name, agent_pods)
-    el = gating.eligibility(gating.NodeFacts(name, labels(node), annotations(node), alive), now, retry_after)
+    expected = rollout_serving(rollout)
+    el = gating.eligibility(gating.NodeFacts(name, labels(node), annotations(node), alive), now, retry_after, expected)
     rollback, rollback_problem = gating.parse_rollback(annotations(node))
     probe = (report or {}).get("probe") or {}
     selftest = (report or {}).get("selftest") or {}
@@ -226,6 +252,7 @@ def explain(rollout: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[
                   "missingForCapable": probe.get("missing_for_capable") or [], "summary": probe.get("summary"),
                   "simulated": bool(probe.get("simulated"))} if report else None,
         "reportProblem": report_problem,
+        "serving": serving_view(expected, report),
         "selftest": {"verdict": (report or {}).get("verdict"), "fingerprint": selftest.get("fingerprint"),
                      "testedAt": selftest.get("tested_at"), "mode": selftest.get("mode"),
                      "simulated": bool(selftest.get("simulated")), "problems": selftest.get("problems") or [],
@@ -257,6 +284,18 @@ def render_explain(record: Mapping[str, Any]) -> str:
     out.append(f"  fingerprint: {el['fingerprint'] or NONE}")
     if record.get("reportProblem"):
         out.append(f"  report:      {record['reportProblem']}")
+    served = record.get("serving") or {}
+    if served.get("digest"):
+        proved = served["proved"] or NONE
+        out.append(f"  serving:     rollout serves config {served['digest']} ({served['described']}); the self-test proved {proved}"
+                   + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)"))
+    elif served.get("problem"):
+        out.append(f"  serving:     unresolved: {served['problem']}")
+    if served.get("flag0NoRoute"):
+        out.append(f"  flag 0:      no working route ({served['flag0NoRoute'][0]}): no safe rollback, so never enabled; "
+                   f"a template with {contract.FLAG_ENV}=0 would crash serving here")
+    if served.get("flag1NoRoute"):
+        out.append(f"  flag 1:      no working route ({served['flag1NoRoute'][0]}): the accelerated path fails its self-test")
     probe = record.get("probe")
     if probe:
         out.append(f"  probe:       capable={probe['capable']} ready={probe['ready']}"

@@ -2,8 +2,8 @@
 
 Real aiter's persistent kernel reads its work list (work_info_set) and reduce maps from the metadata it
 is given; so does this. Each work item names a batch, its q rows and a KV range (positions into
-kv_indices); its partial softmax state is computed in 16-token tiles (aiter's smallest KV granularity,
-so a split never cuts a tile), and partials are merged as the reduce maps say. Metadata built for
+kv_indices); its partial softmax state is computed in tiles cut from that range (the last one masked at
+the item's end), and partials are merged as the reduce maps say. Metadata built for
 another batch therefore gives a wrong answer, as on the GPU.
 
 Every op here keeps its shapes fixed by the buffers' sizes and never reads a device value on the host
@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import torch
 
-TILE = 16  # tokens per tile: aiter's minimum kv_granularity
-TILES_PER_CHUNK = 2048  # bounds the temporaries (about 75 MB a tensor at 16 rows)
+TILE = 64  # tokens per tile; tiles are cut per work item and masked at its end, so any size is exact
+TOKENS_PER_CHUNK = 65536  # tiles per loop step = this / TILE: bounds the temporaries (~150 MB of fp32 keys)
 D_LATENT = 512
+# plain numbers: the probe imports this module against a stand-in torch without finfo/iinfo
+NOTHING = -(2**63)  # int64's lowest: a last position no token is at or before
+LOWEST = -3.4028234663852886e38  # float32's lowest: a finite stand-in for -inf where a max is subtracted
 
 
 class Works:
@@ -39,22 +42,20 @@ def scale_value(kv_scale, device):
     return float(kv_scale)
 
 
-def merge(dst, group, m, l, acc):
+def merge(dst, group, m, l, acc, keep=None):
     """Folds partial softmax states (m, l, acc: [P, R], [P, R], [P, R, 512]) into dst's groups
-    (dst = (m, l, acc) of shape [G, ...]) by `group` [P] (out-of-range groups are dropped)."""
+    (dst = (m, l, acc) of shape [G, ...]) by `group` [P]; where `keep` [P] is given, the other
+    partials are dropped (their group may be out of range)."""
     dm, dl, dacc = dst
-    groups = dm.shape[0]
-    keep = (group >= 0) & (group < groups)
-    group = group.clamp(0, groups - 1)
-    m = torch.where(keep[:, None], m, torch.full_like(m, float("-inf")))
+    if keep is not None:
+        m = torch.where(keep[:, None], m, float("-inf"))
+        group = torch.where(keep, group, 0).clamp(0, dm.shape[0] - 1)
     new_m = dm.scatter_reduce(0, group[:, None].expand_as(m), m, reduce="amax", include_self=True)
-    finite = torch.isfinite(new_m)
-    safe_m = torch.where(finite, new_m, torch.zeros_like(new_m))
-    old = torch.where(finite, torch.exp(dm - safe_m), torch.zeros_like(dm))
-    mine = torch.exp(m - safe_m[group])
-    mine = torch.where(torch.isfinite(m) & keep[:, None], mine, torch.zeros_like(mine))
-    dl.mul_(old).index_add_(0, group, l * mine)
-    dacc.mul_(old[..., None]).index_add_(0, group, acc * mine[..., None])
+    safe_m = new_m.clamp_min(LOWEST)  # exp(-inf - LOWEST) = 0: an empty state or partial adds nothing
+    old = (dm - safe_m).exp_()
+    mine = (m - safe_m[group]).exp_()
+    dl.mul_(old).index_add_(0, group, l.mul_(mine))
+    dacc.mul_(old[..., None]).index_add_(0, group, acc.mul_(mine[..., None]))
     dm.copy_(new_m)
 
 
@@ -74,43 +75,48 @@ def work_partials(q, kv, kv_indices, seqs, kv_scale, sm_scale, max_q, works: Wor
     """Each work item's softmax state over its KV range: (m, l, acc) of shape [W, max_q*H(, 512)],
     row r = position r // H of the item's q rows, head r % H. Causal within a q block: q row i of an
     item with n rows sees the first L - n + i + 1 tokens of its sequence; `seqs` is (start, length) of
-    every sequence in kv_indices, [B] each."""
+    every sequence in kv_indices, [B] each.
+
+    Per item, before the tile loop: its scaled query rows, the kv_indices position of its tile 0, and
+    per row the last position it sees (its KV end, causality and its q rows folded in), so that each
+    loop step gathers three per-item tables by tile owner and launches few kernels."""
     device, heads = q.device, q.shape[1]
-    rows = max_q * heads
-    state = empty_state(len(works), rows, device)
+    rows, count = max_q * heads, len(works)
+    state = empty_state(count, rows, device)
     scale = scale_value(kv_scale, device)
     n_tiles = (works.kv_end - works.kv_start).clamp_min(0).add(TILE - 1).div(TILE, rounding_mode="floor")
     tile_end = n_tiles.cumsum(0)
-    capacity = kv_indices.numel() // TILE + len(works) + 1  # static: every item's tiles fit
-    offsets = torch.arange(TILE, device=device)
     row_pos = torch.arange(max_q, device=device).repeat_interleave(heads)  # [R] position in the q block
     row_head = torch.arange(heads, device=device).repeat(max_q)
-    for first in range(0, capacity, TILES_PER_CHUNK):
-        tile = torch.arange(first, min(first + TILES_PER_CHUNK, capacity), device=device)
-        owner = torch.searchsorted(tile_end, tile, right=True).clamp_max(len(works) - 1)
-        in_item = tile - (tile_end[owner] - n_tiles[owner])
-        real = tile < tile_end[-1]
-        pos = works.kv_start[owner, None] + in_item[:, None] * TILE + offsets  # [T, 16] into kv_indices
-        batch = works.batch[owner]
-        batch = batch.clamp(0, seqs[0].numel() - 1)
-        seq_start, seq_len = seqs[0][batch], seqs[1][batch]
-        n_q = works.qo_len[owner]
-        # token j of the tile is seen by q row i when it is in the item and causal for i
-        seen = (pos < works.kv_end[owner, None]) & real[:, None]
-        limit = seq_len[:, None] - n_q[:, None] + row_pos[None, :]  # [T, R] last relative position seen
-        visible = seen[:, None, :] & ((pos - seq_start[:, None])[:, None, :] <= limit[:, :, None])
-        visible &= (row_pos[None, :] < n_q[:, None])[:, :, None]
-        tokens = kv_indices[pos.clamp(0, kv_indices.numel() - 1)].long().clamp(0, kv.shape[0] - 1)
-        keys = kv[tokens].float()  # [T, 16, 576]
-        q_rows = (works.qo_start[owner, None] + row_pos[None, :]).clamp(0, q.shape[0] - 1)  # [T, R]
-        queries = q[q_rows, row_head[None, :].expand_as(q_rows)].float()  # [T, R, 576]
-        scores = torch.bmm(queries, keys.transpose(1, 2)) * (sm_scale * scale)  # [T, R, 16]
-        scores = scores.masked_fill(~visible, float("-inf"))
+    batch = works.batch.clamp(0, seqs[0].numel() - 1)
+    seq_start, seq_len = seqs[0][batch], seqs[1][batch]
+    q_rows = (works.qo_start[:, None] + row_pos).clamp(0, q.shape[0] - 1)  # [W, R]
+    queries = q[q_rows, row_head.expand_as(q_rows)].float().mul_(sm_scale * scale)  # [W, R, 576]
+    # the last kv_indices position row r sees: causal for its q position, inside the item; none for the
+    # rows past the item's q rows
+    causal = (seq_start + seq_len - works.qo_len)[:, None] + row_pos
+    last = torch.minimum(causal, works.kv_end[:, None] - 1)
+    last = torch.where(row_pos < works.qo_len[:, None], last, NOTHING)
+    # column 0: the kv_indices position of the item's tile 0 (tile t covers base + t * TILE onwards)
+    table = torch.cat([(works.kv_start - (tile_end - n_tiles) * TILE)[:, None], last], dim=1)  # [W, 1 + R]
+    per_chunk = max(1, TOKENS_PER_CHUNK // TILE)
+    capacity = kv_indices.numel() // TILE + count + 1  # static: every item's tiles fit
+    grid = torch.arange(per_chunk * TILE, device=device).view(per_chunk, TILE)  # token offsets of a step
+    for first in range(0, capacity, per_chunk):
+        tiles = min(per_chunk, capacity - first)
+        # tiles past the last item's belong to it, past its end: nothing in them is seen
+        owner = torch.searchsorted(tile_end, grid[:tiles, 0].div(TILE, rounding_mode="floor").add_(first),
+                                   right=True).clamp_max_(count - 1)
+        mine = table[owner]
+        pos = grid[:tiles].add(mine[:, :1]).add_(first * TILE)  # [T, TILE] positions into kv_indices
+        tokens = kv_indices[pos.clamp(0, kv_indices.numel() - 1)].clamp_(0, kv.shape[0] - 1)
+        keys = kv[tokens].float()  # [T, TILE, 576]
+        scores = torch.bmm(queries[owner], keys.transpose(1, 2))  # [T, R, TILE]
+        scores.masked_fill_(pos[:, None, :] > mine[:, 1:, None], float("-inf"))
         m = scores.amax(-1)
-        safe_m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = torch.exp(scores - safe_m[..., None])
-        acc = torch.bmm(p, keys[..., :D_LATENT]) * scale
-        merge(state, torch.where(real, owner, torch.full_like(owner, -1)), m, p.sum(-1), acc)
+        p = scores.sub_(m.clamp_min(LOWEST)[..., None]).exp_()
+        merge(state, owner, m, p.sum(-1), torch.bmm(p, keys[..., :D_LATENT]))
+    state[2].mul_(scale)  # V is the scaled KV: one factor on every partial
     return state
 
 

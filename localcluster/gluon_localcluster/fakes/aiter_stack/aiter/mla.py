@@ -141,5 +141,5 @@ def persistent_decode(q, kv, indices, seqs, scale, sm_scale, o, max_q, work_indp
     use = in_group & (work >= 0)
     work = work.clamp_min(0)
     merged = empty_state(groups, m.shape[1], device)
-    merge(merged, torch.where(use, group, torch.full_like(group, -1)), m[work], l[work], acc[work])
+    merge(merged, group, m[work], l[work], acc[work], keep=use)
     finish(merged, o, nhead, max_q, reduce_final_map[:, 0])
