@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from typing import Any, Mapping
@@ -25,12 +26,46 @@ from .spec import GluonRolloutSpec, query_span
 DEFAULT_DEADLINE_SECONDS = 15.0
 
 
-def control_nodes(statuses: Mapping[str, gating.NodeStatus]) -> list[str]:
-    """Flag-0 nodes of this rollout to compare with: the holdout group when there is one, else every
-    eligible node not enabled yet (never ineligible nodes: other hardware or software)."""
-    eligible = [n for n, s in statuses.items() if s.state == gating.ELIGIBLE]
-    holdouts = [n for n in eligible if statuses[n].holdout]
-    return sorted(holdouts or eligible)
+def steady_controls(statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float) -> dict[int, list[str]]:
+    """The nodes whose flag held steady over `node`'s baseline and since, by the flag they held
+    (docs/analysis.md, "The controls"): 0, eligible nodes not enabled (holdouts included) that have not
+    changed since before its baseline; 1, Promoted nodes whose pods all ran flag 1 (their judge's
+    switchedAt, else their flip) before its baseline began. Never ineligible nodes (other hardware or
+    software), nodes in flux (Enabling, Analyzing) or rolled back."""
+    start = (statuses[node].changed_at or now) - baseline_seconds
+    off, on = [], []
+    for name, status in statuses.items():
+        if name == node:
+            continue
+        if status.state == gating.ELIGIBLE and (status.changed_at is None or status.changed_at <= start):
+            off.append(name)
+        elif status.state == gating.PROMOTED and _switched_at(status) <= start:
+            on.append(name)
+    return {0: sorted(off), 1: sorted(on)}
+
+
+def control_group(statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float,
+                  have: Mapping[str, Any] | None = None) -> tuple[int, list[str]]:
+    """(flag, controls) `node` is judged against: the group its judge chose at its first look (kept in
+    its state: the estimate is relative to that group's level, so it never changes group), else the
+    larger of the two steady groups, flag 0 on a tie. Either group only, never a mix: controls at two
+    flags would put the median on one or the other level as members come and go."""
+    groups = steady_controls(statuses, node, baseline_seconds, now)
+    kept = _kept_flag(have, statuses[node].changed_at or now)
+    flag = kept if kept is not None else (1 if len(groups[1]) > len(groups[0]) else 0)
+    return flag, groups[flag]
+
+
+def _switched_at(status: gating.NodeStatus) -> float:
+    state = status.numbers.get("sequential") if isinstance(status.numbers, Mapping) else None
+    switched = finite_number(state.get("switchedAt")) if isinstance(state, Mapping) else None
+    return switched if switched is not None else (status.changed_at if status.changed_at is not None else math.inf)
+
+
+def _kept_flag(state: Any, changed_at: float) -> int | None:
+    if isinstance(state, Mapping) and state.get("changedAt") == changed_at and state.get("controlFlag") in (0, 1):
+        return int(state["controlFlag"])
+    return None
 
 
 def analysis_due(spec: GluonRolloutSpec, status: Mapping[str, Any], now: float) -> bool:
@@ -126,14 +161,16 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
         except (PrometheusError, analysis.MalformedAnswer) as exc:
             covariate_errors[name] = str(exc)[:300]  # judged without that gauge: no load adjustment from it
             logger.warning("analysis: load gauge %s: %s", name, exc)
-    speed = analysis.series_by_node(results["speed"])
-    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic)
-    controls = [n for n in control_nodes(statuses) if n in speed]
+    speed, flags = analysis.split_by_flag(results["speed"])
+    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic, a.minControls)
+    groups = {n: control_group(statuses, n, a.baselineSeconds, now, states[n]) for n in judged}
+    groups = {n: (flag, [c for c in controls if c in speed]) for n, (flag, controls) in groups.items()}
     began = time.process_time()
-    judgements = await asyncio.to_thread(_judge_all, speed, load, controls, {n: (changed[n], states[n]) for n in judged}, now, a, cfg)
+    judgements = await asyncio.to_thread(_judge_all, speed, load, flags, groups, {n: (changed[n], states[n]) for n in judged}, now, a, cfg)
     cpu = time.process_time() - began
     METRICS.judge_seconds.observe(cpu)
-    details = {"query": queries["speed"], "queries": len(queries), "controls": len(controls), "judgeCpuSeconds": round(cpu, 4)}
+    used = {c for _, controls in groups.values() for c in controls}
+    details = {"query": queries["speed"], "queries": len(queries), "controls": len(used), "judgeCpuSeconds": round(cpu, 4)}
     if covariate_errors:
         details["covariateErrors"] = covariate_errors
     if note:
@@ -141,11 +178,20 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
     return judgements, details
 
 
-def _judge_all(speed: Mapping[str, analysis.Series], load: Mapping[str, Mapping[str, analysis.Series]], controls: list[str],
-               nodes: Mapping[str, tuple[float, Any]], now: float, a: Any, cfg: analysis.JudgeConfig) -> dict[str, analysis.Judgement]:
-    panel = analysis.build_panel(speed, load)
-    ref = analysis.reference(panel, controls, cfg)
-    return analysis.judge_nodes(panel, ref, nodes, a.warmupSeconds, now, a.baselineSeconds, cfg)
+def _judge_all(speed: Mapping[str, analysis.Series], load: Mapping[str, Mapping[str, analysis.Series]], flags: Mapping[str, Any],
+               groups: Mapping[str, tuple[int, list[str]]], nodes: Mapping[str, tuple[float, Any]], now: float, a: Any,
+               cfg: analysis.JudgeConfig) -> dict[str, analysis.Judgement]:
+    """One reference per distinct control group (nodes enabled together share theirs)."""
+    panel = analysis.build_panel(speed, load, flags)
+    refs: dict[tuple[int, tuple[str, ...]], analysis.Reference] = {}
+    out = {}
+    for node, (changed_at, state) in nodes.items():
+        flag, controls = groups[node]
+        key = (flag, tuple(controls))
+        if key not in refs:
+            refs[key] = analysis.reference(panel, controls, cfg, {c: float(flag) for c in controls})
+        out[node] = analysis.judge(panel, refs[key], node, changed_at, a.warmupSeconds, now, a.baselineSeconds, cfg, state)
+    return out
 
 
 def _has_baseline(state: Any, changed_at: float) -> bool:
