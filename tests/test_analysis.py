@@ -360,10 +360,21 @@ def test_the_load_effect_is_pooled_over_the_controls_and_signed_with_the_directi
     assert 0.95 < jl.effect < 1.05 and jl.result != "fail" and -0.55 < sum(jl.state["baseline"]["beta"]) < -0.25, jl.reason
 
 
-def test_too_few_controls_fall_back_to_the_nodes_own_load_fit_and_no_placebo_bound():
+def test_too_few_controls_fall_back_to_the_nodes_own_load_fit_and_a_one_dof_placebo_bound():
     j = look(*fleet(1.0, load_shift=0.4, seed=8), now=2400.0, controls=CONTROLS[:2])
     assert j.state["baseline"]["pooled"] == 0 and "node's own fit" in j.method
-    assert j.placebos < analysis.MIN_PLACEBOS and "placebo" not in j.method
+    # two controls' placebos mirror each other: one degree of freedom, a floor widened (t_1 / z)^2 = 42 times
+    pl = j.state["post"]["pl"]
+    assert j.placebos == 2 and pl["c0"][1] == pytest.approx(-pl["c1"][1]) and "bounded by 2 placebo controls" in j.method
+    assert j.result == "inconclusive" and j.ci_high / j.ci_low > 1.5
+    one = look(*fleet(1.0, load_shift=0.4, seed=8), now=2400.0, controls=CONTROLS[:1])
+    assert one.placebos == 0 and one.n_controls == 1 and "placebo" not in one.method
+
+
+def test_small_sample_factor_is_students_over_the_normal_quantile():
+    assert analysis.small_sample_factor(1, 0.05) == pytest.approx((12.706 / 1.96) ** 2, rel=1e-3)
+    assert analysis.small_sample_factor(7, 0.05) == pytest.approx((2.365 / 1.96) ** 2, rel=1e-3)
+    assert 1 < analysis.small_sample_factor(1000, 0.05) < 1.003 and analysis.small_sample_factor(0.5, 0.05) == math.inf
 
 
 def test_placebo_controls_bound_the_variance_and_keep_their_sums_across_looks():

@@ -280,12 +280,26 @@ def test_controls_are_the_nodes_whose_flag_held_steady_over_the_judged_windows()
                 "other": gating.NodeStatus(gating.INELIGIBLE)}
     groups = evaluation.steady_controls(statuses, "n0", 1200, NOW)
     assert groups == {0: ["hold", "wait"], 1: ["old1", "old2"]}
-    assert evaluation.control_group(statuses, "n0", 1200, NOW) == (0, ["hold", "wait"])  # a tie: flag 0
+    assert evaluation.control_group(statuses, "n0", 1200, NOW) == (0, ["hold", "wait"], 1200)  # a tie: flag 0
     statuses["old3"] = promoted(base - 60)
-    assert evaluation.control_group(statuses, "n0", 1200, NOW) == (1, ["old1", "old2", "old3"])  # the larger group
-    kept = {"changedAt": ENABLE, "controlFlag": 0}  # the group of its first look, for as long as it is judged
-    assert evaluation.control_group(statuses, "n0", 1200, NOW, kept) == (0, ["hold", "wait"])
+    assert evaluation.control_group(statuses, "n0", 1200, NOW) == (1, ["old1", "old2", "old3"], 1200)  # the larger group
+    kept = {"changedAt": ENABLE, "controlFlag": 0, "baselineSeconds": 1200}  # the group of its first look, while it is judged
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, kept) == (0, ["hold", "wait"], 1200)
     assert evaluation.control_group(statuses, "n0", 1200, NOW, kept | {"changedAt": ENABLE - 1})[0] == 1  # another flip's
+
+
+def test_a_rollout_faster_than_one_baseline_judges_its_last_nodes_on_a_shorter_one():
+    """No group has minControls steady over the whole baseline: the Promoted nodes that switched before
+    the flip, against a baseline from when the minControls-th of them switched; kept at later looks."""
+    promoted = lambda switched: gating.NodeStatus(gating.PROMOTED, changed_at=switched - 5, numbers={"sequential": {"switchedAt": switched}})  # noqa: E731
+    statuses = {"n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE), "last": gating.NodeStatus(gating.ELIGIBLE),
+                "p1": promoted(ENABLE - 900), "p2": promoted(ENABLE - 700), "p3": promoted(ENABLE - 600), "p4": promoted(ENABLE - 100),
+                "busy": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE - 60)}
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, min_controls=3) == (1, ["p1", "p2", "p3"], 600)
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, min_controls=5)[1] == ["last"]  # not enough either way: the count is short
+    kept = {"changedAt": ENABLE, "controlFlag": 1, "baselineSeconds": 600}
+    statuses["p5"] = promoted(ENABLE - 650)
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, kept, 3) == (1, ["p1", "p2", "p3", "p5"], 600)
 
 
 async def test_the_last_node_is_judged_against_promoted_nodes(prom):

@@ -45,15 +45,28 @@ def steady_controls(statuses: Mapping[str, gating.NodeStatus], node: str, baseli
 
 
 def control_group(statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float,
-                  have: Mapping[str, Any] | None = None) -> tuple[int, list[str]]:
-    """(flag, controls) `node` is judged against: the group its judge chose at its first look (kept in
-    its state: the estimate is relative to that group's level, so it never changes group), else the
-    larger of the two steady groups, flag 0 on a tie. Either group only, never a mix: controls at two
-    flags would put the median on one or the other level as members come and go."""
+                  have: Mapping[str, Any] | None = None, min_controls: int = 1) -> tuple[int, list[str], float]:
+    """(flag, controls, baseline seconds) `node` is judged against. Either group only, never a mix:
+    controls at two flags would put the median on one level or the other as members come and go.
+    The group its judge chose at its first look is kept (its state: the estimate is relative to that
+    group's level). Else the larger steady group, flag 0 on a tie, when it has minControls; else, near
+    the end of a rollout that moved faster than one baseline, the Promoted nodes against a baseline
+    shortened to when the minControls-th of them switched (steady over the shorter baseline and since;
+    its variance counts the fewer samples); else the larger group (the judge says the count is short)."""
     groups = steady_controls(statuses, node, baseline_seconds, now)
-    kept = _kept_flag(have, statuses[node].changed_at or now)
+    changed = statuses[node].changed_at or now
+    kept = _kept_flag(have, changed)
+    if kept is None and max(len(groups[0]), len(groups[1])) < min_controls:
+        switches = sorted((_switched_at(s), n) for n, s in statuses.items() if n != node and s.state == gating.PROMOTED and _switched_at(s) < changed)
+        if len(switches) >= min_controls:
+            begins = max(switches[min_controls - 1][0], changed - baseline_seconds)
+            return 1, sorted(n for at, n in switches if at <= begins), changed - begins
     flag = kept if kept is not None else (1 if len(groups[1]) > len(groups[0]) else 0)
-    return flag, groups[flag]
+    if kept == 1 and isinstance(have, Mapping) and finite_number(have.get("baselineSeconds")):
+        shorter = float(have["baselineSeconds"])  # the shortened baseline of its first look
+        switches = [n for n, s in statuses.items() if n != node and s.state == gating.PROMOTED and _switched_at(s) <= changed - shorter]
+        return 1, sorted(switches), shorter
+    return flag, groups[flag], float(baseline_seconds)
 
 
 def _switched_at(status: gating.NodeStatus) -> float:
@@ -163,13 +176,13 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
             logger.warning("analysis: load gauge %s: %s", name, exc)
     speed, flags = analysis.split_by_flag(results["speed"])
     cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic, a.minControls)
-    groups = {n: control_group(statuses, n, a.baselineSeconds, now, states[n]) for n in judged}
-    groups = {n: (flag, [c for c in controls if c in speed]) for n, (flag, controls) in groups.items()}
+    groups = {n: control_group(statuses, n, a.baselineSeconds, now, states[n], a.minControls) for n in judged}
+    groups = {n: (flag, [c for c in controls if c in speed], seconds) for n, (flag, controls, seconds) in groups.items()}
     began = time.process_time()
     judgements = await asyncio.to_thread(_judge_all, speed, load, flags, groups, {n: (changed[n], states[n]) for n in judged}, now, a, cfg)
     cpu = time.process_time() - began
     METRICS.judge_seconds.observe(cpu)
-    used = {c for _, controls in groups.values() for c in controls}
+    used = {c for _, controls, _ in groups.values() for c in controls}
     details = {"query": queries["speed"], "queries": len(queries), "controls": len(used), "judgeCpuSeconds": round(cpu, 4)}
     if covariate_errors:
         details["covariateErrors"] = covariate_errors
@@ -179,18 +192,18 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
 
 
 def _judge_all(speed: Mapping[str, analysis.Series], load: Mapping[str, Mapping[str, analysis.Series]], flags: Mapping[str, Any],
-               groups: Mapping[str, tuple[int, list[str]]], nodes: Mapping[str, tuple[float, Any]], now: float, a: Any,
+               groups: Mapping[str, tuple[int, list[str], float]], nodes: Mapping[str, tuple[float, Any]], now: float, a: Any,
                cfg: analysis.JudgeConfig) -> dict[str, analysis.Judgement]:
     """One reference per distinct control group (nodes enabled together share theirs)."""
     panel = analysis.build_panel(speed, load, flags)
     refs: dict[tuple[int, tuple[str, ...]], analysis.Reference] = {}
     out = {}
     for node, (changed_at, state) in nodes.items():
-        flag, controls = groups[node]
+        flag, controls, baseline = groups[node]
         key = (flag, tuple(controls))
         if key not in refs:
             refs[key] = analysis.reference(panel, controls, cfg, {c: float(flag) for c in controls})
-        out[node] = analysis.judge(panel, refs[key], node, changed_at, a.warmupSeconds, now, a.baselineSeconds, cfg, state)
+        out[node] = analysis.judge(panel, refs[key], node, changed_at, a.warmupSeconds, now, baseline, cfg, state)
     return out
 
 
