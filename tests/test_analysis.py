@@ -480,3 +480,18 @@ def test_controls_contribute_only_samples_of_the_flag_they_held():
     assert ref.flag == analysis.FLAG_ON and np.isnan(ref.stack[0][panel.times < 600]).all()
     assert np.isfinite(ref.stack[0][panel.times >= 600]).all() and ref.n_controls == 3
     assert analysis.reference(panel, controls, CFG).n_controls == 1  # held at flag 0, only c0's stray samples count
+
+
+def test_the_state_is_carried_at_unix_times():
+    """Times of today (1.8e9 s) survive the status's rounding: the next look restores the state of
+    this flip (it counts looks on), and the times it keeps are the samples' own."""
+    epoch = 1_796_186_626.0
+    speed, load = fleet(0.9, noise=0.03, end=ENABLE + 900)
+    shift = lambda series: {n: [(t + epoch, v) for t, v in s] for n, s in series.items()}  # noqa: E731
+    speed, load = shift(speed), {k: shift(v) for k, v in load.items()}
+    panel = analysis.build_panel(speed, load)
+    ref = analysis.reference(panel, CONTROLS, CFG)
+    first = analysis.judge(panel, ref, "t", ENABLE + epoch, WARMUP, ENABLE + epoch + 600, BASELINE, CFG)
+    second = analysis.judge(panel, ref, "t", ENABLE + epoch, WARMUP, ENABLE + epoch + 660, BASELINE, CFG, first.state)
+    assert first.state["changedAt"] == ENABLE + epoch and second.looks == 2 and second.n_post == first.n_post + 4
+    assert second.state["post"]["until"] == ENABLE + epoch + 660

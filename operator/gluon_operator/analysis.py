@@ -152,8 +152,13 @@ class Judgement:
 
 
 def _round(value: Any) -> Any:
+    """6 significant digits, except for large values (unix times: changedAt, switchedAt, the last sample
+    kept), which keep their milliseconds: rounded to 6 digits, a time no longer matched its flip, and
+    every look started afresh."""
     if isinstance(value, float):
-        return float(f"{value:.6g}") if math.isfinite(value) else None
+        if not math.isfinite(value):
+            return None
+        return round(value, 3) if abs(value) >= 1e5 else float(f"{value:.6g}")
     if isinstance(value, (list, tuple)):
         return [_round(v) for v in value]
     if isinstance(value, dict):
