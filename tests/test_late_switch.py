@@ -11,12 +11,15 @@ import time
 
 import pytest
 
-from gluon_localcluster.simcluster import SimCluster
+from gluon_localcluster.simcluster import Running, SimCluster
+
+FIRST_INDEX = 440  # node addresses (127.10.1.191...) apart from the demo's, which other runs may hold
 
 
 @pytest.mark.timeout(480)
 def test_pods_switching_late_a_regression_is_rolled_back_never_promoted(tmp_path):
     cluster = SimCluster(workdir=tmp_path / "work")
+    cluster.nodes = {n.name: Running(n, FIRST_INDEX + i) for i, n in enumerate(cluster.fleet)}
     try:
         cluster.start()
         cluster.wait_for_agents()
