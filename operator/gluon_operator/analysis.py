@@ -1,6 +1,9 @@
 """The analysis judge: pure functions over Prometheus samples (docs/analysis.md says why each step).
 
-Per node under analysis T, against the control nodes C (flag 0) in the same window, at each step t:
+Per node under analysis T, against the control nodes C (nodes whose flag held steady over T's windows, at
+flag 0 or 1: evaluation.control_group) in the same window, at each step t, counting only samples of the
+flag each node's pods really ran (split_by_flag: T's baseline at flag 0, its post window at flag 1 from
+when every serving pod runs it):
 
     l_t = log T_t - log median(C_t)          (sign flipped when lower is better)
     x_t = log load_T,t - log median(load_C,t) (the node's own load gauges against the controls')
