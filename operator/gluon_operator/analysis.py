@@ -909,7 +909,7 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     model_dof = (n_pre_of(base) + n) / inflation - len(cols) - 1  # samples worth of independent ones, less the fit's
     alpha = 1 - cfg.confidence
     widened = [model_var * small_sample_factor(model_dof, alpha)] if model_dof >= 1 else []
-    widened += [placebo_var * placebo_widening] if placebo_dof >= 1 else []
+    widened += [placebo_var * placebo_widening] if placebo_dof >= 1 and n_placebos >= MIN_PLACEBOS else []
     variance = (max(widened) if widened else math.inf) + beta_var
     marginal = base["g"] if base else float(np.nanvar(recent)) if window.sum() > 1 else lrv
     inflation = max(inflation, lrv / marginal if marginal > 0 else 1.0)
