@@ -23,6 +23,8 @@ none, x1.9, a 10% and a 30% regression):
   diurnal_lag   a diurnal load swing (amplitude U(0.3, 0.5) in log load) that the controls follow
                 U(15, 60) min late; speed answers the load as above.
   combined      all three at once.
+  (bench/judge_controls.py adds: ar1_every, the issue's AR(1) wander on every node, phi 0.95 per step,
+  sd 4%; fewer controls; pods that switch to flag 1 minutes after the flip, judged with flag codes.)
   Every correlated scenario has 5% noise with Student-t (3 dof) tails on top, 2% outliers, 5% missing
   samples and one scrape gap of U(2, 10) min after the flip (all nodes or the treated node alone).
 
