@@ -486,6 +486,56 @@ def test_overlapping_rollouts_the_older_owns_the_younger_reports_a_conflict():
     assert conflict["status"] == "True" and "n1" in conflict["message"] and younger_plan.status["conflicts"] == {"nodes": ["n1"], "count": 1}
 
 
+def indexed(*rollouts: dict) -> dict[str, list[dict]]:
+    """The operator's rollout index (handlers.rollout_index, as kopf builds it) over these rollouts."""
+    from gluon_operator import handlers
+
+    index: dict[str, list[dict]] = {}
+    for r in rollouts:
+        meta = r["metadata"]
+        for namespace, entry in handlers.rollout_index(namespace=meta["namespace"], name=meta["name"], spec=r["spec"], meta=meta,
+                                                        body=r).items():
+            index.setdefault(namespace, []).append(entry)
+    return index
+
+
+@pytest.mark.parametrize("invalid_by", ["spec", "status"])
+def test_an_invalid_older_rollout_claims_no_node_so_a_younger_valid_one_owns_them(invalid_by):
+    """issue 34: an Invalid older rollout held every node of the overlap, the younger got Conflict on each.
+    Invalid by its spec, or by its status for this generation (a pod selector the API server refused)."""
+    from gluon_operator import handlers
+
+    fleet = Fleet(3)
+    older = fleet.rollout
+    if invalid_by == "spec":
+        older["spec"]["analysis"] = {"intervalSeconds": 300, "windowSeconds": 60}
+    else:
+        older["status"] = {"phase": "Invalid", "invalid": "spec.podSelector: refused", "observedGeneration": 1}
+    younger = copy.deepcopy(fleet.rollout)
+    younger["metadata"].update(name="second", creationTimestamp=planner.iso(T0 - 10))
+    younger["spec"] = {**fleet.rollout["spec"], "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "n1"}}}
+    younger["spec"].pop("analysis", None)
+    younger["status"] = {}
+    claims = handlers.claims(indexed(older, younger))
+    assert [c.name for c in claims] == ["second"]
+    w = world.world_from_objects(list(fleet.nodes.values()), fleet.agents + list(fleet.pods.values()), claims)
+    younger_plan = planner.plan(planner.rollout_view(younger), w, {}, None, fleet.now)
+    assert sorted(younger_plan.statuses) == ["n1"] and younger_plan.status["conflicts"] is None
+    assert not [c for c in younger_plan.status["conditions"] if c["type"] == "Conflict"]
+    if invalid_by == "spec":
+        assert planner.plan(planner.rollout_view(older), w, {}, None, fleet.now).status["phase"] == "Invalid"
+
+
+def test_a_rollout_invalid_for_an_older_generation_still_claims_its_nodes():
+    """The status's Invalid speaks of the generation it observed: a spec edited since is judged again."""
+    from gluon_operator import handlers
+
+    fleet = Fleet(3)
+    fleet.rollout["metadata"]["generation"] = 2
+    fleet.rollout["status"] = {"phase": "Invalid", "invalid": "spec.podSelector: refused", "observedGeneration": 1}
+    assert [c.name for c in handlers.claims(indexed(fleet.rollout))] == ["kimi"]
+
+
 # ---------------------------------------------------------------- hostile JSON and numbers (issue 34)
 
 

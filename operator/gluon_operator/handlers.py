@@ -26,7 +26,7 @@ from .admission import AdmissionServer
 from .evaluation import analyse, analysis_due, deadline_seconds
 from .executor import Runtime, core, execute, own_write_pending, patch_node
 from .metrics import METRICS
-from .plan import Claim, plan, rollout_view, unix
+from .plan import Claim, claims_nodes, plan, rollout_view, unix
 from .records import NodeRecord, read_json
 from .spec import GROUP, PLURAL, VERSION
 from .world import Caches, label_selector
@@ -115,17 +115,19 @@ def stop_caches(**_: Any) -> None:
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def rollout_index(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+def rollout_index(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], body: kopf.Body, **_: Any) -> dict[str, Any]:
     """Live rollouts by namespace: their pod selectors (the webhook, the pod caches) and node claims
-    (overlaps). A rollout being deleted claims nothing and injects nothing."""
+    (overlaps). A rollout being deleted claims nothing and injects nothing; an Invalid one claims no node."""
     if meta.get("deletionTimestamp"):
         return {}
     return {namespace: {"name": name, "podSelector": dict(spec.get("podSelector") or {}),
-                        "nodeSelector": dict(spec.get("nodeSelector") or {}), "created": unix(meta.get("creationTimestamp"))}}
+                        "nodeSelector": dict(spec.get("nodeSelector") or {}), "created": unix(meta.get("creationTimestamp")),
+                        "claims": claims_nodes(rollout_view(body))}}
 
 
 def claims(index: kopf.Index) -> list[Claim]:
-    return [Claim(namespace, r["name"], r["created"], r["nodeSelector"]) for namespace in index for r in index.get(namespace) or []]
+    return [Claim(namespace, r["name"], r["created"], r["nodeSelector"]) for namespace in index for r in index.get(namespace) or []
+            if r.get("claims", True)]
 
 
 def pod_informers(index: kopf.Index) -> set[tuple[str, str]]:
