@@ -138,3 +138,20 @@ def test_label_selectors_for_the_api_server():
         == "k in (x,y),j,m notin (z),!d"
     assert label_selector({"matchExpressions": [{"key": "k", "operator": "Near"}]}) == ""  # not a selector: its rollout is Invalid
     assert label_selector("nonsense") == ""  # type: ignore[arg-type]
+
+
+def test_a_list_the_api_server_refuses_is_kept_as_refused_not_retried(installed):
+    """issue 34: a label selector the API server will not parse (400) is said, not retried for ever."""
+    errors = []
+    core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
+    informer = Informer("pods", core.list_pod_for_all_namespaces, {"names": lambda o: {o["metadata"]["name"]: 1}},
+                        label_selector="app=" + "x" * 64, watch_timeout=5, on_error=errors.append).start()
+    try:
+        wait_for(lambda: informer.refused is not None, timeout=10, what="the refusal")
+        assert informer._thread is not None
+        informer._thread.join(5)
+        assert not informer._thread.is_alive() and not informer.synced.is_set()
+        assert "400" in informer.refused and "must be no more than 63 characters" in informer.refused
+        assert len(errors) == 1 and errors[0].status == 400
+    finally:
+        informer.close()

@@ -536,6 +536,28 @@ def test_a_rollout_invalid_for_an_older_generation_still_claims_its_nodes():
     assert [c.name for c in handlers.claims(indexed(fleet.rollout))] == ["kimi"]
 
 
+def test_a_pod_selector_the_api_server_refuses_is_an_invalid_condition_reason_and_event():
+    """issue 34: the pod cache of a refused selector never fills, and the reconcile waited for it silently."""
+    fleet = Fleet(2)
+    view = planner.rollout_view(fleet.rollout)
+    assert planner.invalid_before_world(view, None, fleet.now) is None  # a valid rollout is planned with its world
+    said = "client (400): unable to parse requirement: values[0][app]: Invalid value"
+    p = planner.invalid_before_world(view, said, fleet.now)
+    assert p is not None and p.status["phase"] == "Invalid" and p.node_writes == [] and p.restarts == []
+    assert p.status["invalid"] == f"spec.podSelector: the API server refuses it as a label selector: {said}"
+    invalid = [c for c in p.status["conditions"] if c["type"] == "Invalid"][0]
+    assert invalid["status"] == "True" and said in invalid["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "InvalidSpec")] and said in p.events[0].message
+    again = planner.invalid_before_world(replace(view, status=p.status), said, fleet.now + 10)
+    assert again is not None and again.events == []  # one Event, not one a reconcile
+
+
+def test_an_invalid_spec_is_planned_without_a_world():
+    fleet = Fleet(2, analysis={"intervalSeconds": 300, "windowSeconds": 60})
+    p = planner.invalid_before_world(planner.rollout_view(fleet.rollout), None, fleet.now)
+    assert p is not None and p.status["phase"] == "Invalid" and "spec.analysis.windowSeconds" in p.status["invalid"]
+
+
 # ---------------------------------------------------------------- hostile JSON and numbers (issue 34)
 
 

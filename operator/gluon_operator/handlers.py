@@ -26,7 +26,7 @@ from .admission import AdmissionServer
 from .evaluation import analyse, analysis_due, deadline_seconds
 from .executor import Runtime, core, execute, own_write_pending, patch_node
 from .metrics import METRICS
-from .plan import Claim, claims_nodes, plan, rollout_view, unix
+from .plan import Claim, claims_nodes, invalid_before_world, plan, rollout_view, unix
 from .records import NodeRecord, read_json
 from .spec import GROUP, PLURAL, VERSION
 from .world import Caches, label_selector
@@ -184,13 +184,15 @@ async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str,
         return
     Caches.want_pods(pod_informers(rollout_index))
     pods = (namespace, label_selector(spec.get("podSelector") or {}))
-    if not Caches.synced(pods if pods[1] else None):
-        logger.info("waiting for the node and pod caches to fill")
-        return
     now = time.time()
     view = rollout_view(body)
-    verdicts, summary = finished_analysis(uid, logger)
-    planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
+    planned = invalid_before_world(view, Caches.refused(pods), now)
+    if planned is None:
+        if not Caches.synced(pods if pods[1] else None):
+            logger.info("waiting for the node and pod caches to fill")
+            return
+        verdicts, summary = finished_analysis(uid, logger)
+        planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
     after = await execute(planned, namespace, name, uid, status, body, logger)
     if planned.spec is not None and uid not in Analyses.tasks and analysis_due(planned.spec, after, now):
         start_analysis(uid, namespace, name, planned.spec, planned.statuses, now, logger)

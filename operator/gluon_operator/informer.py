@@ -6,7 +6,8 @@ indexed kind has been indexed once, each worker waits on one shared condition th
 object added (aiotoggles.ToggleSet): startup work grows with the square of the object count. At 2 000
 nodes (about 8 000 nodes and pods) the operator spent minutes in that wait (py-spy, bench/scale.py).
 Here one thread per kind lists once (raw JSON, no model classes), then watches from that resourceVersion,
-relisting on 410 Gone or any error, with back-off. No single object can fail a list or a watch: an
+relisting on 410 Gone or any error, with back-off; a list the API server refuses as a bad request (400:
+a label selector it will not parse) is not retried but kept in `refused`, for the rollout to say so. No single object can fail a list or a watch: an
 object an indexer cannot read is left out of that index (logged and counted in `unreadable`).
 """
 
@@ -76,6 +77,7 @@ class Informer:
         self._keys: dict[str, dict[str, list[Any]]] = {}  # object uid -> {index: the keys it fed}
         self._thread: threading.Thread | None = None
         self.unreadable = 0  # objects an indexer could not read
+        self.refused: str | None = None  # why the API server refused the list itself (400): it never syncs
 
     # ------------------------------------------------------------ the cache
 
@@ -182,6 +184,7 @@ class Informer:
         failures, version = 0, None
         rng = random.Random()
         while not self.stop.is_set():
+            listing = version is None
             try:
                 version = version or self._list()
                 version = self._watch(version)
@@ -191,6 +194,10 @@ class Informer:
                 failures += 1
                 if self.on_error is not None:
                     self.on_error(failure)
+                if listing and failure.status == 400:  # the request itself is refused (e.g. its label selector): no retry helps
+                    self.refused = str(failure)
+                    log.error("%s informer: the API server refuses the list: %s; not retried", self.name, failure)
+                    return
                 version = None
                 delay = decisions.backoff(failures, 0.5, self.backoff_cap, rng)
                 log.warning("%s informer: %s; relisting in %.1f s", self.name, failure, delay)

@@ -287,6 +287,17 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
     return out
 
 
+def invalid_before_world(rollout: RolloutView, refused_selector: str | None, now: float) -> Plan | None:
+    """The plan of a rollout that needs no world because it is Invalid: its spec does not parse, or the API
+    server refused to list pods by its pod selector (`refused_selector`: what it said). Planned before any
+    cache is waited for, as the pod cache of such a selector never fills: the rollout would stall silently.
+    None for a rollout to plan with `plan`."""
+    _, problems = parse_spec(dict(rollout.spec))
+    if refused_selector:
+        problems = [*problems, f"spec.podSelector: the API server refuses it as a label selector: {refused_selector}"]
+    return invalid_plan(rollout, "; ".join(problems), now) if problems else None
+
+
 def invalid_plan(rollout: RolloutView, message: str, now: float) -> Plan:
     out = Plan()
     status = rollout.status
