@@ -56,9 +56,19 @@ class Runtime:
         cls.injection = webhook.Injection(
             agent_image=os.environ.get("GLUON_AGENT_IMAGE", "ghcr.io/gluon-rollout/agent:0.1.0"),
             mode="shell" if os.environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
+            agent_port=agent_port(os.environ.get("GLUON_AGENT_PORT")),
         )
         cls.api = make_api_client(cls.api_url)
         cls.written, cls.stray_restarts = {}, {}  # per operator run (tests start several in one process)
+
+
+def agent_port(value: str | None) -> int:
+    """GLUON_AGENT_PORT (the chart sets it from agent.port): where the preflight asks the node's agent."""
+    if value is None or value == "":
+        return contract.AGENT_PORT
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise ValueError(f"GLUON_AGENT_PORT={value!r} is not a TCP port (1-65535): set the chart's agent.port to one")
+    return int(value)
 
 
 def api_client() -> client.ApiClient:
