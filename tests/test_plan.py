@@ -716,3 +716,22 @@ def test_random_histories_keep_the_invariants(n, canary, parallel, approval, dry
     restarted = [pod for _, pod, _ in fleet.restarted]
     assert len(restarted) == len(set(restarted))
 
+
+
+# ---------------------------------------------------------------- the reconcile's own status writes (issue 34)
+
+
+def test_an_own_status_write_the_watch_does_not_show_is_read_after_a_grace_not_awaited_30_s(monkeypatch):
+    """issue 34: after an API-server outage kopf's watch lags; the reconcile waited 30 s for it to show our
+    last status write. Past OWN_WRITE_GRACE_SECONDS it reads the rollout instead (handlers.reconcile_once)."""
+    from gluon_operator import executor
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(executor.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(executor.Runtime, "written", {"u1": (1000.0, {"phase": "Progressing"})})
+    assert executor.own_write_pending("u1", {"phase": "Idle"}) and not executor.own_write_overdue("u1")
+    clock["now"] += executor.OWN_WRITE_GRACE_SECONDS + 0.1
+    assert executor.own_write_pending("u1", {"phase": "Idle"}) and executor.own_write_overdue("u1")
+    assert executor.OWN_WRITE_GRACE_SECONDS <= 5.0
+    assert not executor.own_write_pending("u1", {"phase": "Progressing", "counts": {}})  # shown: forgotten
+    assert "u1" not in executor.Runtime.written and not executor.own_write_overdue("u1")

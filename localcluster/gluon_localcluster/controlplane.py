@@ -167,6 +167,20 @@ class ControlPlane:
             component.stop()
         self.components.clear()
 
+    def component(self, name: str) -> Component:
+        return next(c for c in self.components if c.name == name)
+
+    def halt(self, name: str) -> None:
+        """Stop one component (an outage: "etcd" or "kube-apiserver"); `resume` starts it again as it was."""
+        self.component(name).stop()
+
+    def resume(self, name: str, timeout: float = 90) -> None:
+        """Start a halted component again (same flags, ports and data) and wait until the API server is ready
+        again: it answers /readyz, which checks etcd too."""
+        component = self.component(name)
+        component.start()
+        self._wait(self._ready, component, timeout, f"kube-apiserver /readyz after {name} was restarted")
+
     def _start(self, name: str, argv: list[str]) -> Component:
         component = Component(name, argv, self.dir / f"{name}.log")
         component.start()

@@ -13,18 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import time
 from typing import Any, Mapping
 
 import kopf
 
-from gluon_agent import contract
+from gluon_agent import contract, decisions
 from gluon_agent.kube import ApiFailure
 
 from . import gating, webhook
 from .admission import AdmissionServer
 from .evaluation import analyse, analysis_due, deadline_seconds
-from .executor import Runtime, core, execute, own_write_pending, patch_node
+from .executor import Runtime, core, execute, own_write_overdue, own_write_pending, patch_node, read_rollout
 from .metrics import METRICS
 from .plan import Claim, claims_nodes, invalid_before_world, plan, rollout_view, unix
 from .records import NodeRecord, read_json
@@ -40,6 +41,13 @@ def env_float(name: str, default: float) -> float:
 
 # Read when the decorators run (import time).
 RECONCILE_SECONDS = env_float("GLUON_RECONCILE_SECONDS", 10.0)
+# A reconcile failed by the API (an outage, the RBAC 403s of an API server's first seconds) is retried after
+# this, not a whole interval: recovery after an outage waits at most this for the reconcile.
+API_RETRY_SECONDS = min(RECONCILE_SECONDS, 2.0)
+# kopf's own requests (its watch of rollouts, its patches) retry errors with these pauses: jittered, at most
+# API_BACKOFF_CAP_SECONDS (kopf's default pauses grow to 21 s, which the first request after an outage waited).
+API_BACKOFF_CAP_SECONDS = 5.0
+API_RETRIES = 14  # about kopf's default minute of retries before its request gives up
 # A backstop around the analysis task: evaluation.analyse keeps its own deadline (contract.ENV_ANALYSIS_DEADLINE).
 ANALYSIS_DEADLINE_SECONDS = deadline_seconds() + 5.0
 
@@ -82,6 +90,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.scanning.disabled = os.environ.get("GLUON_SCANNING", "on") == "off"
     settings.persistence.finalizer = f"{GROUP}/finalizer"
+    rng = random.Random()
+    settings.networking.error_backoffs = [decisions.backoff(attempt, 0.5, API_BACKOFF_CAP_SECONDS, rng) for attempt in range(API_RETRIES)]
     # A deleted rollout's timer that was mid-reconcile is checked again after this many seconds (kopf's
     # default, 60 s, held every deletion that met a running reconcile for a minute).
     settings.background.cancellation_polling = 1.0
@@ -173,15 +183,18 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         if uid not in Reconciles.deleted:
             try:
                 await reconcile_once(uid, namespace, name, spec, status, body, rollout_index, logger)
-            except ApiFailure as failure:  # the API's trouble, not a bug: retried next interval, logged without a traceback
-                raise kopf.TemporaryError(f"API call failed: {failure}", delay=RECONCILE_SECONDS) from failure
+            except ApiFailure as failure:  # the API's trouble, not a bug: retried soon, logged without a traceback
+                raise kopf.TemporaryError(f"API call failed: {failure}", delay=API_RETRY_SECONDS) from failure
 
 
-async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any], body: kopf.Body,
+async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any], body: Mapping[str, Any],
                          rollout_index: kopf.Index, logger: logging.Logger) -> None:
     if own_write_pending(uid, status):
-        logger.debug("waiting for the watch to deliver our last status write")
-        return
+        if not own_write_overdue(uid):
+            logger.debug("waiting for the watch to deliver our last status write")
+            return
+        body = await read_rollout(namespace, name)  # the watch is behind: plan from the API server's own view
+        spec, status = body.get("spec") or {}, body.get("status") or {}
     Caches.want_pods(pod_informers(rollout_index))
     pods = (namespace, label_selector(spec.get("podSelector") or {}))
     now = time.time()

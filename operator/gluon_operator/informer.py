@@ -30,6 +30,11 @@ log = logging.getLogger("gluon_operator.informer")
 Indexer = Callable[[Mapping[str, Any]], Mapping[Any, Any] | None]
 ListCall = Callable[..., Any]  # a kubernetes client list_* function
 LIST_PAGE = 500  # client-go's reflector default
+# The relist back-off after errors: 0.5 s doubling, "equal jitter" (decisions.backoff), capped here. client-go's
+# reflector caps at 30 s; so did this, and after an API-server outage the caches then came back up to 30 s
+# after the API server did. At the cap a dead API server costs one refused connection per informer every
+# 2.5-5 s; a live one answering errors, one list every 2.5-5 s per informer.
+BACKOFF_CAP_SECONDS = 5.0
 
 
 class Index:
@@ -65,7 +70,7 @@ class Informer:
     """One kind, several indexes. `synced` is set after the first complete list."""
 
     def __init__(self, name: str, list_call: ListCall, indexers: Mapping[str, Indexer], label_selector: str | None = None,
-                 watch_timeout: int = 300, backoff_cap: float = 30.0, on_error: Callable[[ApiFailure], None] | None = None) -> None:
+                 watch_timeout: int = 300, backoff_cap: float = BACKOFF_CAP_SECONDS, on_error: Callable[[ApiFailure], None] | None = None) -> None:
         self.name, self.list_call, self.label_selector = name, list_call, label_selector
         self.on_error = on_error
         self.indexers = dict(indexers)
