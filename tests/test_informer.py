@@ -151,7 +151,7 @@ def test_a_list_the_api_server_refuses_is_kept_as_refused_not_retried(installed)
         assert informer._thread is not None
         informer._thread.join(5)
         assert not informer._thread.is_alive() and not informer.synced.is_set()
-        assert "400" in informer.refused and "must be no more than 63 characters" in informer.refused
+        assert "400" in informer.refused and "must be no more than 63" in informer.refused
         assert len(errors) == 1 and errors[0].status == 400
     finally:
         informer.close()
