@@ -176,7 +176,8 @@ class ControlPlane:
 
     def resume(self, name: str, timeout: float = 90) -> None:
         """Start a halted component again (same flags, ports and data) and wait until the API server is ready
-        again: it answers /readyz, which checks etcd too."""
+        again: it answers /readyz, which checks etcd too. The component dies with the thread that calls this
+        (die_with_parent): call it from one that outlives the outage's observation."""
         component = self.component(name)
         component.start()
         self._wait(self._ready, component, timeout, f"kube-apiserver /readyz after {name} was restarted")

@@ -170,10 +170,10 @@ def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: 
             action = threading.Thread(target=kill_repeatedly, args=(cluster, kills, random.Random(seed), done, extra["kill_times"]), daemon=True)
         elif outage:
             action = threading.Thread(target=prometheus_outage, args=(cluster, done, extra), daemon=True)
-        elif control_plane_outage:
-            action = threading.Thread(target=component_outage, args=(cluster, control_plane_outage, done, extra), daemon=True)
         if action:
             action.start()
+        if control_plane_outage:  # on this thread: a component lives only as long as the thread that started it (PR_SET_PDEATHSIG)
+            component_outage(cluster, control_plane_outage, done, extra)
         try:
             wait_for(lambda: cluster.settled() and (action is None or not action.is_alive()), timeout=timeout, interval=0.5, what="the rollout to settle")
             settled = True
