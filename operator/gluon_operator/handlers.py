@@ -194,6 +194,8 @@ async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str,
             logger.debug("waiting for the watch to deliver our last status write")
             return
         body = await read_rollout(namespace, name)  # the watch is behind: plan from the API server's own view
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return  # the cleanup handler's work, once the watch shows the deletion
         spec, status = body.get("spec") or {}, body.get("status") or {}
     Caches.want_pods(pod_informers(rollout_index))
     pods = (namespace, label_selector(spec.get("podSelector") or {}))
