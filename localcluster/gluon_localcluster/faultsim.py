@@ -131,23 +131,23 @@ def component_outage(cluster: SimCluster, component: str, done: threading.Event,
     record["up_at"] = time.time()
 
 
-def recovery(cluster: SimCluster, recorder: Recorder, up_at: float) -> dict[str, Any]:
-    """Seconds from the API server's return to the operator's first write that landed (a status write or an
-    eviction: only the operator makes these), and to the first node state change in the rollout status."""
+def recovery(cluster: SimCluster, up_at: float) -> dict[str, Any]:
+    """Seconds from the API server's return to the operator's first write that landed: a status write or an
+    eviction (only the operator makes these; a node write could be an agent's)."""
     assert cluster.proxy is not None
     status = rf"/gluonrollouts/{cluster.rollout_name}/status$"
     writes = [s.at for s in cluster.proxy.requests("PATCH", status) + cluster.proxy.requests("POST", r"/pods/[^/]+/eviction$")
               if s.at > up_at and s.status < 300]
-    moved = [t for t, _, _ in recorder.transitions if t > up_at]
-    return {"first_write_seconds": round(min(writes) - up_at, 1) if writes else None,
-            "first_transition_seconds": round(min(moved) - up_at, 1) if moved else None}
+    return {"first_write_seconds": round(min(writes) - up_at, 1) if writes else None}
 
 
 def regressing_promoted(cluster: SimCluster, recorder: Recorder) -> list[str]:
-    """Every sight of a regressing node as Promoted: in the rollout status, or in its node's state label."""
-    seen = [f"status at {t:.1f}: {n}" for t, n, s in recorder.transitions if n in REGRESSING_NODES and s == gating.PROMOTED]
-    return seen + [f"label at {t:.1f}: {n}" for t, n, labels in cluster.node_events
-                   if n in REGRESSING_NODES and labels.get(contract.LABEL_STATE) == gating.PROMOTED]
+    """The first sight of each regressing node as Promoted in the rollout status, and in its node's label."""
+    status = {n: t for t, n, s in reversed(recorder.transitions) if n in REGRESSING_NODES and s == gating.PROMOTED}
+    label = {n: t for t, n, labels in reversed(cluster.node_events)
+             if n in REGRESSING_NODES and labels.get(contract.LABEL_STATE) == gating.PROMOTED}
+    return [f"{n} Promoted in the {where} at {t:.1f}" for where, first in (("status", status), ("state label", label))
+            for n, t in sorted(first.items())]
 
 
 def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: int = 0, inject_api_faults: bool = False,
@@ -194,7 +194,7 @@ def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: 
             outcome["kill_seconds_after_rollout_created"] = extra["kill_times"]
         if control_plane_outage and "up_at" in extra:
             outcome.update(outage_component=control_plane_outage, outage_seconds=round(extra["up_at"] - extra["down_at"], 1),
-                           **recovery(cluster, recorder, extra["up_at"]))
+                           **recovery(cluster, extra["up_at"]))
         elif "down_at" in extra:
             grace = cluster.reconcile_seconds + 1.0  # a verdict computed just before the outage lands in that reconcile
             decided = [(round(t - extra["down_at"], 1), n, s) for t, n, s in recorder.transitions
