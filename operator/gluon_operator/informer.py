@@ -7,8 +7,9 @@ object added (aiotoggles.ToggleSet): startup work grows with the square of the o
 nodes (about 8 000 nodes and pods) the operator spent minutes in that wait (py-spy, bench/scale.py).
 Here one thread per kind lists once (raw JSON, no model classes), then watches from that resourceVersion,
 relisting on 410 Gone or any error, with back-off; a list the API server refuses as a bad request (400:
-a label selector it will not parse) is not retried but kept in `refused`, for the rollout to say so. No single object can fail a list or a watch: an
-object an indexer cannot read is left out of that index (logged and counted in `unreadable`).
+a label selector it will not parse) is not retried but kept in `refused`, for the rollout to say so. No
+single object can fail a list or a watch: an object an indexer cannot read is left out of that index
+(logged and counted in `unreadable`).
 """
 
 from __future__ import annotations
