@@ -10,12 +10,17 @@ simulated self-test results and decode speeds, see localcluster/gluon_localclust
   api_faults         the API answers 10% of requests with 500, 5% of writes with 409, and ends every watch
                      after 3 s
   prometheus_outage  Prometheus stopped for 20 s once a node is being analysed, then started again
+  apiserver_outage   kube-apiserver stopped for 20 s once a node is being analysed, then started again (its
+                     RBAC authorizer's caches start cold, as after a real restart)
+  etcd_outage        etcd stopped for 20 s the same way; kube-apiserver keeps running and answers errors
   kernel_faults      the real self-test runner on nodes whose (fake) aiter kernel aborts or hangs
 
 Invariants checked on every rollout scenario: the final states (and `enabled` labels) equal the reference;
 no serving pod was evicted while it already ran with the flag its node wanted (a node restarted twice for
 one transition); never more than max(canaryNodes, maxParallel) nodes Enabling or Analyzing at once (from
-the rollout status, sampled every 0.2 s). Prometheus outage: no node became Promoted or RolledBack while
+the nodes' state labels, as the node watch saw them); the regressing node (gpu-02) never Promoted, in the
+rollout status or in its node's label. API-server and etcd outages: the operator's first write that lands
+(a status write or an eviction) within 15 s of the API server answering /readyz again. Prometheus outage: no node became Promoted or RolledBack while
 Prometheus was down. Kernel faults: the node's self-test is `error` with the reason, its agent is still
 up and healthy, the node is Ineligible.
 """

@@ -23,6 +23,8 @@ none, x1.9, a 10% and a 30% regression):
   diurnal_lag   a diurnal load swing (amplitude U(0.3, 0.5) in log load) that the controls follow
                 U(15, 60) min late; speed answers the load as above.
   combined      all three at once.
+  (bench/judge_controls.py adds: ar1_every, the issue's AR(1) wander on every node, phi 0.95 per step,
+  sd 4%; fewer controls; pods that switch to flag 1 minutes after the flip, judged with flag codes.)
   Every correlated scenario has 5% noise with Student-t (3 dof) tails on top, 2% outliers, 5% missing
   samples and one scrape gap of U(2, 10) min after the flip (all nodes or the treated node alone).
 
@@ -101,11 +103,13 @@ LONELY_WANDER, LONELY_CONTROLS = 0.10, 0.02  # --lonely: the treated node's AR(1
 
 @dataclass(frozen=True)
 class Scenario:
-    family: str  # iid | one of FAMILIES
+    family: str  # iid | one of FAMILIES | judge_controls.py's
     name: str
     noise: float
     effect: float
     seed: int
+    controls: int = CONTROLS
+    switch_late: bool = False  # the treated node's pods run flag 1 U(3, 15) min after its flip (judge_controls.py)
 
     @property
     def key(self) -> str:
@@ -131,7 +135,7 @@ def simulate(s: Scenario, guard: bool) -> dict:
     """Samples for the treated node (row 0) and the controls: speed, running requests, KV-cache usage,
     NaN where missing."""
     rng = np.random.default_rng(s.seed)
-    nodes = CONTROLS + 1
+    nodes = s.controls + 1
     n = BASELINE + (WARMUP_INTERVALS + HORIZON + (GUARD_INTERVALS if guard else 0)) * PER_INTERVAL
     t = np.arange(n) * STEP
     enable = BASELINE * STEP
@@ -163,10 +167,14 @@ def simulate(s: Scenario, guard: bool) -> dict:
     if "ar1_wander" in families:
         for i in range(nodes):
             speed[i] += ar1(rng, n, rng.uniform(60, 600), rng.uniform(0.02, 0.10))
+    if "ar1_every" in families:  # the issue's series: AR(1) on every node, phi 0.95 per step, sd 4%
+        for i in range(nodes):
+            speed[i] += ar1(rng, n, -STEP / math.log(0.95), 0.04)
     if "lonely_wander" in families:  # exchangeability broken: the treated node wanders far more than its controls
         for i in range(nodes):
             speed[i] += ar1(rng, n, 600.0, LONELY_WANDER if i == 0 else LONELY_CONTROLS)
-    speed[0] += np.where(post, math.log(s.effect), 0.0)
+    switched = enable + (rng.uniform(180, 900) if s.switch_late else 0.0)
+    speed[0] += np.where(t >= switched, math.log(s.effect), 0.0)
     outliers = rng.random((nodes, n)) < 0.02
     speed += np.where(outliers, rng.uniform(-1.2, 1.1, (nodes, n)), 0.0)
     missing = rng.random((nodes, n)) < 0.05
@@ -176,7 +184,7 @@ def simulate(s: Scenario, guard: bool) -> dict:
         rows = slice(None) if rng.random() < 0.5 else slice(0, 1)
         missing[rows, gap] = True
     values = [np.where(missing, np.nan, np.exp(a)) for a in (np.log(30.0) + speed, running, usage)]
-    return {"t": t, "speed": values[0], "running": values[1], "usage": values[2], "enable": enable}
+    return {"t": t, "speed": values[0], "running": values[1], "usage": values[2], "enable": enable, "switched": switched}
 
 
 def interval_ends(enable: float, intervals: int) -> list[float]:
@@ -187,23 +195,31 @@ def interval_ends(enable: float, intervals: int) -> list[float]:
 NAMES = ["treated"] + [f"c{i}" for i in range(CONTROLS)]
 
 
-def ours(sim: dict, intervals: int) -> int | None:
-    """The operator's judge, look by look, with the state it keeps in the node's status."""
+def ours(sim: dict, intervals: int, cfg: JudgeConfig = OURS, flags: bool = False, until_pass: bool = False) -> int | None:
+    """The operator's judge, look by look, with the state it keeps in the node's status: the interval
+    of its rollback (None: none). `flags`: the samples say which flag served them (the default query's
+    split; the treated node at flag 0 until its pods switch); `until_pass`: stop at a pass as an
+    Analyzing node is promoted, returning minus its interval."""
     t, enable = sim["t"], sim["enable"]
     warmup = WARMUP_INTERVALS * PER_INTERVAL * STEP
+    names = ["treated"] + [f"c{i}" for i in range(sim["speed"].shape[0] - 1)]
+    codes = np.where(t >= sim.get("switched", enable), analysis.FLAG_ON, analysis.FLAG_OFF)
     streak, since, state = 0, None, None
     for k, now in enumerate(interval_ends(enable, intervals), 1):
         start = now - OURS_WINDOW if (state or {}).get("baseline") else enable - BASELINE * STEP
         lo, hi = np.searchsorted(t, start), np.searchsorted(t, now, side="right")
-        panel = analysis.Panel(t[lo:hi], {name: sim["speed"][i, lo:hi] for i, name in enumerate(NAMES)},
-                               {name: np.column_stack([sim["running"][i, lo:hi], sim["usage"][i, lo:hi]]) for i, name in enumerate(NAMES)})
-        ref = analysis.reference(panel, NAMES[1:], OURS)
-        j = analysis.judge(panel, ref, "treated", enable, warmup, now, BASELINE * STEP, OURS, state)
+        flag = {name: (codes[lo:hi] if i == 0 else np.zeros(hi - lo)) for i, name in enumerate(names)} if flags else {}
+        panel = analysis.Panel(t[lo:hi], {name: sim["speed"][i, lo:hi] for i, name in enumerate(names)},
+                               {name: np.column_stack([sim["running"][i, lo:hi], sim["usage"][i, lo:hi]]) for i, name in enumerate(names)}, flag)
+        ref = analysis.reference(panel, names[1:], cfg)
+        j = analysis.judge(panel, ref, "treated", enable, warmup, now, BASELINE * STEP, cfg, state)
         state = j.state
         d = decide(j, streak, since, now, OURS_CONSECUTIVE, "hold", 1e9)
         streak, since = d.streak, d.inconclusive_since
         if d.verdict == "fail":
             return k
+        if until_pass and d.verdict == "pass":
+            return -k
     return None
 
 

@@ -304,7 +304,7 @@ def test_render_queries():
     for template in (analysis.DEFAULT_QUERY, *analysis.COVARIATE_QUERIES.values()):
         q = analysis.render(template, "serving", {"app.kubernetes.io/name": "sglang"}, 30)
         assert 'namespace="serving",app_kubernetes_io_name="sglang"' in q and "[30s]" in q and "{{" not in q
-        assert '__name__=~"sglang[:_]' in q and "by (node)" in q
+        assert '__name__=~"sglang[:_]' in q and ("by (node)" in q or "by (node, flag)" in q)
     assert "num_running_reqs" in analysis.COVARIATE_QUERIES["running"] and "token_usage" in analysis.COVARIATE_QUERIES["usage"]
 
 
@@ -360,10 +360,21 @@ def test_the_load_effect_is_pooled_over_the_controls_and_signed_with_the_directi
     assert 0.95 < jl.effect < 1.05 and jl.result != "fail" and -0.55 < sum(jl.state["baseline"]["beta"]) < -0.25, jl.reason
 
 
-def test_too_few_controls_fall_back_to_the_nodes_own_load_fit_and_no_placebo_bound():
+def test_too_few_controls_fall_back_to_the_nodes_own_load_fit_and_a_one_dof_placebo_bound():
     j = look(*fleet(1.0, load_shift=0.4, seed=8), now=2400.0, controls=CONTROLS[:2])
     assert j.state["baseline"]["pooled"] == 0 and "node's own fit" in j.method
-    assert j.placebos < analysis.MIN_PLACEBOS and "placebo" not in j.method
+    # two controls' placebos mirror each other: one degree of freedom, a floor widened (t_1 / z)^2 = 42 times
+    pl = j.state["post"]["pl"]
+    assert j.placebos == 2 and pl["c0"][1] == pytest.approx(-pl["c1"][1]) and "bounded by 2 placebo controls" in j.method
+    assert j.result == "inconclusive" and j.ci_high / j.ci_low > 1.5
+    one = look(*fleet(1.0, load_shift=0.4, seed=8), now=2400.0, controls=CONTROLS[:1])
+    assert one.placebos == 0 and one.n_controls == 1 and "placebo" not in one.method
+
+
+def test_small_sample_factor_is_students_over_the_normal_quantile():
+    assert analysis.small_sample_factor(1, 0.05) == pytest.approx((12.706 / 1.96) ** 2, rel=1e-3)
+    assert analysis.small_sample_factor(7, 0.05) == pytest.approx((2.365 / 1.96) ** 2, rel=1e-3)
+    assert 1 < analysis.small_sample_factor(1000, 0.05) < 1.003 and analysis.small_sample_factor(0.5, 0.05) == math.inf
 
 
 def test_placebo_controls_bound_the_variance_and_keep_their_sums_across_looks():
@@ -381,3 +392,106 @@ def test_placebo_controls_bound_the_variance_and_keep_their_sums_across_looks():
     second = look(speed, load, 2460.0, state=wandering.state, start=2160.0, controls=CONTROLS[1:])
     before, after = wandering.state["post"]["pl"], second.state["post"]["pl"]
     assert after["c0"] == before["c0"] and after["c1"][0] == before["c1"][0] + 4 and second.looks == 2
+
+
+# ---------------------------------------------------------------- samples judged by the flag their pods ran
+
+
+def flagged(speed, switch_at, late_effect=1.0):
+    """The speed answer as the default query gives it, `by (node, flag)`: "t" serves from flag-0 pods
+    until `switch_at` (its label flipped at ENABLE; speed times `late_effect` meanwhile: the flag-0 pods
+    know nothing of the flip) and from flag-1 pods after; the controls at flag 0 throughout."""
+    result = []
+    for node, series in speed.items():
+        if node != "t":
+            result.append({"metric": {"node": node, "flag": "0"}, "values": [[x, str(v)] for x, v in series]})
+            continue
+        old = [[x, str(v if x < ENABLE else v * late_effect)] for x, v in series if x < switch_at]
+        new = [[x, str(v)] for x, v in series if x >= switch_at]
+        result += [{"metric": {"node": node, "flag": "0"}, "values": old}, {"metric": {"node": node, "flag": "1"}, "values": new}]
+    return result
+
+
+def flag_look(result, load, now, state=None, start=None, controls=CONTROLS, held=None):
+    start = ENABLE - BASELINE if start is None else start
+    cut = [dict(item, values=[[x, v] for x, v in item["values"] if start <= x <= now]) for item in result]
+    speed, flags = analysis.split_by_flag(cut)
+    cut_load = {k: {n: [(x, v) for x, v in s if start <= x <= now] for n, s in series.items()} for k, series in load.items()}
+    panel = analysis.build_panel(speed, cut_load, flags)
+    ref = analysis.reference(panel, controls, CFG, held)
+    return analysis.judge(panel, ref, "t", ENABLE, WARMUP, now, BASELINE, CFG, state)
+
+
+def test_split_by_flag_codes_each_step_by_the_pods_that_served_it():
+    result = [{"metric": {"node": "a", "flag": "0"}, "values": [[0, "10"], [15, "10"], [30, "NaN"], [45, "NaN"]]},
+              {"metric": {"node": "a", "flag": "1"}, "values": [[15, "20"], [30, "20"], [45, "20"]]},
+              {"metric": {"node": "a"}, "values": [[45, "5"]]},  # a pod admitted without the webhook: no flag label
+              {"metric": {"node": "b", "flag": "0"}, "values": [[0, "9"]]}]
+    speed, flags = analysis.split_by_flag(result)
+    assert speed["a"][:, 1][[0, 2]].tolist() == [10.0, 20.0] and np.isnan(speed["a"][1, 1]) and np.isnan(speed["a"][3, 1])
+    assert flags["a"][:, 1].tolist() == [analysis.FLAG_OFF, analysis.FLAG_MIXED, analysis.FLAG_ON, analysis.FLAG_MIXED]
+    assert flags["b"][:, 1].tolist() == [analysis.FLAG_OFF]
+    plain, none = analysis.split_by_flag([{"metric": {"node": "a"}, "values": [[0, "1"]]}])  # a query not split by flag
+    assert none == {} and plain["a"].tolist() == [[0.0, 1.0]]
+
+
+def test_flag_0_samples_after_the_flip_are_never_the_treatment():
+    """A node regressing 15% at flag 1 whose pods restart 15 min after its label flipped: judged by the
+    flip time, its own flag-0 samples (unchanged speed) are read as flag 1 and dilute the regression."""
+    speed, load = fleet(0.85, noise=0.03, end=ENABLE + 3600)
+    switch = ENABLE + 900
+    result = flagged(speed, switch, late_effect=1 / 0.85)
+    waiting = flag_look(result, load, now=ENABLE + 600)
+    assert waiting.result == "inconclusive" and waiting.reason.startswith("not judged yet") and "flag 0" in waiting.reason
+    assert waiting.n_post == 0 and waiting.state["switchedAt"] is None and waiting.state["baseline"]["n"] == 80
+    j = flag_look(result, load, now=ENABLE + 1800, state=waiting.state)
+    assert j.state["switchedAt"] == switch and j.n_post == int((ENABLE + 1800 - switch - WARMUP) / STEP) + 1
+    assert j.result == "fail" and 0.81 < j.effect < 0.89 and "by the flag their pods ran" in j.method
+    # the same samples without the flag label: the flip time counts, and the flag-0 half passes for flag 1
+    blind = flag_look([dict(item, metric={"node": item["metric"]["node"]}) for item in result], load, now=ENABLE + 1800)
+    assert blind.n_post > j.n_post + 50 and blind.effect > 0.9 and "not split by flag" in blind.method
+
+
+def test_a_node_with_pods_at_two_flags_is_not_judged_until_all_run_flag_1():
+    speed, load = fleet(0.85, noise=0.03, end=ENABLE + 1800)
+    result = flagged(speed, ENABLE + 1200, late_effect=1 / 0.85)
+    # one of its pods switched at ENABLE + 300, the other not yet: samples of flag 0 and 1 at the same steps
+    result.append({"metric": {"node": "t", "flag": "1"}, "values": [[x, v] for x, v in speed["t"] if ENABLE + 300 <= x < ENABLE + 1200]})
+    j = flag_look(result, load, now=ENABLE + 900)
+    assert j.result == "inconclusive" and "flag 0 and 1 at once" in j.reason and j.n_post == 0
+
+
+def test_controls_contribute_only_samples_of_the_flag_they_held():
+    """A promoted control whose pods still ran flag 0 (x0.5 here) for its first 10 minutes: those
+    samples would move the controls' median; held at flag 1, only its flag-1 samples count."""
+    speed, load = fleet(1.0, noise=0.03, end=ENABLE + 1800)
+    controls = ["c0", "c1", "c2"]
+    result = flagged({n: s for n, s in speed.items() if n in ["t", *controls]}, ENABLE)
+    for item in result:
+        if item["metric"]["node"] in controls:
+            item["metric"]["flag"] = "1"
+    c0 = next(item for item in result if item["metric"]["node"] == "c0")
+    stray = {"metric": {"node": "c0", "flag": "0"}, "values": [[x, str(float(v) * 0.5)] for x, v in c0["values"] if x < 600]}
+    c0["values"] = [[x, v] for x, v in c0["values"] if x >= 600]
+    result.append(stray)
+    speed_split, flags = analysis.split_by_flag(result)
+    panel = analysis.build_panel(speed_split, load, flags)
+    ref = analysis.reference(panel, controls, CFG, {c: analysis.FLAG_ON for c in controls})
+    assert ref.flag == analysis.FLAG_ON and np.isnan(ref.stack[0][panel.times < 600]).all()
+    assert np.isfinite(ref.stack[0][panel.times >= 600]).all() and ref.n_controls == 3
+    assert analysis.reference(panel, controls, CFG).n_controls == 1  # held at flag 0, only c0's stray samples count
+
+
+def test_the_state_is_carried_at_unix_times():
+    """Times of today (1.8e9 s) survive the status's rounding: the next look restores the state of
+    this flip (it counts looks on), and the times it keeps are the samples' own."""
+    epoch = 1_796_186_626.0
+    speed, load = fleet(0.9, noise=0.03, end=ENABLE + 900)
+    shift = lambda series: {n: [(t + epoch, v) for t, v in s] for n, s in series.items()}  # noqa: E731
+    speed, load = shift(speed), {k: shift(v) for k, v in load.items()}
+    panel = analysis.build_panel(speed, load)
+    ref = analysis.reference(panel, CONTROLS, CFG)
+    first = analysis.judge(panel, ref, "t", ENABLE + epoch, WARMUP, ENABLE + epoch + 600, BASELINE, CFG)
+    second = analysis.judge(panel, ref, "t", ENABLE + epoch, WARMUP, ENABLE + epoch + 660, BASELINE, CFG, first.state)
+    assert first.state["changedAt"] == ENABLE + epoch and second.looks == 2 and second.n_post == first.n_post + 4
+    assert second.state["post"]["until"] == ENABLE + epoch + 660

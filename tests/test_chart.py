@@ -151,6 +151,18 @@ def test_agent_privileged_is_an_opt_in_of_host_devices_only():
     assert unconfined["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
 
 
+@pytest.mark.parametrize("port", [None, 9555])
+def test_the_agent_port_reaches_the_agent_and_the_preflight(port):
+    """issue 34: agent.port moved the agent but not the preflight, which asked HOST_IP:9477 regardless."""
+    docs = render(["--set", f"agent.port={port}"] if port else [])
+    want = port or contract.AGENT_PORT
+    agent = by_kind(docs, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert f"--port={want}" in agent["args"] and agent["ports"][0]["hostPort"] == want
+    operator = [d for d in by_kind(docs, "Deployment") if "operator" in d["metadata"]["name"]][0]
+    env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GLUON_AGENT_PORT"] == str(want)  # the operator injects it into every preflight (webhook.Injection)
+
+
 def test_operator_is_hardened_and_highly_available():
     docs = render([])
     spec = by_kind(docs, "Deployment")[0]["spec"]

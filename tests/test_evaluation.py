@@ -263,3 +263,55 @@ def test_verdict_numbers_are_json_and_finite():
     assert {v.result for v in verdicts.values()} == {"inconclusive"} and "no control" in verdicts["n0"].reason
     text = json.dumps({n: v.numbers for n, v in verdicts.items()} | {"summary": summary}, allow_nan=False)
     assert not math.isnan(len(text))
+
+
+def test_controls_are_the_nodes_whose_flag_held_steady_over_the_judged_windows():
+    """Eligible nodes not enabled (holdouts or not), unchanged since before the node's baseline, at flag 0;
+    Promoted nodes whose pods all ran flag 1 before it, at flag 1; never nodes in flux or ineligible."""
+    base = ENABLE - 1200
+    promoted = lambda at, switched=None: gating.NodeStatus(gating.PROMOTED, changed_at=at, numbers=(  # noqa: E731
+        {"sequential": {"changedAt": at, "switchedAt": switched}} if switched else {}))
+    statuses = {"n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE),
+                "hold": gating.NodeStatus(gating.ELIGIBLE, holdout=True), "wait": gating.NodeStatus(gating.ELIGIBLE),
+                "back": gating.NodeStatus(gating.ELIGIBLE, changed_at=base + 60),  # rolled back during the baseline
+                "old1": promoted(base - 600), "old2": promoted(base - 900, switched=base - 100),
+                "late": promoted(base - 900, switched=base + 30),  # its pods switched during the baseline
+                "new": promoted(ENABLE - 300), "busy": gating.NodeStatus(gating.ENABLING, changed_at=ENABLE),
+                "other": gating.NodeStatus(gating.INELIGIBLE)}
+    groups = evaluation.steady_controls(statuses, "n0", 1200, NOW)
+    assert groups == {0: ["hold", "wait"], 1: ["old1", "old2"]}
+    assert evaluation.control_group(statuses, "n0", 1200, NOW) == (0, ["hold", "wait"], 1200)  # a tie: flag 0
+    statuses["old3"] = promoted(base - 60)
+    assert evaluation.control_group(statuses, "n0", 1200, NOW) == (1, ["old1", "old2", "old3"], 1200)  # the larger group
+    kept = {"changedAt": ENABLE, "controlFlag": 0, "baselineSeconds": 1200}  # the group of its first look, while it is judged
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, kept) == (0, ["hold", "wait"], 1200)
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, kept | {"changedAt": ENABLE - 1})[0] == 1  # another flip's
+
+
+def test_a_rollout_faster_than_one_baseline_judges_its_last_nodes_on_a_shorter_one():
+    """No group has minControls steady over the whole baseline: the Promoted nodes that switched before
+    the flip, against a baseline from when the minControls-th of them switched; kept at later looks."""
+    promoted = lambda switched: gating.NodeStatus(gating.PROMOTED, changed_at=switched - 5, numbers={"sequential": {"switchedAt": switched}})  # noqa: E731
+    statuses = {"n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE), "last": gating.NodeStatus(gating.ELIGIBLE),
+                "p1": promoted(ENABLE - 900), "p2": promoted(ENABLE - 700), "p3": promoted(ENABLE - 600), "p4": promoted(ENABLE - 100),
+                "busy": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE - 60)}
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, min_controls=3) == (1, ["p1", "p2", "p3"], 600)
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, min_controls=5)[1] == ["last"]  # not enough either way: the count is short
+    kept = {"changedAt": ENABLE, "controlFlag": 1, "baselineSeconds": 600}
+    statuses["p5"] = promoted(ENABLE - 650)
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, kept, 3) == (1, ["p1", "p2", "p3", "p5"], 600)
+
+
+async def test_the_last_node_is_judged_against_promoted_nodes(prom):
+    """No node left at flag 0: the promoted nodes steady since before its baseline are its controls, and
+    its status names them; with fewer than minControls it stays inconclusive, naming the count."""
+    statuses = {"n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE)}
+    statuses |= {f"p{i}": gating.NodeStatus(gating.PROMOTED, changed_at=ENABLE - 3600) for i in range(4)}
+    fake, url = await prom(list(statuses), "n0", effect=0.8)
+    verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    numbers = verdicts["n0"].numbers
+    assert numbers["control_flag"] == 1 and numbers["controls"] == ["p0", "p1", "p2", "p3"] and numbers["n_controls"] == 4
+    assert numbers["failStreak"] == 1 and numbers["sequential"]["controlFlag"] == 1 and summary["controls"] == 4
+    few = {n: s for n, s in statuses.items() if n in ("n0", "p0", "p1")}
+    verdicts, _ = await evaluation.analyse("serving", "r", spec(url), few, NOW, LOG)
+    assert verdicts["n0"].result == "inconclusive" and "2 control nodes" in verdicts["n0"].reason and "minControls 3" in verdicts["n0"].reason

@@ -138,3 +138,54 @@ def test_label_selectors_for_the_api_server():
         == "k in (x,y),j,m notin (z),!d"
     assert label_selector({"matchExpressions": [{"key": "k", "operator": "Near"}]}) == ""  # not a selector: its rollout is Invalid
     assert label_selector("nonsense") == ""  # type: ignore[arg-type]
+
+
+def test_a_list_the_api_server_refuses_is_kept_as_refused_not_retried(installed):
+    """issue 34: a label selector the API server will not parse (400) is said, not retried for ever."""
+    errors = []
+    core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
+    informer = Informer("pods", core.list_pod_for_all_namespaces, {"names": lambda o: {o["metadata"]["name"]: 1}},
+                        label_selector="app=" + "x" * 64, watch_timeout=5, on_error=errors.append).start()
+    try:
+        wait_for(lambda: informer.refused is not None, timeout=10, what="the refusal")
+        assert informer._thread is not None
+        informer._thread.join(5)
+        assert not informer._thread.is_alive() and not informer.synced.is_set()
+        assert "400" in informer.refused and "must be no more than 63" in informer.refused
+        assert len(errors) == 1 and errors[0].status == 400
+    finally:
+        informer.close()
+
+
+class CountedStop:
+    """The informer's stop event, recording each back-off instead of waiting it out; set after `rounds`."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds, self.waits = rounds, []
+
+    def is_set(self) -> bool:
+        return len(self.waits) >= self.rounds
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(seconds)
+        return False
+
+    def set(self) -> None:
+        self.rounds = 0
+
+
+def test_the_relist_back_off_is_jittered_and_capped_so_caches_return_soon_after_an_outage():
+    """issue 34: capped at 30 s, the caches came back up to 30 s after the API server did."""
+    from gluon_agent.kube import ApiFailure
+    from gluon_operator.informer import BACKOFF_CAP_SECONDS
+
+    def refused(**_):
+        raise ApiFailure("connection", None, "connection refused")
+
+    informer = Informer("nodes", refused, {})
+    informer.stop = CountedStop(60)  # type: ignore[assignment]
+    informer._run()
+    waits = informer.stop.waits
+    assert BACKOFF_CAP_SECONDS <= 5.0 and max(waits) <= BACKOFF_CAP_SECONDS
+    assert min(waits[10:]) >= BACKOFF_CAP_SECONDS / 2  # equal jitter: never hammering
+    assert len({round(w, 6) for w in waits[10:]}) > 40  # jittered: a fleet's operators do not relist in step

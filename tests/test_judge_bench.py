@@ -168,3 +168,19 @@ def test_the_readmes_judge_tables_are_the_recorded_runs():
     """docs/benchmarks/README.md shows judge.json's numbers, as bench/judge_tables.py prints them."""
     record = json.loads((ROOT / "docs/benchmarks/judge.json").read_text())
     assert judge_tables.tables(record) in (ROOT / "docs/benchmarks/README.md").read_text()
+
+
+def test_judge_controls_scenarios_switch_late_wander_everywhere_and_roll_out_whole():
+    import judge_controls
+
+    late = bench.simulate(bench.Scenario("iid", "regression_15pct", 0.05, 0.85, 3, switch_late=True), guard=False)
+    assert 180 <= late["switched"] - late["enable"] <= 900 and late["speed"].shape[0] == bench.CONTROLS + 1
+    wander = bench.simulate(bench.Scenario("ar1_every", "none", 0.05, 1.0, 4, controls=2), guard=False)
+    assert wander["speed"].shape[0] == 3
+    # judged by the flag the pods ran, the late regression is never promoted; blind to it, it is (this seed)
+    verdicts = judge_controls.late_one(bench.Scenario("iid", "regression_15pct", 0.05, 0.85, 3, switch_late=True))
+    assert verdicts["split"] is not None and verdicts["split"] > 0 and verdicts["blind"] is not None and verdicts["blind"] < 0
+    whole = judge_controls.rollout_one((10, "iid", 5))
+    assert whole["minutes"] is not None and whole["promoted"] == 10 and len(whole["judged_with"]) == 10
+    assert all(controls >= judge_controls.DEFAULT_MIN_CONTROLS for _, controls, _ in whole["judged_with"])
+    assert {flag for flag, _, _ in whole["judged_with"]} == {0, 1}  # flag-0 controls first, promoted ones at the end

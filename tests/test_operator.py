@@ -259,3 +259,18 @@ def test_invalid_spec_is_a_condition_not_a_crash(operator, admin, namespace, nod
     assert invalid["status"] == "True" and "windowSeconds" in invalid["message"]
     assert not evictions(proxy)
     assert not [r for r in proxy.requests("PATCH", r"^/api/v1/nodes/") if re.search(r"/op-", r.path)]
+
+
+def test_a_pod_selector_the_api_server_refuses_is_invalid_not_a_silent_stall(operator, admin, namespace, nodes, proxy):
+    """issue 34: a selector the CRD's schema lets through (a matchExpressions key whose prefix passes 253
+    characters, which only the operator checks), but the API server refuses in a labelSelector query: the
+    pod cache never fills, and the reconcile used to wait for it without a word."""
+    prefix = ".".join(["a" * 63] * 3 + ["a" * 62])  # 254 characters
+    create_rollout(admin, rollout(namespace, nodes, name="refused", podSelector={"matchExpressions": [{"key": f"{prefix}/model", "operator": "Exists"}]}))
+    wait_for(lambda: rollout_status(admin, namespace, "refused").get("phase") == "Invalid", timeout=30, what="refused is Invalid")
+    status = rollout_status(admin, namespace, "refused")
+    assert "spec.podSelector.matchExpressions[0].key" in status["invalid"] and "no more than 253 characters" in status["invalid"]
+    invalid = [c for c in status["conditions"] if c["type"] == "Invalid"][0]
+    assert invalid["status"] == "True" and "253" in invalid["message"]
+    wait_for(lambda: any("no more than 253 characters" in m for m in events(admin, namespace)), timeout=15, what="the InvalidSpec Event")
+    assert not [r for r in proxy.requests("PATCH", r"^/api/v1/nodes/") if re.search(r"/op-", r.path)]

@@ -486,6 +486,78 @@ def test_overlapping_rollouts_the_older_owns_the_younger_reports_a_conflict():
     assert conflict["status"] == "True" and "n1" in conflict["message"] and younger_plan.status["conflicts"] == {"nodes": ["n1"], "count": 1}
 
 
+def indexed(*rollouts: dict) -> dict[str, list[dict]]:
+    """The operator's rollout index (handlers.rollout_index, as kopf builds it) over these rollouts."""
+    from gluon_operator import handlers
+
+    index: dict[str, list[dict]] = {}
+    for r in rollouts:
+        meta = r["metadata"]
+        for namespace, entry in handlers.rollout_index(namespace=meta["namespace"], name=meta["name"], spec=r["spec"], meta=meta,
+                                                        body=r).items():
+            index.setdefault(namespace, []).append(entry)
+    return index
+
+
+@pytest.mark.parametrize("invalid_by", ["spec", "status"])
+def test_an_invalid_older_rollout_claims_no_node_so_a_younger_valid_one_owns_them(invalid_by):
+    """issue 34: an Invalid older rollout held every node of the overlap, the younger got Conflict on each.
+    Invalid by its spec, or by its status for this generation (a pod selector the API server refused)."""
+    from gluon_operator import handlers
+
+    fleet = Fleet(3)
+    older = fleet.rollout
+    if invalid_by == "spec":
+        older["spec"]["analysis"] = {"intervalSeconds": 300, "windowSeconds": 60}
+    else:
+        older["status"] = {"phase": "Invalid", "invalid": "spec.podSelector: refused", "observedGeneration": 1}
+    younger = copy.deepcopy(fleet.rollout)
+    younger["metadata"].update(name="second", creationTimestamp=planner.iso(T0 - 10))
+    younger["spec"] = {**fleet.rollout["spec"], "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": "n1"}}}
+    younger["spec"].pop("analysis", None)
+    younger["status"] = {}
+    claims = handlers.claims(indexed(older, younger))
+    assert [c.name for c in claims] == ["second"]
+    w = world.world_from_objects(list(fleet.nodes.values()), fleet.agents + list(fleet.pods.values()), claims)
+    younger_plan = planner.plan(planner.rollout_view(younger), w, {}, None, fleet.now)
+    assert sorted(younger_plan.statuses) == ["n1"] and younger_plan.status["conflicts"] is None
+    assert not [c for c in younger_plan.status["conditions"] if c["type"] == "Conflict"]
+    if invalid_by == "spec":
+        assert planner.plan(planner.rollout_view(older), w, {}, None, fleet.now).status["phase"] == "Invalid"
+
+
+def test_a_rollout_invalid_for_an_older_generation_still_claims_its_nodes():
+    """The status's Invalid speaks of the generation it observed: a spec edited since is judged again."""
+    from gluon_operator import handlers
+
+    fleet = Fleet(3)
+    fleet.rollout["metadata"]["generation"] = 2
+    fleet.rollout["status"] = {"phase": "Invalid", "invalid": "spec.podSelector: refused", "observedGeneration": 1}
+    assert [c.name for c in handlers.claims(indexed(fleet.rollout))] == ["kimi"]
+
+
+def test_a_pod_selector_the_api_server_refuses_is_an_invalid_condition_reason_and_event():
+    """issue 34: the pod cache of a refused selector never fills, and the reconcile waited for it silently."""
+    fleet = Fleet(2)
+    view = planner.rollout_view(fleet.rollout)
+    assert planner.invalid_before_world(view, None, fleet.now) is None  # a valid rollout is planned with its world
+    said = "client (400): unable to parse requirement: values[0][app]: Invalid value"
+    p = planner.invalid_before_world(view, said, fleet.now)
+    assert p is not None and p.status["phase"] == "Invalid" and p.node_writes == [] and p.restarts == []
+    assert p.status["invalid"] == f"spec.podSelector: the API server refuses it as a label selector: {said}"
+    invalid = [c for c in p.status["conditions"] if c["type"] == "Invalid"][0]
+    assert invalid["status"] == "True" and said in invalid["message"]
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "InvalidSpec")] and said in p.events[0].message
+    again = planner.invalid_before_world(replace(view, status=p.status), said, fleet.now + 10)
+    assert again is not None and again.events == []  # one Event, not one a reconcile
+
+
+def test_an_invalid_spec_is_planned_without_a_world():
+    fleet = Fleet(2, analysis={"intervalSeconds": 300, "windowSeconds": 60})
+    p = planner.invalid_before_world(planner.rollout_view(fleet.rollout), None, fleet.now)
+    assert p is not None and p.status["phase"] == "Invalid" and "spec.analysis.windowSeconds" in p.status["invalid"]
+
+
 # ---------------------------------------------------------------- hostile JSON and numbers (issue 34)
 
 
@@ -644,3 +716,22 @@ def test_random_histories_keep_the_invariants(n, canary, parallel, approval, dry
     restarted = [pod for _, pod, _ in fleet.restarted]
     assert len(restarted) == len(set(restarted))
 
+
+
+# ---------------------------------------------------------------- the reconcile's own status writes (issue 34)
+
+
+def test_an_own_status_write_the_watch_does_not_show_is_read_after_a_grace_not_awaited_30_s(monkeypatch):
+    """issue 34: after an API-server outage kopf's watch lags; the reconcile waited 30 s for it to show our
+    last status write. Past OWN_WRITE_GRACE_SECONDS it reads the rollout instead (handlers.reconcile_once)."""
+    from gluon_operator import executor
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(executor.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(executor.Runtime, "written", {"u1": (1000.0, {"phase": "Progressing"})})
+    assert executor.own_write_pending("u1", {"phase": "Idle"}) and not executor.own_write_overdue("u1")
+    clock["now"] += executor.OWN_WRITE_GRACE_SECONDS + 0.1
+    assert executor.own_write_pending("u1", {"phase": "Idle"}) and executor.own_write_overdue("u1")
+    assert executor.OWN_WRITE_GRACE_SECONDS <= 5.0
+    assert not executor.own_write_pending("u1", {"phase": "Progressing", "counts": {}})  # shown: forgotten
+    assert "u1" not in executor.Runtime.written and not executor.own_write_overdue("u1")

@@ -362,6 +362,24 @@ def test_the_agent_address(env, url, monkeypatch):
     assert default_agent_url() == url
 
 
+def test_the_preflight_asks_the_agent_on_the_port_the_webhook_gives(shared, tmp_path):
+    """issue 34: an agent on another port than 9477 (the chart's agent.port) is asked there, from HOST_IP."""
+    from gluon_operator import webhook
+
+    agent = DecisionAgent({"flag": "0", "reason": "held back for the test", "current": True, "enabled": False})
+    try:
+        port = agent.server.server_address[1]
+        env = {**image_env(tmp_path, sys.executable, ""), "HOST_IP": "127.0.0.1"}
+        del env[contract.ENV_PREFLIGHT_AGENT_URL]
+        script = webhook.preflight_script(30, mount=str(shared), termination_log=str(shared / "termination-log"), agent_port=port)
+        done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60, cwd=shared)
+        assert done.returncode == 0, done.stderr
+        verdict = json.loads((shared / "termination-log").read_text())
+    finally:
+        agent.close()
+    assert verdict["agent"]["reason"] == "held back for the test" and verdict["reason"] == "agent says 0: held back for the test", verdict
+
+
 # ---------------------------------------------------------------- the termination message's bound (issue 34)
 
 

@@ -59,6 +59,23 @@ def test_mutation_injects_and_is_idempotent():
     assert webhook.mutation(mutated, "kimi", CONFIG) is None  # re-invocation changes nothing
 
 
+def test_the_agent_port_is_passed_to_the_preflight_only_when_not_the_default():
+    """issue 34: the chart's agent.port (GLUON_AGENT_PORT) reaches the preflight's command line."""
+    from gluon_operator.executor import agent_port
+
+    pod = sglang_pod()
+    moved = webhook.Injection(agent_image=CONFIG.agent_image, agent_port=9555)
+    preflight = apply(pod, webhook.mutation(pod, "kimi", moved))["spec"]["initContainers"][1]
+    assert preflight["command"] == ["/bin/sh", "-c", webhook.preflight_script(moved.deadline_s, agent_port=9555)]
+    assert " --agent-port 9555 &\n" in preflight["command"][2]
+    default = apply(pod, webhook.mutation(pod, "kimi", CONFIG))["spec"]["initContainers"][1]
+    assert "--agent-port" not in default["command"][2]  # an agent image older than the option still serves a default install
+    assert agent_port(None) == agent_port("") == contract.AGENT_PORT and agent_port("9555") == 9555
+    for bad in ("0", "65536", "http", "-1"):
+        with pytest.raises(ValueError, match="GLUON_AGENT_PORT=.*is not a TCP port"):
+            agent_port(bad)
+
+
 def test_shell_mode_wraps_the_command_and_round_trips():
     shell = webhook.Injection(agent_image="a", mode="shell")
     pod = sglang_pod(command=["python3", "-m", "sglang.launch_server"])

@@ -57,6 +57,8 @@ NODE_STATES: Final = (
 # The value of SGLANG_AITER_MLA_GLUON the serving pod really started with ("1" or "0"),
 # read from its preflight verdict, so metrics and dashboards can split by the flag in use.
 LABEL_POD_FLAG: Final = PREFIX + "flag"
+# The metric label the chart's serving PodMonitor gives that pod label (the judge splits samples by it).
+METRIC_LABEL_FLAG: Final = "flag"
 
 # ---------------------------------------------------------------- pod and namespace label, person-owned
 # The webhook's opt-in/opt-out (as Istio's sidecar.istio.io/inject and istio-injection labels): with the

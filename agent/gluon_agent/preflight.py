@@ -191,20 +191,30 @@ def run(flag_dir: Path, agent_url: str | None, agent_timeout: float, probe_timeo
     return verdict
 
 
-def default_agent_url() -> str | None:
+def default_agent_url(port: int = contract.AGENT_PORT) -> str | None:
+    """The node's agent: the whole URL the env var gives, else HOST_IP at `port` (the chart's agent.port,
+    which the webhook passes as --agent-port)."""
     if os.environ.get(contract.ENV_PREFLIGHT_AGENT_URL):
         return os.environ[contract.ENV_PREFLIGHT_AGENT_URL]
     host = os.environ.get("HOST_IP")
     if host and ":" in host:  # an IPv6 node address (status.hostIP on an IPv6 cluster) needs brackets in a URL
         host = f"[{host}]"
-    return f"http://{host}:{contract.AGENT_PORT}{contract.DECISION_PATH}" if host else None
+    return f"http://{host}:{port}{contract.DECISION_PATH}" if host else None
+
+
+def port_number(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a TCP port (1-65535)")
+    return port
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gluon-agent preflight", description=__doc__)
     parser.add_argument("--install", metavar="DIR", help="copy the preflight into DIR and write the default flag")
     parser.add_argument("--flag-dir", default="/gluon", help="the shared emptyDir")
-    parser.add_argument("--agent-url", default=default_agent_url())
+    parser.add_argument("--agent-url", default=None, help="default: http://$HOST_IP:PORT" + contract.DECISION_PATH)
+    parser.add_argument("--agent-port", type=port_number, default=contract.AGENT_PORT, help="the node's agent's port")
     parser.add_argument("--agent-timeout", type=float, default=3.0)
     parser.add_argument("--probe-timeout", type=float, default=60.0)
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
@@ -213,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.install:
         install(Path(args.install))
         return 0
-    run(Path(args.flag_dir), args.agent_url, args.agent_timeout, args.probe_timeout, Path(args.termination_log), args.deadline)
+    run(Path(args.flag_dir), args.agent_url or default_agent_url(args.agent_port), args.agent_timeout, args.probe_timeout, Path(args.termination_log), args.deadline)
     return 0
 
 

@@ -167,6 +167,21 @@ class ControlPlane:
             component.stop()
         self.components.clear()
 
+    def component(self, name: str) -> Component:
+        return next(c for c in self.components if c.name == name)
+
+    def halt(self, name: str) -> None:
+        """Stop one component (an outage: "etcd" or "kube-apiserver"); `resume` starts it again as it was."""
+        self.component(name).stop()
+
+    def resume(self, name: str, timeout: float = 90) -> None:
+        """Start a halted component again (same flags, ports and data) and wait until the API server is ready
+        again: it answers /readyz, which checks etcd too. The component dies with the thread that calls this
+        (die_with_parent): call it from one that outlives the outage's observation."""
+        component = self.component(name)
+        component.start()
+        self._wait(self._ready, component, timeout, f"kube-apiserver /readyz after {name} was restarted")
+
     def _start(self, name: str, argv: list[str]) -> Component:
         component = Component(name, argv, self.dir / f"{name}.log")
         component.start()

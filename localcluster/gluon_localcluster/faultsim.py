@@ -13,19 +13,23 @@ from typing import Any
 from gluon_agent import contract
 from gluon_operator import gating
 from .faultproxy import Rule, everything, path_is
-from .simcluster import DEMO_STRATEGY, SimCluster, SimNode
+from .simcluster import DEMO_FLEET, DEMO_STRATEGY, SimCluster, SimNode
 from .waiting import wait_for
 
 # The faults each rollout scenario injects (kills: how many; the benchmark's --kills replaces the count).
 SCENARIO_FAULTS: dict[str, dict[str, Any]] = {
     "uninterrupted": {}, "operator_kills": {"kills": 20}, "api_faults": {"inject_api_faults": True},
     "prometheus_outage": {"outage": True},
+    "apiserver_outage": {"control_plane_outage": "kube-apiserver"}, "etcd_outage": {"control_plane_outage": "etcd"},
 }
 ROLLOUT_SCENARIOS = tuple(SCENARIO_FAULTS)
 SCENARIOS = ROLLOUT_SCENARIOS + ("kernel_faults",)
 MAX_IN_FLIGHT = max(DEMO_STRATEGY["canaryNodes"], DEMO_STRATEGY["maxParallel"])
 OUTAGE_SECONDS = 20.0
+CONTROL_PLANE_OUTAGE_SECONDS = 20.0
+RECOVERY_BOUND_SECONDS = 15.0  # the operator's first write after the API server is back (docs/controlplane.md)
 WATCH_DROP_SECONDS = 3.0
+REGRESSING_NODES = tuple(n.name for n in DEMO_FLEET if n.flag_effect < 1.0)  # flag 1 makes them slower: never Promoted
 
 
 class Recorder(threading.Thread):
@@ -102,9 +106,7 @@ def kill_repeatedly(cluster: SimCluster, kills: int, rng: random.Random, done: t
 
 
 def prometheus_outage(cluster: SimCluster, done: threading.Event, record: dict[str, Any]) -> None:
-    def analysing() -> bool:
-        return any(s["state"] == gating.ANALYZING for s in (cluster.status().get("nodes") or {}).values()) or done.is_set()
-    wait_for(analysing, timeout=120, interval=0.2, what="a node in Analyzing")
+    wait_for(lambda: analysing(cluster, done), timeout=120, interval=0.2, what="a node in Analyzing")
     record["down_at"] = time.time()
     cluster.prometheus.halt()
     time.sleep(OUTAGE_SECONDS)
@@ -112,10 +114,46 @@ def prometheus_outage(cluster: SimCluster, done: threading.Event, record: dict[s
     record["up_at"] = time.time()
 
 
+def analysing(cluster: SimCluster, done: threading.Event) -> bool:
+    return any(s["state"] == gating.ANALYZING for s in (cluster.status().get("nodes") or {}).values()) or done.is_set()
+
+
+def component_outage(cluster: SimCluster, component: str, done: threading.Event, record: dict[str, Any]) -> None:
+    """`component` ("kube-apiserver" or "etcd") stopped for CONTROL_PLANE_OUTAGE_SECONDS once a node is being
+    analysed (its verdict comes from Prometheus, not the API: work is due the moment the API is back), then
+    started again; `up_at` is when the API server answers /readyz again."""
+    assert cluster.cp is not None
+    wait_for(lambda: analysing(cluster, done), timeout=120, interval=0.2, what="a node in Analyzing")
+    record["down_at"] = time.time()
+    cluster.cp.halt(component)
+    time.sleep(CONTROL_PLANE_OUTAGE_SECONDS)
+    cluster.cp.resume(component)
+    record["up_at"] = time.time()
+
+
+def recovery(cluster: SimCluster, up_at: float) -> dict[str, Any]:
+    """Seconds from the API server's return to the operator's first write that landed: a status write or an
+    eviction (only the operator makes these; a node write could be an agent's)."""
+    assert cluster.proxy is not None
+    status = rf"/gluonrollouts/{cluster.rollout_name}/status$"
+    writes = [s.at for s in cluster.proxy.requests("PATCH", status) + cluster.proxy.requests("POST", r"/pods/[^/]+/eviction$")
+              if s.at > up_at and s.status < 300]
+    return {"first_write_seconds": round(min(writes) - up_at, 1) if writes else None}
+
+
+def regressing_promoted(cluster: SimCluster, recorder: Recorder) -> list[str]:
+    """The first sight of each regressing node as Promoted in the rollout status, and in its node's label."""
+    status = {n: t for t, n, s in reversed(recorder.transitions) if n in REGRESSING_NODES and s == gating.PROMOTED}
+    label = {n: t for t, n, labels in reversed(cluster.node_events)
+             if n in REGRESSING_NODES and labels.get(contract.LABEL_STATE) == gating.PROMOTED}
+    return [f"{n} Promoted in the {where} at {t:.1f}" for where, first in (("status", status), ("state label", label))
+            for n, t in sorted(first.items())]
+
+
 def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: int = 0, inject_api_faults: bool = False,
-                outage: bool = False) -> dict[str, Any]:
+                outage: bool = False, control_plane_outage: str | None = None) -> dict[str, Any]:
     """One rollout on a fresh cluster (in workdir/scenario) with the faults asked for: `kills` operator
-    SIGKILLs, API faults, a Prometheus outage."""
+    SIGKILLs, API faults, a Prometheus outage, an outage of a control-plane component."""
     cluster = SimCluster(workdir=workdir / scenario, proxy=True, seed=seed)
     recorder, done, extra = Recorder(cluster), threading.Event(), {}
     started = time.monotonic()
@@ -134,6 +172,8 @@ def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: 
             action = threading.Thread(target=prometheus_outage, args=(cluster, done, extra), daemon=True)
         if action:
             action.start()
+        if control_plane_outage:  # on this thread: a component lives only as long as the thread that started it (PR_SET_PDEATHSIG)
+            component_outage(cluster, control_plane_outage, done, extra)
         try:
             wait_for(lambda: cluster.settled() and (action is None or not action.is_alive()), timeout=timeout, interval=0.5, what="the rollout to settle")
             settled = True
@@ -147,11 +187,15 @@ def run_rollout(scenario: str, workdir: Path, seed: int, timeout: float, kills: 
         outcome = {"settled": settled, "seconds": round(time.monotonic() - started, 1), "final": final_state(cluster),
                    "max_in_flight": max_in_flight(cluster), "max_in_flight_in_status": recorder.max_in_flight,
                    "double_restarts": double_restarts(cluster),
-                   "evictions": len(cluster.evictions()), "operator_starts": cluster.operator_starts}
+                   "evictions": len(cluster.evictions()), "operator_starts": cluster.operator_starts,
+                   "regressing_promoted": regressing_promoted(cluster, recorder)}
         if "kill_times" in extra:
             outcome["kills"] = len(extra["kill_times"])
             outcome["kill_seconds_after_rollout_created"] = extra["kill_times"]
-        if "down_at" in extra:
+        if control_plane_outage and "up_at" in extra:
+            outcome.update(outage_component=control_plane_outage, outage_seconds=round(extra["up_at"] - extra["down_at"], 1),
+                           **recovery(cluster, extra["up_at"]))
+        elif "down_at" in extra:
             grace = cluster.reconcile_seconds + 1.0  # a verdict computed just before the outage lands in that reconcile
             decided = [(round(t - extra["down_at"], 1), n, s) for t, n, s in recorder.transitions
                        if extra["down_at"] + grace <= t <= extra["up_at"] and s in (gating.PROMOTED, gating.ROLLED_BACK)]
@@ -217,6 +261,10 @@ def check(results: dict[str, Any]) -> dict[str, bool]:
             ok[f"{name}.final_state_equals_uninterrupted"] = r["final"] == reference
         ok[f"{name}.no_double_restart"] = not r["double_restarts"]
         ok[f"{name}.max_in_flight_within_limit"] = r["max_in_flight"] <= MAX_IN_FLIGHT
+        ok[f"{name}.regressing_node_never_promoted"] = not r.get("regressing_promoted")
+        if SCENARIO_FAULTS.get(name, {}).get("control_plane_outage"):
+            first = r.get("first_write_seconds")
+            ok[f"{name}.recovered_within_{RECOVERY_BOUND_SECONDS:g}_s"] = first is not None and first <= RECOVERY_BOUND_SECONDS
     if "prometheus_outage" in results:
         ok["prometheus_outage.no_decision_while_down"] = not results["prometheus_outage"].get("decisions_during_outage", [None])
     if "kernel_faults" in results:

@@ -43,6 +43,7 @@ log = logging.getLogger("kubelet-sim")
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 FLAG_FILE = "flag.env"
+SYNC_RETRY_SECONDS = 120.0  # a kubelet keeps syncing a pod through an API-server outage; so does this, this long
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class KubeletSim(Background):
         try:
             assert self.api_server is not None and self.token_for is not None
             host, port, ca = self.api_server
-            node = json.loads(self.core.read_node(pod["spec"]["nodeName"], _preload_content=False).data)
+            node = json.loads(self._synced(self.core.read_node, pod["spec"]["nodeName"], _preload_content=False).data)
             root = Path(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.dir))
             account = root / "serviceaccount"
             account.mkdir()
@@ -223,7 +224,7 @@ class KubeletSim(Background):
         meta = pod["metadata"]
         started = time.monotonic()
         try:
-            node = json.loads(self.core.read_node(pod["spec"]["nodeName"], _preload_content=False).data)
+            node = json.loads(self._synced(self.core.read_node, pod["spec"]["nodeName"], _preload_content=False).data)
             root = Path(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.dir))
             volumes = {v["name"]: root / "volumes" / v["name"] for v in pod["spec"].get("volumes") or [] if "emptyDir" in v}
             for folder in volumes.values():
@@ -234,8 +235,8 @@ class KubeletSim(Background):
                 if container["name"] == PREFLIGHT_CONTAINER:
                     message = text
             flag = self._flag(volumes)
-            self.core.patch_namespaced_pod(meta["name"], meta["namespace"], {"metadata": {"annotations": {PREFLIGHT_MESSAGE: message}}},
-                                           _content_type="application/merge-patch+json", _preload_content=False)
+            self._synced(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], {"metadata": {"annotations": {PREFLIGHT_MESSAGE: message}}},
+                         _content_type="application/merge-patch+json", _preload_content=False)
             outcome = InitOutcome(meta["name"], meta["namespace"], pod["spec"]["nodeName"], flag, message, time.monotonic() - started)
             self.outcomes.append(outcome)
             if self.on_outcome:
@@ -243,6 +244,20 @@ class KubeletSim(Background):
         except Exception as exc:  # a pod deleted meanwhile, or a broken command: reported, never fatal
             self.errors.append(f"{meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
             log.warning("kubelet-sim: %s", self.errors[-1])
+
+    def _synced(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One API call of a pod's sync, retried through an API-server outage for SYNC_RETRY_SECONDS, as a
+        kubelet's sync loop would (a pod whose run met an outage would otherwise never become Ready).
+        A 404 (the pod or node is gone) is not retried."""
+        deadline = time.monotonic() + SYNC_RETRY_SECONDS
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except Exception as exc:
+                if getattr(exc, "status", None) == 404 or time.monotonic() > deadline or self.stop_event.is_set():
+                    raise
+                log.debug("kubelet-sim: retrying %s: %s", getattr(call, "__name__", call), exc)
+            self.stop_event.wait(1.0)
 
     def _run_container(self, container: dict[str, Any], pod: dict[str, Any], node: dict[str, Any],
                        volumes: dict[str, Path], root: Path) -> str:

@@ -56,8 +56,10 @@ DEMO_FLEET = (
     SimNode("gpu-04", flag_effect=2.7), SimNode("gpu-05", flag_effect=2.1), SimNode("gpu-06", flag_effect=2.4),
     SimNode("gpu-07", capable=False), SimNode("gpu-08", fallback="fail"),
 )
+# minControls 1: six eligible nodes and one holdout leave the last nodes one steady control of each flag
+# (promoted nodes qualify only once steady for baselineSeconds); the demo's noise is 2% and independent.
 DEMO_ANALYSIS = {"intervalSeconds": 3, "stepSeconds": 2, "windowSeconds": 16, "warmupSeconds": 2,
-                 "minSamples": 5, "consecutiveFailures": 2, "tolerance": 0.05, "confidence": 0.95}
+                 "minSamples": 5, "consecutiveFailures": 2, "tolerance": 0.05, "confidence": 0.95, "minControls": 1}
 DEMO_STRATEGY = {"canaryNodes": 1, "maxParallel": 2, "holdoutNodes": 1, "restart": "Evict", "restartDelaySeconds": 1}
 
 

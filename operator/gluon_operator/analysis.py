@@ -1,6 +1,9 @@
 """The analysis judge: pure functions over Prometheus samples (docs/analysis.md says why each step).
 
-Per node under analysis T, against the control nodes C (flag 0) in the same window, at each step t:
+Per node under analysis T, against the control nodes C (nodes whose flag held steady over T's windows, at
+flag 0 or 1: evaluation.control_group) in the same window, at each step t, counting only samples of the
+flag each node's pods really ran (split_by_flag: T's baseline at flag 0, its post window at flag 1 from
+when every serving pod runs it):
 
     l_t = log T_t - log median(C_t)          (sign flipped when lower is better)
     x_t = log load_T,t - log median(load_C,t) (the node's own load gauges against the controls')
@@ -38,9 +41,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import statsmodels.api as sm
 from scipy import optimize, stats
-from statsmodels.tsa.stattools import acf
+
+from gluon_agent import contract
 
 Series = Sequence[tuple[float, float]]  # (unix seconds, value)
 
@@ -50,10 +53,12 @@ Series = Sequence[tuple[float, float]]  # (unix seconds, value)
 # The name is matched as sglang[:_]...: prometheus_client (SGLang's exporter) rewrites ':' to '_' in
 # sample names when Prometheus negotiates OpenMetrics (client_python issue #1177; seen with Prometheus
 # 2.42 and prometheus-client 0.26), so depending on versions the series is stored under either name.
+# Split by the flag the pods really ran (the PodMonitor's `flag` label): a node's samples from pods still
+# at flag 0 after its label flipped are never counted as flag 1 (split_by_flag, judge).
 DEFAULT_QUERY = (
-    'sum by (node) (rate({__name__=~"sglang[:_]inter_token_latency_seconds_count",namespace="{{namespace}}"{{selector}}}[{{window}}]))'
+    f'sum by (node, {contract.METRIC_LABEL_FLAG}) (rate({{__name__=~"sglang[:_]inter_token_latency_seconds_count",namespace="{{{{namespace}}}}"{{{{selector}}}}}}[{{{{window}}}}]))'
     " / "
-    'sum by (node) (rate({__name__=~"sglang[:_]inter_token_latency_seconds_sum",namespace="{{namespace}}"{{selector}}}[{{window}}]))'
+    f'sum by (node, {contract.METRIC_LABEL_FLAG}) (rate({{__name__=~"sglang[:_]inter_token_latency_seconds_sum",namespace="{{{{namespace}}}}"{{{{selector}}}}}}[{{{{window}}}}]))'
 )
 # The node's own load, from SGLang's gauges, templated and name-matched like DEFAULT_QUERY: running
 # requests summed over the node's pods, KV-cache usage (0..1) averaged over them. One query each per
@@ -72,9 +77,25 @@ ACF_LAGS = 8  # autocorrelations the long-run variance is fitted to (2 min at a 
 POOLED_CONTROLS = 64  # controls whose own autocorrelation is pooled into every node's
 LOO_CONTROLS = 16  # controls each compared with the median of the others: the load's effect is pooled over them
 POOLED_BETA_MIN = 3  # controls with gauges needed to pool the load's effect (else the node's own pre-flip fit)
-PLACEBOS, MIN_PLACEBOS = 8, 3  # controls given a placebo flip at the node's flip time; needed for their variance
+CONTROL_NAMES = 20  # controls named in a node's status (all are counted)
+FEW_CONTROLS = 3  # with this many controls or fewer, the placebos' floor is widened by its own degrees of freedom
+PLACEBOS, MIN_PLACEBOS = 8, 2  # controls given a placebo flip at the node's flip time; needed for their variance
 MIXTURE_SCALES, MIXTURE_WEIGHTS = (1.0, 4.0, 16.0, 64.0), (0.85, 0.05, 0.05, 0.05)  # the sequential test's mixing variances (_mixture)
 LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _statsmodels() -> Any:
+    """statsmodels.api, imported at the first fit: with pandas it is most of a second or more of the operator's
+    start (and of `kubectl gluon`'s), and nothing before the first judgement needs it."""
+    import statsmodels.api
+
+    return statsmodels.api
+
+
+def _acf(series: np.ndarray, **kwargs: Any) -> np.ndarray:
+    from statsmodels.tsa.stattools import acf
+
+    return acf(series, **kwargs)
 
 
 class MalformedAnswer(ValueError):
@@ -103,7 +124,7 @@ class JudgeConfig:
     confidence: float = 0.95
     min_samples: int = 5
     min_traffic: float = 0.0
-    min_controls: int = 1
+    min_controls: int = 1  # controls a node is judged against at least (spec.analysis.minControls); fewer: inconclusive
     mixture: float = 1.0  # scales the sequential test's mixing variances, in units of log(1 - tolerance)^2
 
     @property
@@ -123,6 +144,8 @@ class Judgement:
     n_post: int = 0
     n_pre: int = 0
     n_controls: int = 0
+    controls: tuple[str, ...] = ()  # the controls it was judged against (the first CONTROL_NAMES of them)
+    control_flag: int | None = None  # the flag those controls held: 0 (not enabled, holdouts) or 1 (promoted, steady)
     n_eff: float | None = None  # post samples worth of independent ones: n / inflation
     inflation: float | None = None  # long-run variance / variance (1 for independent samples)
     phi: float | None = None  # decay per step of the autocorrelation behind that inflation
@@ -144,8 +167,13 @@ class Judgement:
 
 
 def _round(value: Any) -> Any:
+    """6 significant digits, except for large values (unix times: changedAt, switchedAt, the last sample
+    kept), which keep their milliseconds: rounded to 6 digits, a time no longer matched its flip, and
+    every look started afresh."""
     if isinstance(value, float):
-        return float(f"{value:.6g}") if math.isfinite(value) else None
+        if not math.isfinite(value):
+            return None
+        return round(value, 3) if abs(value) >= 1e5 else float(f"{value:.6g}")
     if isinstance(value, (list, tuple)):
         return [_round(v) for v in value]
     if isinstance(value, dict):
@@ -201,6 +229,46 @@ def _points(values: list, where: str) -> np.ndarray:
     raise MalformedAnswer(f"{where} has samples that are not [time, value] pairs")
 
 
+# What a node's sample at one step came from (split_by_flag): pods at flag 0, at flag 1, both at once
+# (no single flag: never a treatment or control sample), or pods without the flag label (admitted without
+# the webhook: their flag is unknown, so not 1). NaN: no sample, or a query not split by the flag at all.
+FLAG_OFF, FLAG_ON, FLAG_MIXED, FLAG_UNLABELLED = 0.0, 1.0, 0.5, -1.0
+
+
+def split_by_flag(result: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A speed answer split `by (node, flag)` -> ({node: (n, 2) [t, value]}, {node: (n, 2) [t, flag code]}).
+    At a step where one flag's pods served (a usable value: finite, > 0) that value and its flag; where
+    pods of two flags (or unlabelled ones) both served, NaN and FLAG_MIXED: the sum over both cannot be
+    recovered from two ratios, and such a node has not switched. An answer with no flag label anywhere
+    (a custom query not split by it) gives no flag codes: every sample's flag is unknown."""
+    labelled = isinstance(result, list) and any(isinstance(item, dict) and isinstance(item.get("metric"), dict)
+                                                 and contract.METRIC_LABEL_FLAG in item["metric"] for item in result)
+    if not labelled:
+        return series_by_node(result), {}
+    parts: dict[str, dict[float, np.ndarray]] = {}
+    for index, item in enumerate(result):
+        flag = str(item.get("metric", {}).get(contract.METRIC_LABEL_FLAG, "")) if isinstance(item, dict) else ""
+        code = {"0": FLAG_OFF, "1": FLAG_ON}.get(flag, FLAG_UNLABELLED)
+        for node, points in series_by_node([item]).items():
+            known = parts.setdefault(node, {})
+            known[code] = np.vstack([known[code], points]) if code in known else points
+    speed, flags = {}, {}
+    for node, by_code in parts.items():
+        stamps = np.unique(np.round(np.concatenate([p[:, 0] for p in by_code.values()]), 3))
+        value, code, served = np.full(len(stamps), np.nan), np.full(len(stamps), np.nan), np.zeros(len(stamps), int)
+        for flag_code, points in by_code.items():
+            at = np.searchsorted(stamps, np.round(points[:, 0], 3))
+            usable = np.isfinite(points[:, 1]) & (points[:, 1] > 0)
+            first = ~np.isfinite(value[at]) & ~usable & ~np.isfinite(code[at])  # a sample without traffic still says the step
+            value[at[first]], code[at[first]] = points[first, 1], flag_code
+            value[at[usable]], code[at[usable]] = points[usable, 1], flag_code
+            np.add.at(served, at[usable], 1)
+        both = served > 1
+        value[both], code[both] = np.nan, FLAG_MIXED
+        speed[node], flags[node] = np.column_stack([stamps, value]), np.column_stack([stamps, code])
+    return speed, flags
+
+
 @dataclass(frozen=True)
 class Panel:
     """Every node's samples on one time grid; NaN where a sample is missing."""
@@ -208,11 +276,20 @@ class Panel:
     times: np.ndarray  # (T,)
     speed: Mapping[str, np.ndarray]  # node -> (T,)
     load: Mapping[str, np.ndarray]  # node -> (T, len(COVARIATES)); NaN where a gauge is missing
+    flag: Mapping[str, np.ndarray] = field(default_factory=dict)  # node -> (T,) FLAG_* codes; empty: not split by flag
+
+    @property
+    def by_flag(self) -> bool:
+        """Whether the samples say which flag served them (the speed query split by the flag label)."""
+        return bool(self.flag)
+
+    def flags_of(self, node: str) -> np.ndarray:
+        return self.flag.get(node, np.full(len(self.times), np.nan))
 
 
-def build_panel(speed: Mapping[str, Any], load: Mapping[str, Mapping[str, Any]]) -> Panel:
+def build_panel(speed: Mapping[str, Any], load: Mapping[str, Mapping[str, Any]], flags: Mapping[str, Any] | None = None) -> Panel:
     """Series ((t, v) pairs or (n, 2) arrays) on the speed series' common time grid (Prometheus range
-    queries share their step); gauge samples off that grid are dropped."""
+    queries share their step); gauge samples off that grid are dropped. `flags`: split_by_flag's codes."""
     arrays = {n: _as_points(s) for n, s in speed.items()}
     stamps = np.unique(np.round(np.concatenate([a[:, 0] for a in arrays.values()]), 3)) if arrays else np.empty(0)
 
@@ -228,7 +305,8 @@ def build_panel(speed: Mapping[str, Any], load: Mapping[str, Mapping[str, Any]])
     gauges = {name: {n: _as_points(s) for n, s in series.items()} for name, series in load.items()}
     empty = np.empty((0, 2))
     return Panel(stamps.astype(float), {n: column(a) for n, a in arrays.items()},
-                 {n: np.column_stack([column(gauges.get(name, {}).get(n, empty)) for name in COVARIATES]) for n in arrays})
+                 {n: np.column_stack([column(gauges.get(name, {}).get(n, empty)) for name in COVARIATES]) for n in arrays},
+                 {n: column(_as_points(f)) for n, f in (flags or {}).items() if n in arrays})
 
 
 def _as_points(series: Any) -> np.ndarray:
@@ -267,7 +345,8 @@ class Reference:
     names: tuple[str, ...] = ()
     stack: np.ndarray | None = None  # (C, T) the controls' log speeds
     load_stack: np.ndarray | None = None  # (C, T, K) their gauges' logs
-    min_controls: int = 1
+    min_controls: int = 1  # controls a step's median needs
+    flag: float = FLAG_OFF  # the flag every control held over the judged nodes' windows
     _cache: dict = field(default_factory=dict, repr=False)
 
     def _cached(self, key: Any, compute: Any) -> Any:
@@ -313,15 +392,23 @@ class Reference:
         return self._cached("beta", lambda: _pooled_beta(*self.loo[1:]))
 
 
-def reference(panel: Panel, controls: Sequence[str], cfg: JudgeConfig) -> Reference:
+def reference(panel: Panel, controls: Sequence[str], cfg: JudgeConfig, held: Mapping[str, float] | None = None) -> Reference:
+    """The controls' medians. `held`: the flag each control held (FLAG_OFF unless named); with samples
+    split by flag, a control contributes only samples of that flag (none from a restart in between)."""
     k, t = len(COVARIATES), len(panel.times)
     names = [c for c in controls if c in panel.speed]
     if not names or not t:
         return Reference(np.full(t, np.nan), np.full((t, k), np.nan), 0)
-    speed = np.vstack([_log(panel.speed[c], cfg.min_traffic) for c in names])
+
+    def own(c: str) -> np.ndarray:
+        speed = _log(panel.speed[c], cfg.min_traffic)
+        return np.where(panel.flags_of(c) == (held or {}).get(c, FLAG_OFF), speed, np.nan) if panel.by_flag else speed
+
+    speed = np.vstack([own(c) for c in names])
+    flag = (held or {}).get(names[0], FLAG_OFF)
     load = np.stack([_log(panel.load[c]) for c in names])  # (C, T, K)
-    return Reference(_nanmedian(speed, cfg.min_controls), _nanmedian(load, cfg.min_controls), int(np.isfinite(speed).any(axis=1).sum()),
-                     tuple(names), speed, load, cfg.min_controls)
+    return Reference(_nanmedian(speed, 1), _nanmedian(load, 1), int(np.isfinite(speed).any(axis=1).sum()),
+                     tuple(names), speed, load, 1, flag)
 
 
 def _robust_rows(rows: np.ndarray) -> np.ndarray:
@@ -360,7 +447,7 @@ def _pooled_beta(l: np.ndarray, x: np.ndarray) -> tuple:
         design = np.where(rows[:, :, None], x, np.nan)
         design = design - np.nanmean(design, axis=1, keepdims=True)
     groups = np.broadcast_to(np.arange(len(y))[:, None], y.shape)[rows]
-    fit = sm.OLS(y[rows], design[rows]).fit(cov_type="cluster", cov_kwds={"groups": groups})
+    fit = _statsmodels().OLS(y[rows], design[rows]).fit(cov_type="cluster", cov_kwds={"groups": groups})
     cov = np.atleast_2d(fit.cov_params())
     return (tuple(cols), tuple(float(b) for b in fit.params), tuple(tuple(float(c) for c in row) for row in cov), int(used.sum()))
 
@@ -378,7 +465,7 @@ def _pooled_inflation(l: np.ndarray, x: np.ndarray) -> tuple[float, float]:
     flat_x = x[rows]
     cols = _independent(flat_x, [k for k in range(x.shape[2]) if len(flat_x) > 20 and np.std(flat_x[:, k]) > 1e-4])
     if cols:
-        fit = sm.OLS(l[rows], flat_x[:, cols]).fit()
+        fit = _statsmodels().OLS(l[rows], flat_x[:, cols]).fit()
         l = np.where(rows, np.nan, l)
         l[rows] = fit.resid
     gap = np.full((len(l), 2), np.nan)
@@ -404,7 +491,7 @@ def _inflation(series: np.ndarray, length: int) -> tuple[float, float]:
         return 1.0, 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        raw = acf(series, nlags=ACF_LAGS, missing="conservative", fft=False)
+        raw = _acf(series, nlags=ACF_LAGS, missing="conservative", fft=False)
     if not np.isfinite(raw).all() or raw[1] <= 2 / math.sqrt(finite):
         return 1.0, 0.0
     inflation, phi = 1.0, 0.0
@@ -545,9 +632,9 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
         mean_x = x[full][:, cols].mean(axis=0).tolist()
         residuals[full] = y[full] - np.mean(y[full]) - (x[full][:, cols] - np.array(mean_x)) @ np.array(beta)
     elif cols:
-        design = sm.add_constant(x[full][:, cols], has_constant="add")
+        design = _statsmodels().add_constant(x[full][:, cols], has_constant="add")
         lags = max(1, min(int(full.sum()) // 4, int(math.ceil(4 * (full.sum() / 100) ** (2 / 9)))))
-        fit = sm.OLS(y[full], design).fit(cov_type="HAC", cov_kwds={"maxlags": lags})
+        fit = _statsmodels().OLS(y[full], design).fit(cov_type="HAC", cov_kwds={"maxlags": lags})
         beta, cov = fit.params[1:].tolist(), fit.cov_params()[1:, 1:].tolist()
         mean_x = x[full][:, cols].mean(axis=0).tolist()
         residuals[full] = fit.resid
@@ -617,6 +704,21 @@ def _placebo_looks(ref: Reference, placebos: Mapping[str, list[float]], sums: Ma
     return out
 
 
+def n_pre_of(base: Mapping[str, Any] | None) -> int:
+    return int(base["n"]) if base else 0
+
+
+def small_sample_factor(dof: float, alpha: float) -> float:
+    """How much wider a variance estimated with `dof` degrees of freedom must be taken for an interval
+    at level alpha: (t_dof / z)^2 at 1 - alpha/2, the ratio of Student's to the normal quantile (the
+    small-sample interval of a mean whose variance is estimated). 1.03 at 77 dof, 1.46 at 7, 2.6 at 3,
+    42 at 1; below 1 dof, infinite (nothing to estimate a variance from)."""
+    if not dof >= 1:
+        return math.inf
+    q = 1 - alpha / 2
+    return float((stats.t.ppf(q, dof) / stats.norm.ppf(q)) ** 2)
+
+
 def _placebo_variance(placebos: Mapping[str, list[float]], sums: Mapping[str, list[float]], min_samples: int) -> tuple[float, int]:
     """Mean square of the placebo estimates (their true effect is 0): the variance of a difference in
     differences of exchangeable nodes, long memory, baseline error and tails included. (0, count) when
@@ -642,10 +744,29 @@ def _step(times: np.ndarray) -> float:
     return float(np.median(np.diff(times))) if len(times) > 1 else 15.0
 
 
-def _gap_samples(times: np.ndarray, warmup: float) -> int:
-    """Samples the warm-up skips between the baseline and the post-flip window."""
+def _gap_samples(times: np.ndarray, seconds: float) -> int:
+    """Samples skipped between the baseline and the post-flip window (the pods' switch and the warm-up)."""
     step = _step(times)
-    return max(int(round(warmup / step)), 0) if step > 0 else 0
+    return max(int(round(seconds / step)), 0) if step > 0 else 0
+
+
+def _switch_time(t: np.ndarray, speed: np.ndarray, codes: np.ndarray, changed_at: float, now: float) -> tuple[float | None, str]:
+    """When every serving pod of the node ran flag 1: the first flag-1 sample after the last one served
+    (in part) by pods at another flag since the flip. (None, why) while the latest served sample is not
+    all flag 1: a restart held back (a PodDisruptionBudget, restartDelaySeconds, a slow pull, a pod
+    admitted without the webhook) leaves the node's own flag-0 samples after its label flipped."""
+    served = (t >= changed_at) & (t <= now) & ((np.isfinite(speed) & (speed > 0)) | (codes == FLAG_MIXED))
+    other = served & (codes != FLAG_ON)
+    last_other = float(t[other].max()) if other.any() else -math.inf
+    after = served & (codes == FLAG_ON) & (t > last_other)
+    if after.any():
+        return float(t[after].min()), ""
+    if not other.any():
+        return None, "no sample from the node's serving pods since its flag flipped"
+    what = {FLAG_OFF: "pods at flag 0", FLAG_MIXED: "pods at flag 0 and 1 at once", FLAG_UNLABELLED: "pods without the flag label"}
+    latest = int(np.flatnonzero(other)[-1])
+    return None, (f"{int(other.sum())} samples since the flip came from pods not all at flag 1 (latest at {t[latest]:.0f}: "
+                  f"{what.get(float(codes[latest]), 'pods of another flag')}); waiting for every serving pod to run flag 1")
 
 
 def _batch_size(times: np.ndarray) -> int:
@@ -694,7 +815,11 @@ def _restore(state: Any, changed_at: float) -> dict[str, Any]:
         bm = None if bm is None else {"k": int(bm["k"]), "s": float(bm["s"]), "q": float(bm["q"]), "ps": float(bm["ps"]), "pn": int(bm["pn"])}
         pl = {str(k): [int(row[0]), float(row[1]), float(row[2])] for k, row in (post.get("pl") or {}).items()}
         post = {"n": int(post["n"]), "s": float(post["s"]), "x": [float(v) for v in post["x"]], "until": float(post["until"]), "bm": bm, "pl": pl}
-        return {"changedAt": float(changed_at), "baseline": base, "post": post, "looks": int(state.get("looks", 0)),
+        switched = state.get("switchedAt", changed_at if post["n"] else None)  # a state from before the flag split: its flip time
+        return {"changedAt": float(changed_at), "controlFlag": int(state.get("controlFlag", 0)),
+                "baselineSeconds": float(state.get("baselineSeconds", 0.0)) or None, "baseline": base,
+                "switchedAt": None if switched is None else float(switched),
+                "post": post, "looks": int(state.get("looks", 0)),
                 "pw": float(state.get("pw", 1.0)), "pn": float(state.get("pn", 1.0))}
     except (AttributeError, KeyError, TypeError, ValueError):
         return {}
@@ -706,19 +831,39 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     `state`: what the previous look returned in Judgement.state (the running sums and the baseline)."""
     threshold = math.log(1 - cfg.tolerance) if cfg.tolerance < 1 else -math.inf
     harm = threshold * FAIL_NULL_FRACTION
-    common = dict(threshold=1 - cfg.tolerance, n_controls=ref.n_controls)
+    common = dict(threshold=1 - cfg.tolerance, n_controls=ref.n_controls, controls=ref.names[:CONTROL_NAMES], control_flag=int(ref.flag))
     if ref.n_controls == 0:
-        return Judgement("inconclusive", "no control node with flag 0 has data in the window", **common)
+        return Judgement("inconclusive", "no control node has data in the window", **common, state=dict(state or {}))
+    if ref.n_controls < cfg.min_controls:
+        return Judgement("inconclusive", f"{ref.n_controls} control nodes with data (nodes whose flag held steady over this node's "
+                                         f"baseline and since), need minControls {cfg.min_controls}", **common, state=dict(state or {}))
     t = panel.times
     sign = cfg.sign
     empty = np.full(len(t), np.nan)
     l = sign * (_log(panel.speed.get(node, empty), cfg.min_traffic) - ref.speed)
     x = _log(panel.load.get(node, np.full((len(t), len(COVARIATES)), np.nan))) - ref.load
     previous = _restore(state, changed_at)
-    base = previous.get("baseline") if previous else _baseline(l, x, (t >= changed_at - baseline) & (t < changed_at), cfg, ref)
-    post_state = previous.get("post") or {"n": 0, "s": 0.0, "x": [0.0] * len(base["cols"] if base else []), "until": changed_at + warmup - 1e-3}
+    codes = panel.flags_of(node)
+    pre = (t >= changed_at - baseline) & (t < changed_at)
+    if panel.by_flag:
+        pre &= codes == FLAG_OFF  # the baseline is the node at flag 0 only
+    base = previous.get("baseline") if previous else _baseline(l, x, pre, cfg, ref)
+    switched = previous.get("switchedAt") if previous else None
+    if switched is None:
+        switched, waiting = _switch_time(t, panel.speed.get(node, empty), codes, changed_at, now) if panel.by_flag else (changed_at, "")
+        if switched is None:
+            fresh = {"changedAt": float(changed_at), "controlFlag": int(ref.flag), "baselineSeconds": float(baseline), "baseline": base, "switchedAt": None,
+                     "post": {"n": 0, "s": 0.0, "x": [0.0] * len(base["cols"] if base else []), "until": changed_at, "bm": None, "pl": {}},
+                     "looks": previous.get("looks", 0) + 1, "pw": previous.get("pw", 1.0), "pn": previous.get("pn", 1.0)}
+            return Judgement("inconclusive", f"not judged yet: {waiting}", **common, n_pre=base["n"] if base else 0,
+                             looks=fresh["looks"], state=_round(fresh))
+    start = switched + warmup  # the warm-up counts from the moment every serving pod runs flag 1
+    post_state = previous.get("post") or {"n": 0, "s": 0.0, "x": [0.0] * len(base["cols"] if base else []), "until": start - 1e-3}
+    post_state = dict(post_state, until=max(post_state["until"], start - 1e-3))
     cols = base["cols"] if base else []
-    window = (t >= changed_at + warmup) & (t <= now) & np.isfinite(l)
+    window = (t >= start) & (t <= now) & np.isfinite(l)
+    if panel.by_flag:
+        window &= codes == FLAG_ON  # the treatment is flag-1 samples only, whatever the label says
     if cols:
         window &= np.isfinite(x[:, cols]).all(axis=1)
     adjusted = np.where(window, l, np.nan)
@@ -737,11 +882,13 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     batches = _add_to_batches(post_state.get("bm"), adjusted[new], batch)
     placebos = base.get("pl", {}) if base else {}
     # nodes flipped together share their placebos' sums: computed once per evaluation for all of them
-    key = ("placebo looks", changed_at + warmup, now, tuple(cols), tuple(base["beta"]) if base else (), sign,
+    key = ("placebo looks", start, now, tuple(cols), tuple(base["beta"]) if base else (), sign,
            tuple((k, tuple(v), tuple((post_state.get("pl") or {}).get(k, ()))) for k, v in placebos.items()))
-    placebo_sums = ref._cached(key, lambda: _placebo_looks(ref, placebos, post_state.get("pl"), (t >= changed_at + warmup) & (t <= now), t,
-                                                           cols, base["beta"] if base else [], changed_at + warmup - 1e-3, sign)) if placebos else {}
-    kept = {"changedAt": float(changed_at), "baseline": base, "post": {"n": n, "s": total, "x": sum_x, "until": until, "bm": batches, "pl": placebo_sums},
+    placebo_sums = ref._cached(key, lambda: _placebo_looks(ref, placebos, post_state.get("pl"), (t >= start) & (t <= now), t,
+                                                           cols, base["beta"] if base else [], start - 1e-3, sign)) if placebos else {}
+    kept = {"changedAt": float(changed_at), "controlFlag": int(ref.flag), "baselineSeconds": float(previous.get("baselineSeconds") or baseline),
+            "baseline": base, "switchedAt": float(switched),
+            "post": {"n": n, "s": total, "x": sum_x, "until": until, "bm": batches, "pl": placebo_sums},
             "looks": looks, "pw": previous.get("pw", 1.0), "pn": previous.get("pn", 1.0)}
     n_pre = base["n"] if base else 0
     counts = dict(n_post=n, n_pre=n_pre, looks=looks)
@@ -761,15 +908,25 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     # Over finite windows the shared wander cancels: the factor is that of the fit whose inflation
     # the variance uses, so the model is one ARMA(1,1), not the widest inflation of one fit with the
     # mildest narrowing of another (that mix read a calm node among wandering controls several times too wide).
-    factor = contrast_factor(base["n"], n, _gap_samples(t, warmup), base["f"], base["phi"]) if base else 1.0
+    factor = contrast_factor(base["n"], n, _gap_samples(t, start - changed_at), base["f"], base["phi"]) if base else 1.0
     model_var = (lrv / n + (max(base["v"], lrv / base["n"]) if base else 0.0)) * factor
     # The placebos' spread bounds it from below: what the model of the noise misses, they show.
     placebo_var, n_placebos = _placebo_variance(placebos, placebo_sums, cfg.min_samples)
-    variance = max(model_var, placebo_var) + beta_var
+    # Both are estimates: 20 min of memory holds few independent samples, few controls give few placebos.
+    # The model is widened by its degrees of freedom, t-style (small_sample_factor), and so is the placebos'
+    # floor with FEW_CONTROLS or fewer (from 4 controls on, its max with the model already errs wide:
+    # widening it too cost a tenth of the power on a 10% regression at 5% noise in bench/judge.py).
+    placebo_dof = min(n_placebos, ref.n_controls - 1)  # two controls' placebos mirror each other: one
+    placebo_widening = small_sample_factor(placebo_dof, 1 - cfg.confidence) if ref.n_controls <= FEW_CONTROLS else 1.0
+    model_dof = (n_pre_of(base) + n) / inflation - len(cols) - 1  # samples worth of independent ones, less the fit's
+    alpha = 1 - cfg.confidence
+    widened = [model_var * small_sample_factor(model_dof, alpha)] if model_dof >= 1 else []
+    widened += [placebo_var * placebo_widening] if placebo_dof >= 1 and n_placebos >= MIN_PLACEBOS else []
+    variance = (max(widened) if widened else math.inf) + beta_var
     marginal = base["g"] if base else float(np.nanvar(recent)) if window.sum() > 1 else lrv
     inflation = max(inflation, lrv / marginal if marginal > 0 else 1.0)
     estimate = total / n - (base["m"] if base else 0.0)
-    mixture, alpha = _mixture(threshold, cfg), 1 - cfg.confidence
+    mixture = _mixture(threshold, cfg)
     half = mixture_halfwidth(variance, mixture, alpha)
     p_worse = min(kept["pw"], mixture_p_value(estimate, harm, variance, mixture, "below"))
     p_not_worse = min(kept["pn"], mixture_p_value(estimate, threshold, variance, mixture, "above"))
@@ -779,7 +936,8 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
                                                      if cols else "")
               if base else "vs control only (no pre-enable baseline)") + ", ARMA(1,1) long-run variance" \
         + (f" x{factor:.2f} over the finite windows" if factor < 1 else "") \
-        + (f" bounded by {n_placebos} placebo controls" if n_placebos >= MIN_PLACEBOS else "") + ", normal-mixture confidence sequence"
+        + (f" bounded by {n_placebos} placebo controls" if n_placebos >= MIN_PLACEBOS else "") + ", normal-mixture confidence sequence" \
+        + (", samples by the flag their pods ran" if panel.by_flag else ", every sample after the flip counted as flag 1 (the speed query is not split by flag)")
     numbers = dict(effect=math.exp(estimate), ci_low=math.exp(estimate - half), ci_high=math.exp(min(estimate + half, 700.0)),
                    n_eff=n / inflation, inflation=inflation, phi=phi, adjustment=math.exp(-float(shift @ np.array(base["beta"]))) if cols else 1.0,
                    p_worse=p_worse, p_not_worse=p_not_worse, placebos=n_placebos, placebo_sd=math.sqrt(placebo_var),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from typing import Any, Mapping
@@ -25,12 +26,59 @@ from .spec import GluonRolloutSpec, query_span
 DEFAULT_DEADLINE_SECONDS = 15.0
 
 
-def control_nodes(statuses: Mapping[str, gating.NodeStatus]) -> list[str]:
-    """Flag-0 nodes of this rollout to compare with: the holdout group when there is one, else every
-    eligible node not enabled yet (never ineligible nodes: other hardware or software)."""
-    eligible = [n for n, s in statuses.items() if s.state == gating.ELIGIBLE]
-    holdouts = [n for n in eligible if statuses[n].holdout]
-    return sorted(holdouts or eligible)
+def steady_controls(statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float) -> dict[int, list[str]]:
+    """The nodes whose flag held steady over `node`'s baseline and since, by the flag they held
+    (docs/analysis.md, "The controls"): 0, eligible nodes not enabled (holdouts included) that have not
+    changed since before its baseline; 1, Promoted nodes whose pods all ran flag 1 (their judge's
+    switchedAt, else their flip) before its baseline began. Never ineligible nodes (other hardware or
+    software), nodes in flux (Enabling, Analyzing) or rolled back."""
+    start = (statuses[node].changed_at or now) - baseline_seconds
+    off, on = [], []
+    for name, status in statuses.items():
+        if name == node:
+            continue
+        if status.state == gating.ELIGIBLE and (status.changed_at is None or status.changed_at <= start):
+            off.append(name)
+        elif status.state == gating.PROMOTED and _switched_at(status) <= start:
+            on.append(name)
+    return {0: sorted(off), 1: sorted(on)}
+
+
+def control_group(statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float,
+                  have: Mapping[str, Any] | None = None, min_controls: int = 1) -> tuple[int, list[str], float]:
+    """(flag, controls, baseline seconds) `node` is judged against. Either group only, never a mix:
+    controls at two flags would put the median on one level or the other as members come and go.
+    The group its judge chose at its first look is kept (its state: the estimate is relative to that
+    group's level). Else the larger steady group, flag 0 on a tie, when it has minControls; else, near
+    the end of a rollout that moved faster than one baseline, the Promoted nodes against a baseline
+    shortened to when the minControls-th of them switched (steady over the shorter baseline and since;
+    its variance counts the fewer samples); else the larger group (the judge says the count is short)."""
+    groups = steady_controls(statuses, node, baseline_seconds, now)
+    changed = statuses[node].changed_at or now
+    kept = _kept_flag(have, changed)
+    if kept is None and max(len(groups[0]), len(groups[1])) < min_controls:
+        switches = sorted((_switched_at(s), n) for n, s in statuses.items() if n != node and s.state == gating.PROMOTED and _switched_at(s) < changed)
+        if len(switches) >= min_controls:
+            begins = max(switches[min_controls - 1][0], changed - baseline_seconds)
+            return 1, sorted(n for at, n in switches if at <= begins), changed - begins
+    flag = kept if kept is not None else (1 if len(groups[1]) > len(groups[0]) else 0)
+    if kept == 1 and isinstance(have, Mapping) and finite_number(have.get("baselineSeconds")):
+        shorter = float(have["baselineSeconds"])  # the shortened baseline of its first look
+        switches = [n for n, s in statuses.items() if n != node and s.state == gating.PROMOTED and _switched_at(s) <= changed - shorter]
+        return 1, sorted(switches), shorter
+    return flag, groups[flag], float(baseline_seconds)
+
+
+def _switched_at(status: gating.NodeStatus) -> float:
+    state = status.numbers.get("sequential") if isinstance(status.numbers, Mapping) else None
+    switched = finite_number(state.get("switchedAt")) if isinstance(state, Mapping) else None
+    return switched if switched is not None else (status.changed_at if status.changed_at is not None else math.inf)
+
+
+def _kept_flag(state: Any, changed_at: float) -> int | None:
+    if isinstance(state, Mapping) and state.get("changedAt") == changed_at and state.get("controlFlag") in (0, 1):
+        return int(state["controlFlag"])
+    return None
 
 
 def analysis_due(spec: GluonRolloutSpec, status: Mapping[str, Any], now: float) -> bool:
@@ -126,14 +174,16 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
         except (PrometheusError, analysis.MalformedAnswer) as exc:
             covariate_errors[name] = str(exc)[:300]  # judged without that gauge: no load adjustment from it
             logger.warning("analysis: load gauge %s: %s", name, exc)
-    speed = analysis.series_by_node(results["speed"])
-    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic)
-    controls = [n for n in control_nodes(statuses) if n in speed]
+    speed, flags = analysis.split_by_flag(results["speed"])
+    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic, a.minControls)
+    groups = {n: control_group(statuses, n, a.baselineSeconds, now, states[n], a.minControls) for n in judged}
+    groups = {n: (flag, [c for c in controls if c in speed], seconds) for n, (flag, controls, seconds) in groups.items()}
     began = time.process_time()
-    judgements = await asyncio.to_thread(_judge_all, speed, load, controls, {n: (changed[n], states[n]) for n in judged}, now, a, cfg)
+    judgements = await asyncio.to_thread(_judge_all, speed, load, flags, groups, {n: (changed[n], states[n]) for n in judged}, now, a, cfg)
     cpu = time.process_time() - began
     METRICS.judge_seconds.observe(cpu)
-    details = {"query": queries["speed"], "queries": len(queries), "controls": len(controls), "judgeCpuSeconds": round(cpu, 4)}
+    used = {c for _, controls, _ in groups.values() for c in controls}
+    details = {"query": queries["speed"], "queries": len(queries), "controls": len(used), "judgeCpuSeconds": round(cpu, 4)}
     if covariate_errors:
         details["covariateErrors"] = covariate_errors
     if note:
@@ -141,11 +191,20 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
     return judgements, details
 
 
-def _judge_all(speed: Mapping[str, analysis.Series], load: Mapping[str, Mapping[str, analysis.Series]], controls: list[str],
-               nodes: Mapping[str, tuple[float, Any]], now: float, a: Any, cfg: analysis.JudgeConfig) -> dict[str, analysis.Judgement]:
-    panel = analysis.build_panel(speed, load)
-    ref = analysis.reference(panel, controls, cfg)
-    return analysis.judge_nodes(panel, ref, nodes, a.warmupSeconds, now, a.baselineSeconds, cfg)
+def _judge_all(speed: Mapping[str, analysis.Series], load: Mapping[str, Mapping[str, analysis.Series]], flags: Mapping[str, Any],
+               groups: Mapping[str, tuple[int, list[str], float]], nodes: Mapping[str, tuple[float, Any]], now: float, a: Any,
+               cfg: analysis.JudgeConfig) -> dict[str, analysis.Judgement]:
+    """One reference per distinct control group (nodes enabled together share theirs)."""
+    panel = analysis.build_panel(speed, load, flags)
+    refs: dict[tuple[int, tuple[str, ...]], analysis.Reference] = {}
+    out = {}
+    for node, (changed_at, state) in nodes.items():
+        flag, controls, baseline = groups[node]
+        key = (flag, tuple(controls))
+        if key not in refs:
+            refs[key] = analysis.reference(panel, controls, cfg, {c: float(flag) for c in controls})
+        out[node] = analysis.judge(panel, refs[key], node, changed_at, a.warmupSeconds, now, baseline, cfg, state)
+    return out
 
 
 def _has_baseline(state: Any, changed_at: float) -> bool:

@@ -27,7 +27,7 @@ from kubernetes import client
 from gluon_agent import contract
 from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify, make_api_client
 
-from . import webhook
+from . import records, webhook
 from .metrics import METRICS
 from .plan import NodeWrite, Plan, Restart
 from .spec import GROUP, PLURAL, VERSION
@@ -36,7 +36,7 @@ from .world import Caches
 log = logging.getLogger("gluon_operator")
 
 JSON_PATCH = "application/json-patch+json"
-STALE_WRITE_SECONDS = 30.0  # see own_write_pending
+OWN_WRITE_GRACE_SECONDS = 2.0  # the watch shows our status write within this, normally; past it one read tells (own_write_overdue)
 STRAY_RESTART_SECONDS = 15.0  # see restart_strays
 NODE_WRITE_CONCURRENCY = 8  # node patches in flight at once (the client's connection pool holds 10)
 # The API calls' own threads: asyncio's default executor has min(32, cores + 4) (6 on two cores), shared with
@@ -61,9 +61,19 @@ class Runtime:
         cls.injection = webhook.Injection(
             agent_image=os.environ.get("GLUON_AGENT_IMAGE", "ghcr.io/gluon-rollout/agent:0.1.0"),
             mode="shell" if os.environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
+            agent_port=agent_port(os.environ.get("GLUON_AGENT_PORT")),
         )
         cls.api = make_api_client(cls.api_url)
         cls.written, cls.stray_restarts = {}, {}  # per operator run (tests start several in one process)
+
+
+def agent_port(value: str | None) -> int:
+    """GLUON_AGENT_PORT (the chart sets it from agent.port): where the preflight asks the node's agent."""
+    if value is None or value == "":
+        return contract.AGENT_PORT
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise ValueError(f"GLUON_AGENT_PORT={value!r} is not a TCP port (1-65535): set the chart's agent.port to one")
+    return int(value)
 
 
 def api_client() -> client.ApiClient:
@@ -209,17 +219,39 @@ def without_none(value: Any) -> Any:
     return value
 
 
+def shows(status: Mapping[str, Any], changed: Mapping[str, Any]) -> bool:
+    return all(status.get(k) == v for k, v in changed.items())
+
+
 def own_write_pending(uid: str, status: Mapping[str, Any]) -> bool:
-    """True while the watch has not yet delivered our last status write (bounded: after STALE_WRITE_SECONDS
-    the write is assumed lost or overwritten and the reconcile goes on from what the API shows)."""
+    """True while kopf's view of the rollout (its watch) does not show our last status write yet."""
     memo = Runtime.written.get(uid)
     if memo is None:
         return False
-    at, changed = memo
-    if time.monotonic() - at > STALE_WRITE_SECONDS or all(status.get(k) == v for k, v in changed.items()):
+    if shows(status, memo[1]):
         del Runtime.written[uid]
         return False
     return True
+
+
+def own_write_overdue(uid: str) -> bool:
+    """Our last status write has been pending past OWN_WRITE_GRACE_SECONDS: the watch is behind (after an
+    API-server outage kopf's own retries of its watch wait up to 21 s), so the reconcile reads the rollout
+    instead of waiting for the watch (it waited 30 s)."""
+    memo = Runtime.written.get(uid)
+    return memo is not None and time.monotonic() - memo[0] > OWN_WRITE_GRACE_SECONDS
+
+
+async def read_rollout(namespace: str, name: str) -> dict[str, Any]:
+    """The rollout as the API server has it now (a quorum read), and what that says of our last write:
+    one the API server does not show was lost or overwritten, so kopf's view will never show it either."""
+    response = await call(custom().get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+    body = records.loads(response.data, max_bytes=records.PAGE_BYTES_LIMIT)
+    uid = (body.get("metadata") or {}).get("uid")
+    memo = Runtime.written.get(uid)
+    if memo is not None and not shows(body.get("status") or {}, memo[1]):
+        del Runtime.written[uid]
+    return body
 
 
 # ---------------------------------------------------------------- the plan

@@ -13,20 +13,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import time
 from typing import Any, Mapping
 
 import kopf
 
-from gluon_agent import contract
+from gluon_agent import contract, decisions
 from gluon_agent.kube import ApiFailure
 
 from . import gating, webhook
 from .admission import AdmissionServer
 from .evaluation import analyse, analysis_due, deadline_seconds
-from .executor import Runtime, core, execute, own_write_pending, patch_node
+from .executor import Runtime, core, execute, own_write_overdue, own_write_pending, patch_node, read_rollout
 from .metrics import METRICS
-from .plan import Claim, plan, rollout_view, unix
+from .plan import Claim, claims_nodes, invalid_before_world, plan, rollout_view, unix
 from .records import NodeRecord, read_json
 from .spec import GROUP, PLURAL, VERSION
 from .world import Caches, label_selector
@@ -40,6 +41,13 @@ def env_float(name: str, default: float) -> float:
 
 # Read when the decorators run (import time).
 RECONCILE_SECONDS = env_float("GLUON_RECONCILE_SECONDS", 10.0)
+# A reconcile failed by the API (an outage, the RBAC 403s of an API server's first seconds) is retried after
+# this, not a whole interval: recovery after an outage waits at most this for the reconcile.
+API_RETRY_SECONDS = min(RECONCILE_SECONDS, 2.0)
+# kopf's own requests (its watch of rollouts, its patches) retry errors with these pauses: jittered, at most
+# API_BACKOFF_CAP_SECONDS (kopf's default pauses grow to 21 s, which the first request after an outage waited).
+API_BACKOFF_CAP_SECONDS = 5.0
+API_RETRIES = 14  # about kopf's default minute of retries before its request gives up
 # A backstop around the analysis task: evaluation.analyse keeps its own deadline (contract.ENV_ANALYSIS_DEADLINE).
 ANALYSIS_DEADLINE_SECONDS = deadline_seconds() + 5.0
 
@@ -82,6 +90,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.scanning.disabled = os.environ.get("GLUON_SCANNING", "on") == "off"
     settings.persistence.finalizer = f"{GROUP}/finalizer"
+    rng = random.Random()
+    settings.networking.error_backoffs = [decisions.backoff(attempt, 0.5, API_BACKOFF_CAP_SECONDS, rng) for attempt in range(API_RETRIES)]
     # A deleted rollout's timer that was mid-reconcile is checked again after this many seconds (kopf's
     # default, 60 s, held every deletion that met a running reconcile for a minute).
     settings.background.cancellation_polling = 1.0
@@ -115,17 +125,19 @@ def stop_caches(**_: Any) -> None:
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def rollout_index(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+def rollout_index(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], body: kopf.Body, **_: Any) -> dict[str, Any]:
     """Live rollouts by namespace: their pod selectors (the webhook, the pod caches) and node claims
-    (overlaps). A rollout being deleted claims nothing and injects nothing."""
+    (overlaps). A rollout being deleted claims nothing and injects nothing; an Invalid one claims no node."""
     if meta.get("deletionTimestamp"):
         return {}
     return {namespace: {"name": name, "podSelector": dict(spec.get("podSelector") or {}),
-                        "nodeSelector": dict(spec.get("nodeSelector") or {}), "created": unix(meta.get("creationTimestamp"))}}
+                        "nodeSelector": dict(spec.get("nodeSelector") or {}), "created": unix(meta.get("creationTimestamp")),
+                        "claims": claims_nodes(rollout_view(body))}}
 
 
 def claims(index: kopf.Index) -> list[Claim]:
-    return [Claim(namespace, r["name"], r["created"], r["nodeSelector"]) for namespace in index for r in index.get(namespace) or []]
+    return [Claim(namespace, r["name"], r["created"], r["nodeSelector"]) for namespace in index for r in index.get(namespace) or []
+            if r.get("claims", True)]
 
 
 def pod_informers(index: kopf.Index) -> set[tuple[str, str]]:
@@ -171,30 +183,37 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
         if uid not in Reconciles.deleted:
             try:
                 await reconcile_once(uid, namespace, name, spec, status, body, rollout_index, logger)
-            except ApiFailure as failure:  # the API's trouble, not a bug: retried next interval, logged without a traceback
-                raise kopf.TemporaryError(f"API call failed: {failure}", delay=RECONCILE_SECONDS) from failure
+            except ApiFailure as failure:  # the API's trouble, not a bug: retried soon, logged without a traceback
+                raise kopf.TemporaryError(f"API call failed: {failure}", delay=API_RETRY_SECONDS) from failure
 
 
-async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any], body: kopf.Body,
+async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any], body: Mapping[str, Any],
                          rollout_index: kopf.Index, logger: logging.Logger) -> None:
     if own_write_pending(uid, status):
-        METRICS.reconciles.labels("waiting").inc()
-        logger.debug("waiting for the watch to deliver our last status write")
-        return
+        if not own_write_overdue(uid):
+            METRICS.reconciles.labels("waiting").inc()
+            logger.debug("waiting for the watch to deliver our last status write")
+            return
+        body = await read_rollout(namespace, name)  # the watch is behind: plan from the API server's own view
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return  # the cleanup handler's work, once the watch shows the deletion
+        spec, status = body.get("spec") or {}, body.get("status") or {}
     Caches.want_pods(pod_informers(rollout_index))
     pods = (namespace, label_selector(spec.get("podSelector") or {}))
-    # The first reconciles meet caches still listing: wait for them, up to one interval, rather than a whole
-    # interval for the next reconcile (at start, that was the operator's time to converge beyond the API's floor).
-    if not await asyncio.to_thread(Caches.wait_synced, pods if pods[1] else None, RECONCILE_SECONDS):
-        METRICS.reconciles.labels("waiting").inc()
-        logger.info("waiting for the node and pod caches to fill")
-        return
     now = time.time()
     view = rollout_view(body)
-    verdicts, summary = finished_analysis(uid, logger)
-    with METRICS.cpu("plan"):
-        planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
-    METRICS.reconciles.labels("planned").inc()
+    planned = invalid_before_world(view, Caches.refused(pods), now)
+    if planned is None:
+        # The first reconciles meet caches still listing: wait for them, up to one interval, rather than a whole
+        # interval for the next reconcile (at start, that was the operator's time to converge beyond the API's floor).
+        if not await asyncio.to_thread(Caches.wait_synced, pods if pods[1] else None, RECONCILE_SECONDS):
+            METRICS.reconciles.labels("waiting").inc()
+            logger.info("waiting for the node and pod caches to fill")
+            return
+        verdicts, summary = finished_analysis(uid, logger)
+        with METRICS.cpu("plan"):
+            planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
+        METRICS.reconciles.labels("planned").inc()
     after = await execute(planned, namespace, name, uid, status, body, logger)
     if planned.spec is not None and uid not in Analyses.tasks and analysis_due(planned.spec, after, now):
         start_analysis(uid, namespace, name, planned.spec, planned.statuses, now, logger)

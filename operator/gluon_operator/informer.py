@@ -6,8 +6,10 @@ indexed kind has been indexed once, each worker waits on one shared condition th
 object added (aiotoggles.ToggleSet): startup work grows with the square of the object count. At 2 000
 nodes (about 8 000 nodes and pods) the operator spent minutes in that wait (py-spy, bench/scale.py).
 Here one thread per kind lists once (raw JSON, no model classes), then watches from that resourceVersion,
-relisting on 410 Gone or any error, with back-off. No single object can fail a list or a watch: an
-object an indexer cannot read is left out of that index (logged and counted in `unreadable`).
+relisting on 410 Gone or any error, with back-off; a list the API server refuses as a bad request (400:
+a label selector it will not parse) is not retried but kept in `refused`, for the rollout to say so. No
+single object can fail a list or a watch: an object an indexer cannot read is left out of that index
+(logged and counted in `unreadable`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ log = logging.getLogger("gluon_operator.informer")
 Indexer = Callable[[Mapping[str, Any]], Mapping[Any, Any] | None]
 ListCall = Callable[..., Any]  # a kubernetes client list_* function
 LIST_PAGE = 500  # client-go's reflector default
+# The relist back-off after errors: 0.5 s doubling, "equal jitter" (decisions.backoff), capped here. client-go's
+# reflector caps at 30 s; so did this, and after an API-server outage the caches then came back up to 30 s
+# after the API server did. At the cap a dead API server costs one refused connection per informer every
+# 2.5-5 s; a live one answering errors, one list every 2.5-5 s per informer.
+BACKOFF_CAP_SECONDS = 5.0
 
 
 class Index:
@@ -65,7 +72,7 @@ class Informer:
     """One kind, several indexes. `synced` is set after the first complete list."""
 
     def __init__(self, name: str, list_call: ListCall, indexers: Mapping[str, Indexer], label_selector: str | None = None,
-                 watch_timeout: int = 300, backoff_cap: float = 30.0, on_error: Callable[[ApiFailure], None] | None = None) -> None:
+                 watch_timeout: int = 300, backoff_cap: float = BACKOFF_CAP_SECONDS, on_error: Callable[[ApiFailure], None] | None = None) -> None:
         self.name, self.list_call, self.label_selector = name, list_call, label_selector
         self.on_error = on_error
         self.indexers = dict(indexers)
@@ -77,6 +84,7 @@ class Informer:
         self._keys: dict[str, dict[str, list[Any]]] = {}  # object uid -> {index: the keys it fed}
         self._thread: threading.Thread | None = None
         self.unreadable = 0  # objects an indexer could not read
+        self.refused: str | None = None  # why the API server refused the list itself (400): it never syncs
 
     # ------------------------------------------------------------ the cache
 
@@ -185,6 +193,7 @@ class Informer:
         failures, version = 0, None
         rng = random.Random()
         while not self.stop.is_set():
+            listing = version is None
             try:
                 version = version or self._list()
                 version = self._watch(version)
@@ -194,6 +203,10 @@ class Informer:
                 failures += 1
                 if self.on_error is not None:
                     self.on_error(failure)
+                if listing and failure.status == 400:  # the request itself is refused (e.g. its label selector): no retry helps
+                    self.refused = str(failure)
+                    log.error("%s informer: the API server refuses the list: %s; not retried", self.name, failure)
+                    return
                 version = None
                 delay = decisions.backoff(failures, 0.5, self.backoff_cap, rng)
                 log.warning("%s informer: %s; relisting in %.1f s", self.name, failure, delay)

@@ -21,7 +21,8 @@ Per node, on top of the state machine of gating.py:
   does not count against maxParallel (a held node never blocks the fleet). A flag-on held node keeps its
   state unless it turns ineligible (then Disabled, its pods left alone while held).
 - owned by an older rollout whose node selector also matches it: left out of this rollout entirely (the
-  Conflict condition names it), so two rollouts never fight over a label.
+  Conflict condition names it), so two rollouts never fight over a label. An Invalid rollout owns no node
+  (`claims_nodes`).
 
 Rollout controls: spec.paused (enable nothing more), spec.dryRun (plan and report, write nothing to
 nodes or pods), strategy.approval gates granted by the rollout annotation contract.ANNOTATION_ROLLOUT_APPROVE,
@@ -139,6 +140,15 @@ def rollout_view(obj: Mapping[str, Any]) -> RolloutView:
 
 def claim_of(view: RolloutView) -> Claim:
     return Claim(view.namespace, view.name, view.created, dict(view.spec.get("nodeSelector") or {}))
+
+
+def claims_nodes(view: RolloutView) -> bool:
+    """Whether the rollout claims the nodes its selector matches. An Invalid one plans no node, so it claims
+    none (else a younger valid rollout would get Conflict on every node of the overlap): its spec does not
+    parse, or its status says Invalid for this generation (what only the API server could tell, e.g. a pod
+    selector it refuses)."""
+    _, problems = parse_spec(dict(view.spec))
+    return not problems and not (view.status.get("phase") == "Invalid" and view.status.get("observedGeneration") == view.generation)
 
 
 def selects_node(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -282,6 +292,17 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
     if spec.dryRun:
         dry_run_only(rollout, out)
     return out
+
+
+def invalid_before_world(rollout: RolloutView, refused_selector: str | None, now: float) -> Plan | None:
+    """The plan of a rollout that needs no world because it is Invalid: its spec does not parse, or the API
+    server refused to list pods by its pod selector (`refused_selector`: what it said). Planned before any
+    cache is waited for, as the pod cache of such a selector never fills: the rollout would stall silently.
+    None for a rollout to plan with `plan`."""
+    _, problems = parse_spec(dict(rollout.spec))
+    if refused_selector:
+        problems = [*problems, f"spec.podSelector: the API server refuses it as a label selector: {refused_selector}"]
+    return invalid_plan(rollout, "; ".join(problems), now) if problems else None
 
 
 def invalid_plan(rollout: RolloutView, message: str, now: float) -> Plan:

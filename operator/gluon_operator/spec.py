@@ -210,6 +210,7 @@ class Analysis(Model):
     baselineSeconds: int = Field(1200, ge=10, le=DAY, description="How much history before a node's flag flipped is its own baseline (its error is shared by every later evaluation, so longer is better).")
     warmupSeconds: int = Field(120, ge=0, le=DAY)
     minSamples: int = Field(5, ge=1)
+    minControls: int = Field(3, ge=1, le=1000, description="Control nodes (flag steady over the node's baseline and since) a node is judged against at least; with fewer it stays inconclusive (docs/analysis.md).")
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
     tolerance: float = Field(0.05, ge=0, lt=1, description="How much worse than control still passes (0.05 = 5%).")
     confidence: float = Field(0.95, ge=0.5, le=0.9999)

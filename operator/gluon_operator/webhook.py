@@ -47,6 +47,7 @@ class Injection:
     mode: Literal["fileKeyRef", "shell"] = "fileKeyRef"
     image_pull_policy: str = "IfNotPresent"
     deadline_s: int = 90  # the whole preflight, enforced by its shell (Python's own is DEADLINE_GRACE_S less)
+    agent_port: int = contract.AGENT_PORT  # where the node's agent listens (the chart's agent.port)
 
 
 class NotInjectable(ValueError):
@@ -182,12 +183,15 @@ def python_deadline(deadline_s: int) -> int:
     return max(deadline_s * 2 // 3, deadline_s - DEADLINE_GRACE_S)
 
 
-def preflight_script(deadline_s: int, mount: str = MOUNT, termination_log: str = TERMINATION_LOG) -> str:
+def preflight_script(deadline_s: int, mount: str = MOUNT, termination_log: str = TERMINATION_LOG, agent_port: int = contract.AGENT_PORT) -> str:
     """The preflight container's POSIX sh program (dash, bash, busybox). It keeps the image's PYTHONPATH and
     adds ours in front (only `gluon_agent` lives there), and bounds the whole run with a watchdog of its
     own rather than `timeout`, whose syntax differs between coreutils and older busybox. Whatever Python
     does (hangs, dies, refuses to start), the flag ends '0' unless Python wrote '1', and the termination
-    message says why. `agent.asked: false` marks a stack refusal the agent had no part in: not transient."""
+    message says why. `agent.asked: false` marks a stack refusal the agent had no part in: not transient.
+    The agent's port is passed only when it is not the default, so an agent image older than the option
+    still runs the preflight of a default install."""
+    port = "" if agent_port == contract.AGENT_PORT else f" --agent-port {int(agent_port)}"
     refusal = '"final": true, "agent": {"asked": false}, "reason": '
     lines = [
         f"PYTHONPATH={mount}/lib${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH",
@@ -195,7 +199,7 @@ def preflight_script(deadline_s: int, mount: str = MOUNT, termination_log: str =
         f"say() {{ printf '%s' \"$1\" > {termination_log}; printf '%s\\n' \"$1\"; }}",
         f"refuse() {{ printf \"%s='0'\\n\" {contract.FLAG_ENV} > {mount}/{FLAG_FILE}; say \"{{\\\"flag\\\": \\\"0\\\", $1}}\"; exit 0; }}",
         f"py=$(command -v python3 || command -v python) || refuse '{refusal}\"the serving image has no python3 on PATH\"'",
-        f"\"$py\" -c \"{LAUNCHER}\" --flag-dir {mount} --termination-log {termination_log} --deadline {python_deadline(deadline_s)} &",
+        f"\"$py\" -c \"{LAUNCHER}\" --flag-dir {mount} --termination-log {termination_log} --deadline {python_deadline(deadline_s)}{port} &",
         "pid=$!",
         f"( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep {deadline_s} & s=$!; wait $s; : > {mount}/deadline-passed; kill -KILL $pid ) 2>/dev/null &",
         "dog=$!",
@@ -242,7 +246,7 @@ def init_containers(serving: Mapping[str, Any], config: Injection) -> list[dict[
         {
             "name": PREFLIGHT_CONTAINER,
             "image": serving["image"],
-            "command": ["/bin/sh", "-c", preflight_script(config.deadline_s)],
+            "command": ["/bin/sh", "-c", preflight_script(config.deadline_s, agent_port=config.agent_port)],
             **preflight_environment(serving),
             "resources": SMALL,
             "terminationMessagePolicy": "File",

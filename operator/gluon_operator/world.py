@@ -193,6 +193,12 @@ class Caches:
         return all(i is not None and i.synced.wait(max(0.0, deadline - time.monotonic())) for i in informers)
 
     @classmethod
+    def refused(cls, pods: PodsKey) -> str | None:
+        """Why the API server refuses to list the pods of this (namespace, selector), if it does."""
+        informer = cls.pods.get(pods) if pods[1] else None
+        return informer.refused if informer is not None else None
+
+    @classmethod
     def wrote(cls, node: str, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> None:
         cls.written[node] = (time.monotonic(), dict(labels), dict(annotations))
 
