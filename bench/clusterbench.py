@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,9 +21,9 @@ from gluon_localcluster.background import Background, list_then_watch
 from gluon_localcluster.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORD_DATE = "2026-12-01"
 AGENT_LABEL = "app.kubernetes.io/name=gluon-rollout-agent"  # the chart's agent pods
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+STARTED_UTC = time.strftime("%Y-%m-%d %H:%M", time.gmtime())  # when the bench began (its record's date is the day it ended)
 
 
 # ---------------------------------------------------------------- a process's cost, from /proc
@@ -73,7 +74,7 @@ def machine() -> dict[str, Any]:
 
 
 def provenance(bench: str, script: str) -> dict[str, Any]:
-    return {"bench": bench, "date": RECORD_DATE, "machine": machine(),
+    return {"bench": bench, "date": time.strftime("%Y-%m-%d", time.gmtime()), "started_utc": STARTED_UTC, "machine": machine(),
             "command": " ".join([f"python bench/{script}", *sys.argv[1:]])}
 
 

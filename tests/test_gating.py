@@ -167,7 +167,7 @@ def test_holdouts_are_stable_and_fill_up():
     assert len(gating.choose_holdouts(fleet, 2)) == 1
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)  # a loaded machine must not fail a test of logic
 @given(history=st.lists(st.tuples(st.booleans(), st.sampled_from([None, "pass", "fail", "inconclusive"]),
                                   st.integers(0, 2), st.sampled_from(["1", "0", None]), st.booleans(), st.booleans()),
                         min_size=1, max_size=25))

@@ -161,6 +161,11 @@ M_ROLLOUT_ANALYSIS_LOOKS: Final = ROLLOUT_METRIC_PREFIX + "analysis_looks"
 # rollback, so the operator never enables them.
 M_ROLLOUT_NO_SAFE_ROLLBACK: Final = ROLLOUT_METRIC_PREFIX + "no_safe_rollback_nodes"
 M_ROLLOUT_JUDGE_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "judge_cpu_seconds"  # histogram, per evaluation
+# Where the operator's own CPU goes (label phase: watch = list and watch of nodes and pods, plan = the world
+# snapshot and the pure plan, write = the API calls the executor makes), and its reconciles by outcome
+# (planned | waiting: caches not synced or its own status write not seen yet). bench/scale.py reads them.
+M_ROLLOUT_OPERATOR_CPU: Final = ROLLOUT_METRIC_PREFIX + "operator_cpu_seconds"  # counter
+M_ROLLOUT_RECONCILES: Final = ROLLOUT_METRIC_PREFIX + "reconciles"  # counter
 
 # ---------------------------------------------------------------- operator environment
 # Bearer token and CA file for Prometheus (the chart sets them from operator.prometheusAuth).

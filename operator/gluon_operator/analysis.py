@@ -41,9 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import statsmodels.api as sm
 from scipy import optimize, stats
-from statsmodels.tsa.stattools import acf
 
 from gluon_agent import contract
 
@@ -84,6 +82,20 @@ FEW_CONTROLS = 3  # with this many controls or fewer, the placebos' floor is wid
 PLACEBOS, MIN_PLACEBOS = 8, 2  # controls given a placebo flip at the node's flip time; needed for their variance
 MIXTURE_SCALES, MIXTURE_WEIGHTS = (1.0, 4.0, 16.0, 64.0), (0.85, 0.05, 0.05, 0.05)  # the sequential test's mixing variances (_mixture)
 LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _statsmodels() -> Any:
+    """statsmodels.api, imported at the first fit: with pandas it is most of a second or more of the operator's
+    start (and of `kubectl gluon`'s), and nothing before the first judgement needs it."""
+    import statsmodels.api
+
+    return statsmodels.api
+
+
+def _acf(series: np.ndarray, **kwargs: Any) -> np.ndarray:
+    from statsmodels.tsa.stattools import acf
+
+    return acf(series, **kwargs)
 
 
 class MalformedAnswer(ValueError):
@@ -435,7 +447,7 @@ def _pooled_beta(l: np.ndarray, x: np.ndarray) -> tuple:
         design = np.where(rows[:, :, None], x, np.nan)
         design = design - np.nanmean(design, axis=1, keepdims=True)
     groups = np.broadcast_to(np.arange(len(y))[:, None], y.shape)[rows]
-    fit = sm.OLS(y[rows], design[rows]).fit(cov_type="cluster", cov_kwds={"groups": groups})
+    fit = _statsmodels().OLS(y[rows], design[rows]).fit(cov_type="cluster", cov_kwds={"groups": groups})
     cov = np.atleast_2d(fit.cov_params())
     return (tuple(cols), tuple(float(b) for b in fit.params), tuple(tuple(float(c) for c in row) for row in cov), int(used.sum()))
 
@@ -453,7 +465,7 @@ def _pooled_inflation(l: np.ndarray, x: np.ndarray) -> tuple[float, float]:
     flat_x = x[rows]
     cols = _independent(flat_x, [k for k in range(x.shape[2]) if len(flat_x) > 20 and np.std(flat_x[:, k]) > 1e-4])
     if cols:
-        fit = sm.OLS(l[rows], flat_x[:, cols]).fit()
+        fit = _statsmodels().OLS(l[rows], flat_x[:, cols]).fit()
         l = np.where(rows, np.nan, l)
         l[rows] = fit.resid
     gap = np.full((len(l), 2), np.nan)
@@ -479,7 +491,7 @@ def _inflation(series: np.ndarray, length: int) -> tuple[float, float]:
         return 1.0, 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        raw = acf(series, nlags=ACF_LAGS, missing="conservative", fft=False)
+        raw = _acf(series, nlags=ACF_LAGS, missing="conservative", fft=False)
     if not np.isfinite(raw).all() or raw[1] <= 2 / math.sqrt(finite):
         return 1.0, 0.0
     inflation, phi = 1.0, 0.0
@@ -620,9 +632,9 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
         mean_x = x[full][:, cols].mean(axis=0).tolist()
         residuals[full] = y[full] - np.mean(y[full]) - (x[full][:, cols] - np.array(mean_x)) @ np.array(beta)
     elif cols:
-        design = sm.add_constant(x[full][:, cols], has_constant="add")
+        design = _statsmodels().add_constant(x[full][:, cols], has_constant="add")
         lags = max(1, min(int(full.sum()) // 4, int(math.ceil(4 * (full.sum() / 100) ** (2 / 9)))))
-        fit = sm.OLS(y[full], design).fit(cov_type="HAC", cov_kwds={"maxlags": lags})
+        fit = _statsmodels().OLS(y[full], design).fit(cov_type="HAC", cov_kwds={"maxlags": lags})
         beta, cov = fit.params[1:].tolist(), fit.cov_params()[1:, 1:].tolist()
         mean_x = x[full][:, cols].mean(axis=0).tolist()
         residuals[full] = fit.resid

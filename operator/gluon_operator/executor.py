@@ -14,9 +14,11 @@ A dry run's plan has no writes of 1, 4 or 5 (plan.dry_run_only); the executor re
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 import kopf
@@ -37,6 +39,9 @@ JSON_PATCH = "application/json-patch+json"
 OWN_WRITE_GRACE_SECONDS = 2.0  # the watch shows our status write within this, normally; past it one read tells (own_write_overdue)
 STRAY_RESTART_SECONDS = 15.0  # see restart_strays
 NODE_WRITE_CONCURRENCY = 8  # node patches in flight at once (the client's connection pool holds 10)
+# The API calls' own threads: asyncio's default executor has min(32, cores + 4) (6 on two cores), shared with
+# every other blocking call, so the writes never reached NODE_WRITE_CONCURRENCY in flight on small machines.
+API_THREADS = ThreadPoolExecutor(NODE_WRITE_CONCURRENCY + 2, thread_name_prefix="api")
 
 
 class Runtime:
@@ -86,10 +91,16 @@ def custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api_client())
 
 
+def timed_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    with METRICS.cpu("write"):
+        return fn(*args, **kwargs)
+
+
 async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         # Raw responses: nothing reads them, and deserializing costs time at fleet scale.
-        return await asyncio.to_thread(fn, *args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+        call = functools.partial(timed_call, fn, *args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(API_THREADS, call)
     except Exception as exc:
         failure = classify(exc)
         METRICS.api_errors.labels(failure.kind).inc()

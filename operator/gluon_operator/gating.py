@@ -213,7 +213,7 @@ class NodeStatus:
     @classmethod
     def from_record(cls, record: NodeRecord) -> "NodeStatus":
         return cls(record.state, record.reason, finite_number(record.since) or 0.0, record.fingerprint,
-                   finite_number(record.changedAt), record.holdout, record.numbers)
+                   finite_number(record.changedAt), record.holdout, dict(record.numbers))
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "NodeStatus":

@@ -191,6 +191,7 @@ async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str,
                          rollout_index: kopf.Index, logger: logging.Logger) -> None:
     if own_write_pending(uid, status):
         if not own_write_overdue(uid):
+            METRICS.reconciles.labels("waiting").inc()
             logger.debug("waiting for the watch to deliver our last status write")
             return
         body = await read_rollout(namespace, name)  # the watch is behind: plan from the API server's own view
@@ -203,11 +204,16 @@ async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str,
     view = rollout_view(body)
     planned = invalid_before_world(view, Caches.refused(pods), now)
     if planned is None:
-        if not Caches.synced(pods if pods[1] else None):
+        # The first reconciles meet caches still listing: wait for them, up to one interval, rather than a whole
+        # interval for the next reconcile (at start, that was the operator's time to converge beyond the API's floor).
+        if not await asyncio.to_thread(Caches.wait_synced, pods if pods[1] else None, RECONCILE_SECONDS):
+            METRICS.reconciles.labels("waiting").inc()
             logger.info("waiting for the node and pod caches to fill")
             return
         verdicts, summary = finished_analysis(uid, logger)
-        planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
+        with METRICS.cpu("plan"):
+            planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
+        METRICS.reconciles.labels("planned").inc()
     after = await execute(planned, namespace, name, uid, status, body, logger)
     if planned.spec is not None and uid not in Analyses.tasks and analysis_due(planned.spec, after, now):
         start_analysis(uid, namespace, name, planned.spec, planned.statuses, now, logger)

@@ -24,6 +24,7 @@ from gluon_agent import decisions
 from gluon_agent.kube import REQUEST_TIMEOUT, ApiFailure, classify
 
 from . import records
+from .metrics import METRICS
 
 log = logging.getLogger("gluon_operator.informer")
 
@@ -142,7 +143,8 @@ class Informer:
 
     def _list(self) -> str:
         version: list[str] = []
-        self.replace(self._pages(version))
+        with METRICS.cpu("watch"):
+            self.replace(self._pages(version))
         self.synced.set()
         return version[0]
 
@@ -173,15 +175,16 @@ class Informer:
                     return version
                 if not line.strip():
                     continue
-                event = records.loads(line, max_bytes=records.PAGE_BYTES_LIMIT)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        return None
-                    raise ApiFailure("watch error", obj.get("code"), str(obj.get("message")))
-                version = (obj.get("metadata") or {}).get("resourceVersion") or version
-                if kind != "BOOKMARK":
-                    self.apply(kind, obj)
+                with METRICS.cpu("watch"):
+                    event = records.loads(line, max_bytes=records.PAGE_BYTES_LIMIT)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            return None
+                        raise ApiFailure("watch error", obj.get("code"), str(obj.get("message")))
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if kind != "BOOKMARK":
+                        self.apply(kind, obj)
         finally:
             response.release_conn()
         return version

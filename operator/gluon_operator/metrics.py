@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -14,6 +16,8 @@ ROLLBACK_REASONS = ("analysis", "preflight")
 VERDICT_RESULTS = ("pass", "fail", "inconclusive")
 # analysis_errors kinds: Prometheus's own (bad_data, ...) plus these, created at 0
 ANALYSIS_ERROR_KINDS = ("unreachable", "server", "bad_response", "tls", "deadline", "internal")
+CPU_PHASES = ("watch", "plan", "write")  # the judge's own CPU is M_ROLLOUT_JUDGE_SECONDS
+RECONCILE_OUTCOMES = ("planned", "waiting")
 
 
 class OperatorMetrics:
@@ -41,6 +45,12 @@ class OperatorMetrics:
         self.api_errors = Counter(contract.M_ROLLOUT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
         self.restarts = Counter(contract.M_ROLLOUT_RESTARTS, "Serving pod restarts by outcome", ["outcome"], registry=r)
         # ---- the admission webhook: every review it answered, by outcome (all are allowed)
+        self.operator_cpu = Counter(contract.M_ROLLOUT_OPERATOR_CPU, "CPU seconds of the operator's own work, by phase", ["phase"], registry=r)
+        self.reconciles = Counter(contract.M_ROLLOUT_RECONCILES, "Reconciles by outcome", ["outcome"], registry=r)
+        for phase in CPU_PHASES:
+            self.operator_cpu.labels(phase)
+        for outcome in RECONCILE_OUTCOMES:
+            self.reconciles.labels(outcome)
         self.webhook_reviews = Counter(contract.M_ROLLOUT_WEBHOOK_REVIEWS, "Admission reviews answered, by outcome",
                                        ["outcome"], registry=r)
         for outcome in webhook.OUTCOMES:
@@ -52,6 +62,16 @@ class OperatorMetrics:
             self.rollbacks.labels(reason)
         for kind in ANALYSIS_ERROR_KINDS:
             self.analysis_errors.labels(kind)
+
+    @contextmanager
+    def cpu(self, phase: str) -> Iterator[None]:
+        """Counts the calling thread's CPU time in the block under `phase` (thread time: the event loop and
+        the informer and API threads run side by side, and process time would count them all)."""
+        began = time.thread_time()
+        try:
+            yield
+        finally:
+            self.operator_cpu.labels(phase).inc(time.thread_time() - began)
 
     def observe_judgement(self, namespace: str, rollout: str, node: str, judgement: Any) -> None:
         """The judge's numbers for one node (an analysis.Judgement), where it has them."""

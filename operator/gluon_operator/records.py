@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from typing import Annotated, Any, Literal, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
@@ -201,10 +202,52 @@ def problem(exc: ValidationError) -> str:
     return f"{where}: {first['msg']}{more}"
 
 
+class ReadCache:
+    """Readings by their exact text. Every reconcile plans over every node, and a node's report and record
+    change only when someone writes them: parsing each again (the bounded reader walks every value, then
+    pydantic) was most of a 5000-node plan's CPU (bench/scale.py). The models are frozen, so one reading
+    serves every reader. Bounded by the bytes of text held: past the budget it starts afresh."""
+
+    BUDGET_BYTES = 64 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[type, str, str], tuple[Any, str | None]] = {}
+        self.held = 0
+        self.parses = 0  # readings made, not served from the cache (tests/test_scale_guard.py counts them)
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[type, str, str]) -> tuple[Any, str | None] | None:
+        return self.entries.get(key)
+
+    def put(self, key: tuple[type, str, str], reading: tuple[Any, str | None]) -> None:
+        with self.lock:
+            self.parses += 1
+            if self.held + len(key[1]) > self.BUDGET_BYTES:
+                self.entries, self.held = {}, 0
+            self.entries[key] = reading
+            self.held += len(key[1])
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries, self.held = {}, 0
+
+
+READINGS = ReadCache()
+
+
 def read_json(model: type[Record], raw: str | None, what: str) -> tuple[Record | None, str | None]:
     """(record, None), (None, None) when absent, or (None, why) naming `what` and the field."""
     if raw is None:
         return None, None
+    key = (model, raw, what)
+    reading = READINGS.get(key)
+    if reading is None:
+        reading = _read_json(model, raw, what)
+        READINGS.put(key, reading)
+    return reading
+
+
+def _read_json(model: type[Record], raw: str, what: str) -> tuple[Record | None, str | None]:
     try:
         value: Any = loads(raw)
     except UnreadableJSON as exc:

@@ -186,9 +186,11 @@ class Caches:
                 label_selector=selector, watch_timeout=cls.timeout, on_error=cls.on_error).start()
 
     @classmethod
-    def synced(cls, pods: PodsKey | None = None) -> bool:
+    def wait_synced(cls, pods: PodsKey | None, timeout: float) -> bool:
+        """True once the node and agent caches (and the pod cache of `pods`) have listed once; waits at most `timeout` s."""
+        deadline = time.monotonic() + timeout
         informers = [cls.nodes, cls.agents] + ([cls.pods.get(pods)] if pods else [])
-        return all(i is not None and i.synced.is_set() for i in informers)
+        return all(i is not None and i.synced.wait(max(0.0, deadline - time.monotonic())) for i in informers)
 
     @classmethod
     def refused(cls, pods: PodsKey) -> str | None:
