@@ -311,9 +311,9 @@ def operator_metrics(port: int) -> dict[str, float]:
 def cpu_by_phase(counters: dict[str, float], total: float, nodes: int) -> dict[str, Any]:
     """The operator's CPU until convergence by phase; `other` is the rest of the process (kopf, the webhook
     server, the metrics server, garbage collection, imports at start)."""
-    phases = {phase: round(counters.get(f"cpu_{phase}", 0.0), 2) for phase in ("watch", "plan", "write", "analysis")}
+    phases = {phase: round(counters.get(f"cpu_{phase}", 0.0), 4) for phase in ("watch", "plan", "write", "analysis")}
     reconciles = int(counters.get("reconciles_planned", 0))
-    return {"operator_cpu_seconds_by_phase": {**phases, "other": round(total - sum(phases.values()), 2)},
+    return {"operator_cpu_seconds_by_phase": {**phases, "other": round(total - sum(phases.values()), 4)},
             "reconciles_to_converge": reconciles, "reconciles_waiting": int(counters.get("reconciles_waiting", 0)),
             "plan_cpu_microseconds_per_node_per_reconcile": round(1e6 * phases["plan"] / max(1, reconciles * nodes), 1)}
 
