@@ -164,12 +164,16 @@ def simulate(s: Scenario, guard: bool) -> dict:
         speed = offset + drift + ELASTICITY[0] * (running - math.log(12.0)) + ELASTICITY[1] * (usage - math.log(0.5)) + noise
     else:
         speed = offset + drift + rng.normal(0, s.noise, (nodes, n))
+    wander = []  # (correlation time, sd) of each node's AR(1) wander: for bench/judge_oracle.py's oracle alone
     if "ar1_wander" in families:
         for i in range(nodes):
-            speed[i] += ar1(rng, n, rng.uniform(60, 600), rng.uniform(0.02, 0.10))
+            tau, sd = rng.uniform(60, 600), rng.uniform(0.02, 0.10)  # drawn in this order, as before
+            wander.append((tau, sd))
+            speed[i] += ar1(rng, n, tau, sd)
     if "ar1_every" in families:  # the series: AR(1) on every node, phi 0.95 per step, sd 4%
         for i in range(nodes):
-            speed[i] += ar1(rng, n, -STEP / math.log(0.95), 0.04)
+            wander.append((-STEP / math.log(0.95), 0.04))
+            speed[i] += ar1(rng, n, *wander[-1])
     if "lonely_wander" in families:  # exchangeability broken: the treated node wanders far more than its controls
         for i in range(nodes):
             speed[i] += ar1(rng, n, 600.0, LONELY_WANDER if i == 0 else LONELY_CONTROLS)
@@ -185,7 +189,7 @@ def simulate(s: Scenario, guard: bool) -> dict:
         missing[rows, gap] = True
     values = [np.where(missing, np.nan, np.exp(a)) for a in (np.log(30.0) + speed, running, usage)]
     return {"t": t, "speed": values[0], "running": values[1], "usage": values[2], "enable": enable, "switched": switched,
-            "outliers": outliers & ~missing}  # which samples carry an outlier: for bench/judge_oracle.py's oracle alone
+            "outliers": outliers & ~missing, "wander": wander}  # which samples carry an outlier: for bench/judge_oracle.py's oracle alone
 
 
 def interval_ends(enable: float, intervals: int) -> list[float]:

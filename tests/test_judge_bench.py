@@ -244,3 +244,28 @@ def test_only_runs_one_cell_with_an_exact_interval_and_names_an_unknown_one():
     assert report["seeds"]["regression_20pct@2pct_noise"] == [13, 14]  # scenarios(2)'s seeds for that cell
     with pytest.raises(SystemExit, match="no scenario nope"):
         bench.only(["nope"], runs=2, workers=1)
+
+
+def test_the_oracles_gls_whitens_each_nodes_wander_and_has_its_closed_form_variance():
+    """With no wander the GLS is the least squares; with AR(1) wander per node its estimates over fresh
+    wander and noise are unbiased with the variance it states, smaller than least squares' own spread."""
+    import judge_oracle
+
+    rng = np.random.default_rng(5)
+    nodes, steps, noise = 3, 40, 0.05
+    wander = [(150.0, 0.06), (400.0, 0.04), (90.0, 0.08)]
+    node, step = np.repeat(np.arange(nodes), steps), np.tile(np.arange(steps), nodes)
+    treated, seconds = (node == 0) & (step >= 20), step * bench.STEP
+    y = rng.normal(0, noise, len(node)) - 0.05 * treated
+    estimate, c = judge_oracle.fixed_effects_estimate(y, node, step, treated)  # c: the variance over noise^2
+    assert judge_oracle.gls_estimate(y, node, step, treated, seconds, noise, [(100.0, 1e-9)] * nodes) == pytest.approx((estimate, noise ** 2 * c), rel=1e-6)
+    factors = [np.linalg.cholesky(sd ** 2 * np.exp(-np.abs(np.subtract.outer(seconds[:steps], seconds[:steps])) / tau) + noise ** 2 * np.eye(steps))
+               for tau, sd in wander]
+    gls, ols = [], []
+    for _ in range(1500):
+        errors = np.concatenate([f @ rng.normal(0, 1, steps) for f in factors])
+        gls.append(judge_oracle.gls_estimate(errors - 0.05 * treated, node, step, treated, seconds, noise, wander)[0])
+        ols.append(judge_oracle.fixed_effects_estimate(errors - 0.05 * treated, node, step, treated)[0])
+    variance = judge_oracle.gls_estimate(y, node, step, treated, seconds, noise, wander)[1]
+    assert np.mean(gls) == pytest.approx(-0.05, abs=4 * math.sqrt(variance / 1500))
+    assert np.var(gls) == pytest.approx(variance, rel=0.12) and np.var(gls) < np.var(ols)
