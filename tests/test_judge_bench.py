@@ -269,3 +269,17 @@ def test_the_oracles_gls_whitens_each_nodes_wander_and_has_its_closed_form_varia
     variance = judge_oracle.gls_estimate(y, node, step, treated, seconds, noise, wander)[1]
     assert np.mean(gls) == pytest.approx(-0.05, abs=4 * math.sqrt(variance / 1500))
     assert np.var(gls) == pytest.approx(variance, rel=0.12) and np.var(gls) < np.var(ols)
+
+
+def test_a_look_without_treated_samples_gives_the_oracles_nothing_to_reject_on():
+    import judge_oracle
+
+    sim = bench.simulate(bench.Scenario("iid", "regression_20pct", 0.02, 0.8, 9), guard=False)
+    first = bench.interval_ends(sim["enable"], 1)[0]
+    sim["speed"][0, (sim["t"] >= sim["enable"]) & (sim["t"] <= first)] = np.nan  # a scrape gap of the treated node
+    estimate, variance = judge_oracle.looks_of(sim, 0.02, looks=2)
+    assert math.isnan(estimate[0]) and variance[0] == math.inf and math.isfinite(estimate[1])
+    with np.errstate(invalid="ignore"):
+        one_look = judge_oracle._verdicts(bench.Scenario("iid", "regression_20pct", 0.02, 0.8, 9), sim, estimate[:1], variance[:1], 1)
+    assert not any(one_look["null_at_half_tolerance"][t] for t in ("fixed_horizon", "sprt_at_true_effect", "one_sided_mixture_tuned"))
+    assert one_look["null_at_half_tolerance"]["fixed_horizon_closed_form"] == 0.0
