@@ -2,6 +2,7 @@
 series (SIMULATION: simulated decode-speed and load-gauge samples, not a cluster).
 
     python bench/judge.py --json [--runs 200] [--workers 2] [--quick]
+    python bench/judge.py --json --only regression_10pct@5pct_noise --runs 400   (one cell, more runs)
 
 One sample per 15 s step, 4 per 60 s evaluation interval, one treated node and 7 control nodes. The
 treated node's flag flips after 80 baseline samples (20 min, the default baselineSeconds); every judge
