@@ -2,6 +2,7 @@
 series (SIMULATION: simulated decode-speed and load-gauge samples, not a cluster).
 
     python bench/judge.py --json [--runs 200] [--workers 2] [--quick]
+    python bench/judge.py --json --only regression_10pct@5pct_noise --runs 400   (one cell, more runs)
 
 One sample per 15 s step, 4 per 60 s evaluation interval, one treated node and 7 control nodes. The
 treated node's flag flips after 80 baseline samples (20 min, the default baselineSeconds); every judge
@@ -164,12 +165,16 @@ def simulate(s: Scenario, guard: bool) -> dict:
         speed = offset + drift + ELASTICITY[0] * (running - math.log(12.0)) + ELASTICITY[1] * (usage - math.log(0.5)) + noise
     else:
         speed = offset + drift + rng.normal(0, s.noise, (nodes, n))
+    wander = []  # (correlation time, sd) of each node's AR(1) wander: for bench/judge_oracle.py's oracle alone
     if "ar1_wander" in families:
         for i in range(nodes):
-            speed[i] += ar1(rng, n, rng.uniform(60, 600), rng.uniform(0.02, 0.10))
+            tau, sd = rng.uniform(60, 600), rng.uniform(0.02, 0.10)  # drawn in this order, as before
+            wander.append((tau, sd))
+            speed[i] += ar1(rng, n, tau, sd)
     if "ar1_every" in families:  # the issue's series: AR(1) on every node, phi 0.95 per step, sd 4%
         for i in range(nodes):
-            speed[i] += ar1(rng, n, -STEP / math.log(0.95), 0.04)
+            wander.append((-STEP / math.log(0.95), 0.04))
+            speed[i] += ar1(rng, n, *wander[-1])
     if "lonely_wander" in families:  # exchangeability broken: the treated node wanders far more than its controls
         for i in range(nodes):
             speed[i] += ar1(rng, n, 600.0, LONELY_WANDER if i == 0 else LONELY_CONTROLS)
@@ -184,7 +189,8 @@ def simulate(s: Scenario, guard: bool) -> dict:
         rows = slice(None) if rng.random() < 0.5 else slice(0, 1)
         missing[rows, gap] = True
     values = [np.where(missing, np.nan, np.exp(a)) for a in (np.log(30.0) + speed, running, usage)]
-    return {"t": t, "speed": values[0], "running": values[1], "usage": values[2], "enable": enable, "switched": switched}
+    return {"t": t, "speed": values[0], "running": values[1], "usage": values[2], "enable": enable, "switched": switched,
+            "outliers": outliers & ~missing, "wander": wander}  # which samples carry an outlier: for bench/judge_oracle.py's oracle alone
 
 
 def interval_ends(enable: float, intervals: int) -> list[float]:
@@ -529,6 +535,33 @@ def lonely(runs: int, workers: int) -> dict:
             "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:])}
 
 
+def only(keys: Sequence[str], runs: int, workers: int) -> dict:
+    """Some scenarios alone, more runs of one cell: each judge's scenario_table row and the exact
+    (Clopper-Pearson) 95% interval of its rollbacks within 10 intervals. The seeds are those
+    scenarios(runs) gives the cell, so --runs 100 repeats the record's runs and any other count draws
+    new ones."""
+    started = time.monotonic()
+    known = {s.key for s in scenarios(1)}
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise SystemExit(f"--only: no scenario {', '.join(unknown)}; the scenarios are {', '.join(sorted(known))}")
+    todo = [s for s in scenarios(runs) if s.key in keys]
+    with ProcessPoolExecutor(workers) as pool:
+        results = list(zip(todo, pool.map(run_one, todo, chunksize=max(1, len(todo) // (4 * workers)))))
+    out: dict = {}
+    for name in JUDGES:
+        table = scenario_table([(s, r[name]) for s, r in results], guard=True)
+        for key, row in table.items():
+            caught = round(row["within_10_intervals"] * row["runs"])
+            interval = stats.binomtest(caught, row["runs"]).proportion_ci(0.95, method="exact")
+            out.setdefault(key, {})[name] = {**row, "within_10_intervals_count": caught,
+                                             "within_10_intervals_95pct_interval": [round(interval.low, 4), round(interval.high, 4)]}
+    return {"by_scenario": out, "seeds": {k: [min(s.seed for s in todo if s.key == k), max(s.seed for s in todo if s.key == k)] for k in keys},
+            "simulation": "SIMULATION (bench/judge.py docstring)", "seconds": round(time.monotonic() - started, 1),
+            "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
+            "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:])}
+
+
 def cost(nodes: int = 5000, holdouts: int = 500, repeats: int = 3) -> dict[str, float]:
     """CPU seconds of one evaluation of a 5000-node rollout: `holdouts` controls, the rest judged
     (first look: every baseline is fitted; guard mode: baselines kept, only the last 5 min queried);
@@ -569,12 +602,18 @@ def main() -> None:
     parser.add_argument("--cost-only", action="store_true", help="only the 5000-node CPU cost measurement")
     parser.add_argument("--baseline-minutes", type=float, default=BASELINE * STEP / 60,
                         help="the judged node's pre-flip history (the operator's baselineSeconds / 60; default 20)")
+    parser.add_argument("--only", action="append", metavar="SCENARIO",
+                        help="run only this scenario (a key such as regression_10pct@5pct_noise; repeatable), on the seeds --runs gives it: "
+                             "each judge's table and an exact 95%% interval of its power within 10 intervals (see only())")
     parser.add_argument("--lonely", type=int, default=0, metavar="RUNS",
                         help="only the case outside the judge's assumptions: healthy nodes wandering alone (see lonely())")
     args = parser.parse_args()
     set_baseline(args.baseline_minutes)
     if args.lonely:
         print(json.dumps(lonely(args.lonely, args.workers), indent=2))
+        return
+    if args.only:
+        print(json.dumps(only(args.only, args.runs, args.workers), indent=2))
         return
     if args.cost_only:
         print(json.dumps({"cost": cost(), "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",

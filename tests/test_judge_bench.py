@@ -5,6 +5,7 @@ the README's tables are the recorded run's."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import numpy as np
@@ -184,3 +185,101 @@ def test_judge_controls_scenarios_switch_late_wander_everywhere_and_roll_out_who
     assert whole["minutes"] is not None and whole["promoted"] == 10 and len(whole["judged_with"]) == 10
     assert all(controls >= judge_controls.DEFAULT_MIN_CONTROLS for _, controls, _ in whole["judged_with"])
     assert {flag for flag, _, _ in whole["judged_with"]} == {0, 1}  # flag-0 controls first, promoted ones at the end
+
+
+def test_the_oracles_fixed_effects_estimate_is_least_squares_with_its_closed_form_variance_and_power():
+    """A small panel with node offsets, a common drift and missing samples: the oracle's profiled
+    estimate equals least squares with every node and time dummy, and over fresh Gaussian noise its
+    mean, its variance (noise^2 c) and its one-sided z-test's rejection rate match the closed forms."""
+    from scipy import stats
+
+    import judge_oracle
+
+    rng = np.random.default_rng(3)
+    nodes, steps, sd, effect = 4, 30, 0.05, -0.03
+    node, step = np.repeat(np.arange(nodes), steps), np.tile(np.arange(steps), nodes)
+    kept = rng.random(nodes * steps) > 0.1
+    node, step = node[kept], step[kept]
+    treated = (node == 0) & (step >= 15)
+    mean = rng.normal(0, 0.03, nodes)[node] + np.cumsum(rng.normal(0, 0.02, steps))[step] + effect * treated
+    y = mean + rng.normal(0, sd, len(mean))
+    estimate, c = judge_oracle.fixed_effects_estimate(y, node, step, treated)
+    dummies = np.column_stack([np.eye(nodes)[node], np.eye(steps)[step], treated])
+    assert estimate == pytest.approx(np.linalg.lstsq(dummies, y, rcond=None)[0][-1], abs=1e-9)
+    draws = np.array([judge_oracle.fixed_effects_estimate(mean + rng.normal(0, sd, len(mean)), node, step, treated)[0] for _ in range(3000)])
+    assert draws.mean() == pytest.approx(effect, abs=4 * sd * math.sqrt(c / 3000))
+    assert draws.var() == pytest.approx(sd ** 2 * c, rel=0.1)
+    z = stats.norm.ppf(0.95)
+    closed = stats.norm.cdf((0.0 - effect) / (sd * math.sqrt(c)) - z)
+    assert 0.2 < closed < 0.8  # a case where the power is not trivially 0 or 1
+    simulated = float(np.mean(draws / (sd * math.sqrt(c)) < -z))
+    assert simulated == pytest.approx(closed, abs=4 * math.sqrt(closed * (1 - closed) / 3000))
+
+
+def test_the_one_sided_mixture_is_the_half_normal_integral_of_the_likelihood_ratio():
+    from scipy import integrate, stats
+
+    import judge_oracle
+
+    estimate, variance, null, rho = -0.04, 0.0002, -0.01, 0.001
+    integral = integrate.quad(lambda d: math.exp((d * (estimate - null) - d * d / 2) / variance) * 2 * stats.norm.pdf(d, 0, math.sqrt(rho)), -1, 0)[0]
+    value = judge_oracle.one_sided_mixture_log(np.array([estimate]), np.array([variance]), null, rho)[0]
+    assert value == pytest.approx(math.log(integral), rel=1e-6)
+
+
+def test_the_oracles_judge_the_benchs_series_and_reject_a_clear_regression_only():
+    import judge_oracle
+
+    slow = judge_oracle.oracle_one(bench.Scenario("iid", "regression_20pct", 0.02, 0.8, 9))
+    healthy = judge_oracle.oracle_one(bench.Scenario("iid", "none", 0.05, 1.0, 9))
+    for test in ("fixed_horizon", "sprt_at_true_effect", "one_sided_mixture_tuned", "ours_boundary_true_variance"):
+        assert slow["null_at_half_tolerance"][test] is True and healthy["null_at_half_tolerance"][test] is False
+    assert slow["ours"] is True and 0.001 < slow["sd_at_last_look"] < 0.01
+
+
+def test_only_runs_one_cell_with_an_exact_interval_and_names_an_unknown_one():
+    report = bench.only(["regression_20pct@2pct_noise"], runs=2, workers=1)
+    row = report["by_scenario"]["regression_20pct@2pct_noise"]["ours"]
+    assert row["runs"] == 2 and row["within_10_intervals_count"] == 2 and row["within_10_intervals_95pct_interval"][1] == 1.0
+    assert report["seeds"]["regression_20pct@2pct_noise"] == [13, 14]  # scenarios(2)'s seeds for that cell
+    with pytest.raises(SystemExit, match="no scenario nope"):
+        bench.only(["nope"], runs=2, workers=1)
+
+
+def test_the_oracles_gls_whitens_each_nodes_wander_and_has_its_closed_form_variance():
+    """With no wander the GLS is the least squares; with AR(1) wander per node its estimates over fresh
+    wander and noise are unbiased with the variance it states, smaller than least squares' own spread."""
+    import judge_oracle
+
+    rng = np.random.default_rng(5)
+    nodes, steps, noise = 3, 40, 0.05
+    wander = [(150.0, 0.06), (400.0, 0.04), (90.0, 0.08)]
+    node, step = np.repeat(np.arange(nodes), steps), np.tile(np.arange(steps), nodes)
+    treated, seconds = (node == 0) & (step >= 20), step * bench.STEP
+    y = rng.normal(0, noise, len(node)) - 0.05 * treated
+    estimate, c = judge_oracle.fixed_effects_estimate(y, node, step, treated)  # c: the variance over noise^2
+    assert judge_oracle.gls_estimate(y, node, step, treated, seconds, noise, [(100.0, 1e-9)] * nodes) == pytest.approx((estimate, noise ** 2 * c), rel=1e-6)
+    factors = [np.linalg.cholesky(sd ** 2 * np.exp(-np.abs(np.subtract.outer(seconds[:steps], seconds[:steps])) / tau) + noise ** 2 * np.eye(steps))
+               for tau, sd in wander]
+    gls, ols = [], []
+    for _ in range(1500):
+        errors = np.concatenate([f @ rng.normal(0, 1, steps) for f in factors])
+        gls.append(judge_oracle.gls_estimate(errors - 0.05 * treated, node, step, treated, seconds, noise, wander)[0])
+        ols.append(judge_oracle.fixed_effects_estimate(errors - 0.05 * treated, node, step, treated)[0])
+    variance = judge_oracle.gls_estimate(y, node, step, treated, seconds, noise, wander)[1]
+    assert np.mean(gls) == pytest.approx(-0.05, abs=4 * math.sqrt(variance / 1500))
+    assert np.var(gls) == pytest.approx(variance, rel=0.12) and np.var(gls) < np.var(ols)
+
+
+def test_a_look_without_treated_samples_gives_the_oracles_nothing_to_reject_on():
+    import judge_oracle
+
+    sim = bench.simulate(bench.Scenario("iid", "regression_20pct", 0.02, 0.8, 9), guard=False)
+    first = bench.interval_ends(sim["enable"], 1)[0]
+    sim["speed"][0, (sim["t"] >= sim["enable"]) & (sim["t"] <= first)] = np.nan  # a scrape gap of the treated node
+    estimate, variance = judge_oracle.looks_of(sim, 0.02, looks=2)
+    assert math.isnan(estimate[0]) and variance[0] == math.inf and math.isfinite(estimate[1])
+    with np.errstate(invalid="ignore"):
+        one_look = judge_oracle._verdicts(bench.Scenario("iid", "regression_20pct", 0.02, 0.8, 9), sim, estimate[:1], variance[:1], 1)
+    assert not any(one_look["null_at_half_tolerance"][t] for t in ("fixed_horizon", "sprt_at_true_effect", "one_sided_mixture_tuned"))
+    assert one_look["null_at_half_tolerance"]["fixed_horizon_closed_form"] == 0.0

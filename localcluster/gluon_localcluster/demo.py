@@ -69,18 +69,24 @@ def timeline(cluster: SimCluster, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    from gluon_operator.analysis import series_by_node
+    from gluon_operator import analysis
+
+    from . import fleet
+    from .simcluster import DEMO_ANALYSIS
 
     end = time.time()
-    query = ('sum by (node) (rate({__name__=~"sglang[:_]inter_token_latency_seconds_count"}[4s])) / '
-             'sum by (node) (rate({__name__=~"sglang[:_]inter_token_latency_seconds_sum"}[4s]))')
+    # the judge's own query (split by node and flag) at the judge's step: the plot shows the samples it judged,
+    # a step where pods of both flags served blank (analysis.split_by_flag), as the judge leaves it out
+    step = DEMO_ANALYSIS["stepSeconds"]
+    query = analysis.render(analysis.DEFAULT_QUERY, SERVING_NS, fleet.SERVING_LABELS, step)
     import urllib.parse
     import urllib.request
 
-    params = urllib.parse.urlencode({"query": query, "start": cluster.started, "end": end, "step": 1})
+    params = urllib.parse.urlencode({"query": query, "start": cluster.started, "end": end, "step": step})
     with urllib.request.urlopen(f"{cluster.prometheus.url}/api/v1/query_range?{params}", timeout=10) as response:
-        series = series_by_node(json.loads(response.read())["data"]["result"])
+        series, _ = analysis.split_by_flag(json.loads(response.read())["data"]["result"])
     nodes = cluster.status().get("nodes", {})
     fig, ax = plt.subplots(figsize=(12, 6.5))
     for name in sorted(series):
@@ -88,7 +94,7 @@ def timeline(cluster: SimCluster, path: Path) -> None:
         line, = ax.plot([t - cluster.started for t, _ in points], [v for _, v in points], label=f"{name} ({nodes.get(name, {}).get('state', '?')})")
         for when, flag in cluster.nodes[name].history:
             ax.axvline(when - cluster.started, color=line.get_color(), linestyle=":", alpha=0.7)
-            ax.annotate(f"flag {flag}", (when - cluster.started, max(v for _, v in points)), rotation=90, fontsize=7,
+            ax.annotate(f"flag {flag}", (when - cluster.started, np.nanmax(points[:, 1])), rotation=90, fontsize=7,
                         color=line.get_color(), va="top")
         if nodes.get(name, {}).get("state") == "RolledBack":
             at = nodes[name]["since"] - cluster.started
