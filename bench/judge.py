@@ -637,8 +637,13 @@ def main() -> None:
                        "equal_rate_target": EQUAL_RATE, "kayenta_lookback_in_guard_mode_intervals": HORIZON,
                        "anchor_grids": {name: dict(zip(knobs, (sorted(set(v), reverse=True) for v in zip(*grid)))) for name, (knobs, grid) in GRIDS.items()},
                        "simulation": "SIMULATION (bench/judge.py docstring)"}
+    print_report(report, "judge.py", started)
+
+
+def print_report(report: dict, script: str, started: float) -> None:
+    """The record's provenance (machine, command, seconds), then the record as JSON on stdout."""
     report["machine"] = f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}"
-    report["command"] = " ".join(["python", "bench/judge.py"] + sys.argv[1:])
+    report["command"] = " ".join(["python", f"bench/{script}"] + sys.argv[1:])
     report["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(report, indent=2))
 

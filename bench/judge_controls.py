@@ -24,11 +24,7 @@ rollout   a whole rollout, holdoutNodes 0, canary 1, maxParallel 2, 10 and 50 no
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import platform
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -212,10 +208,7 @@ def main() -> None:
     report["setup"] = {"runs_per_cell": runs, "guard_intervals_on_harmless_study_runs": GUARD_STUDY, "min_controls_in_rollouts": DEFAULT_MIN_CONTROLS,
                        "tolerance": bench.TOLERANCE, "baseline_samples": bench.BASELINE, "step_seconds": bench.STEP,
                        "simulation": "SIMULATION (bench/judge_controls.py docstring)"}
-    report["machine"] = f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}"
-    report["command"] = " ".join(["python", "bench/judge_controls.py"] + sys.argv[1:])
-    report["seconds"] = round(time.monotonic() - started, 1)
-    print(json.dumps(report, indent=2))
+    bench.print_report(report, "judge_controls.py", started)
 
 
 if __name__ == "__main__":

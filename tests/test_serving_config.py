@@ -16,7 +16,6 @@ from gluon_agent.sglang_routes import ABORTS, DEFAULT_SERVING, PERSISTENT, Servi
 from gluon_agent.sources import SimulatedSource, simulated_node
 from gluon_localcluster.fleet import agent_published
 from gluon_operator import gating, webhook
-from gluon_operator import plan as planner
 from gluon_operator.gating import ENABLING, INELIGIBLE, NodeFacts
 from gluon_operator.kubectl_plugin import views
 from gluon_operator.metrics import OperatorMetrics
