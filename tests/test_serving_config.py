@@ -426,3 +426,43 @@ def test_the_operator_may_write_each_of_its_node_keys_and_the_agent_none(key):
     stranger["metadata"]["annotations"][contract.PREFIX + "not-ours"] = "x"
     assert admit(as_operator, old, stranger, policy("-operator-reach"))  # the policy does refuse a key it does not list
     assert any("the agent may not change the operator's keys" in m for m in admit(request(user=AGENT_USER), old, new))
+
+
+# ---------------------------------------------------------------- agents re-testing at different times
+
+
+def test_a_failed_self_test_of_another_config_is_named_first_with_the_retest():
+    """A node whose kernel crashed is not reported as merely waiting for a re-test of the rollout's config."""
+    el = gating.eligibility(facts(serving=ServingConfig(verify_q_lens=(2,)), fallback="fail"), 0.0, None, ServingConfig())
+    assert not el.eligible and not el.proof_pending
+    assert el.reason.startswith("self-test not passed: GPU 0 fallback fail") and "re-test requested" in el.reason
+    passing = gating.eligibility(facts(serving=ServingConfig(verify_q_lens=(2,))), 0.0, None, ServingConfig())
+    assert passing.proof_pending and passing.reason.startswith("self-test proved serving config")
+
+
+def test_holdouts_keep_their_place_while_their_agents_retest():
+    """The control group follows the stable order, not which agents proved the rollout's config first."""
+    statuses = {n: gating.NodeStatus(gating.ELIGIBLE) for n in ("a", "b", "c", "d")}
+    order = sorted(statuses, key=gating.holdout_rank)
+    assert gating.choose_holdouts(statuses, 1) == order[:1]
+    first = order[0]
+    statuses[first] = gating.NodeStatus(INELIGIBLE)
+    assert gating.choose_holdouts(statuses, 1, pending=[first]) == []  # its place is kept, not given to the next
+    assert gating.choose_holdouts(statuses, 2, pending=[first]) == order[1:2]
+    assert gating.choose_holdouts(statuses, 1) == order[1:2]  # a node that will not prove gives its place up
+
+
+def test_in_a_fleet_the_holdout_is_the_same_whichever_agent_proves_first():
+    wanted = ServingConfig(verify_q_lens=(4,))
+    outcomes = set()
+    for first in ("n0", "n1", "n2", "n3"):
+        fleet = Fleet(4, pods_per_node=0, serving=wanted.as_dict(), strategy={"holdoutNodes": 1, "canaryNodes": 1, "maxParallel": 1})
+        fleet.step()
+        for name in [first] + [n for n in fleet.nodes if n != first]:  # one agent proves per reconcile
+            labels, annotations = agent_published(name, serving=wanted)
+            fleet.nodes[name]["metadata"]["labels"].update(labels)
+            fleet.nodes[name]["metadata"]["annotations"].update(annotations)
+            fleet.step()
+        holdouts = {n for n, s in fleet.rollout["status"]["nodes"].items() if s.get("holdout")}
+        outcomes.add(frozenset(holdouts))
+    assert len(outcomes) == 1 and len(next(iter(outcomes))) == 1

@@ -41,6 +41,7 @@ class Eligibility:
     reason: str
     fingerprint: str | None
     no_safe_rollback: bool = False  # flag 0 has no working route here: never enabled (plan keeps an enabled one on)
+    proof_pending: bool = False  # passing, but for another serving config: its agent re-tests for this one
 
 
 def parse_report(annotations: Mapping[str, str]) -> tuple[AgentReport | None, str | None]:
@@ -82,9 +83,9 @@ SKIPPED = f"skipped: node label {contract.LABEL_SKIP}=true"
 NO_SAFE_ROLLBACK = "no safe rollback"
 
 
-def serving_problem(report: AgentReport, serving: ServingConfig | str | None) -> tuple[str, bool] | None:
-    """(why the node cannot serve the rollout's configuration, whether it is because flag 0 has no route),
-    or None. `serving`: the rollout's configuration, why it has none (a str), or None: not checked."""
+def route_problem(report: AgentReport, serving: ServingConfig | str | None) -> tuple[str, bool] | None:
+    """(why the node's SGLang cannot serve the rollout's configuration, whether it is because flag 0 has no
+    route), or None. `serving`: the rollout's configuration, why it has none (a str), or None: not checked."""
     if serving is None:
         return None
     if isinstance(serving, str):
@@ -97,11 +98,18 @@ def serving_problem(report: AgentReport, serving: ServingConfig | str | None) ->
     flag1 = routing.flag1_no_route(sglang, serving)
     if flag1:
         return f"flag 1 has no working route for the serving configuration ({routing.describe(serving)}): {flag1[0]}", False
-    proved = report.selftest.serving.digest if report.selftest.serving else None
-    if proved != serving.digest:
-        return (f"self-test proved serving config {proved or '(none: an agent without serving configs)'}; this rollout serves "
-                f"{serving.digest} ({routing.describe(serving)}); re-test requested"), False
     return None
+
+
+def proof_problem(report: AgentReport, serving: ServingConfig | str | None) -> str | None:
+    """Why the node's self-test is not the proof of the rollout's configuration (it proved another), or None."""
+    if not isinstance(serving, ServingConfig):
+        return None
+    proved = report.selftest.serving.digest if report.selftest.serving else None
+    if proved == serving.digest:
+        return None
+    return (f"self-test proved serving config {proved or '(none: an agent without serving configs)'}; this rollout serves "
+            f"{serving.digest} ({routing.describe(serving)}); re-test requested")
 
 
 def eligibility(facts: NodeFacts, now: float, retry_after: int | None, serving: ServingConfig | str | None = None) -> Eligibility:
@@ -120,16 +128,21 @@ def eligibility(facts: NodeFacts, now: float, retry_after: int | None, serving: 
     if facts.labels.get(contract.LABEL_CAPABLE) != "true" or not report.probe.capable:
         missing = report.probe.missing_for_capable or ["capable label is not 'true'"]
         return Eligibility(False, "not capable: " + "; ".join(missing), fingerprint)
-    problem_here = serving_problem(report, serving)
-    if problem_here:
-        return Eligibility(False, problem_here[0], fingerprint, problem_here[1])
+    routes = route_problem(report, serving)
+    if routes:
+        return Eligibility(False, routes[0], fingerprint, routes[1])
+    # A failed self-test is named first, also one of another serving config (its failure is the news; the
+    # re-test for this one is noted), so a crashing kernel never reads as a config still to prove.
+    proof = proof_problem(report, serving)
     verdict = facts.labels.get(contract.LABEL_SELFTEST)
     if verdict != "pass" or report.verdict != "pass":
         failing = failing_paths(report)
         detail = "; ".join(failing) if failing else f"label {verdict}, report {report.verdict}"
-        return Eligibility(False, f"self-test not passed: {detail}", fingerprint)
+        return Eligibility(False, f"self-test not passed: {detail}" + (f" ({proof})" if proof else ""), fingerprint)
     if report.selftest.fingerprint != fingerprint:
         return Eligibility(False, f"self-test is for fingerprint {report.selftest.fingerprint}, node is at {fingerprint}", fingerprint)
+    if proof:  # a passing node whose agent re-tests for this config: eligible once it has (proof_pending)
+        return Eligibility(False, proof, fingerprint, proof_pending=report.selftest.serving is not None)
     record, unreadable = parse_rollback(facts.annotations)
     if unreadable:
         return Eligibility(False, unreadable, fingerprint)
@@ -308,11 +321,14 @@ def holdout_rank(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
-def choose_holdouts(statuses: Mapping[str, NodeStatus], wanted: int) -> list[str]:
-    """Eligible nodes to add to the control group until it has `wanted` members."""
+def choose_holdouts(statuses: Mapping[str, NodeStatus], wanted: int, pending: Iterable[str] = ()) -> list[str]:
+    """Eligible nodes to add to the control group until it has `wanted` members. `pending`: nodes that pass
+    but still prove another serving config (their agents re-test for this one): they keep their place in
+    the order, so the group does not go to whichever nodes proved first (it would follow the agents' timing)."""
     have = sum(1 for s in statuses.values() if s.holdout and s.state == ELIGIBLE)
-    pool = sorted((n for n, s in statuses.items() if s.state == ELIGIBLE and not s.holdout), key=holdout_rank)
-    return pool[: max(0, wanted - have)]
+    waiting = set(pending)
+    pool = sorted((n for n, s in statuses.items() if s.state == ELIGIBLE and not s.holdout or n in waiting), key=holdout_rank)
+    return [n for n in pool[: max(0, wanted - have)] if n not in waiting]
 
 
 def enable(prev: NodeStatus, now: float) -> Step:

@@ -247,6 +247,7 @@ class NodeWork:
     action: str | None = None
     known: bool = True  # False: the node is new to this rollout (no record, no status entry)
     no_safe_rollback: bool = False  # flag 0 has no working route for the rollout's serving configuration here
+    proof_pending: bool = False  # passing, but its agent still re-tests for the rollout's serving configuration
 
 
 def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdict], analysis: Mapping[str, Any] | None,
@@ -267,7 +268,8 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
                 w.status = gating.move(w.status, DISABLED, f"rollout aborted: {aborted['reason']}", now, changed_at=now)
                 w.action = "restart"
     statuses = {n: w.status for n, w in work.items()}
-    for name in gating.choose_holdouts({n: s for n, s in statuses.items() if not work[n].held}, spec.strategy.holdoutNodes):
+    pending = [n for n, w in work.items() if w.proof_pending and not w.held]
+    for name in gating.choose_holdouts({n: s for n, s in statuses.items() if not work[n].held}, spec.strategy.holdoutNodes, pending):
         work[name].status = replace(work[name].status, holdout=True, reason="holdout: control group kept at flag 0")
     approval = approvals(rollout, spec, now)
     chosen, waiting = choose_enables(spec, work, approval, bool(aborted))
@@ -381,7 +383,7 @@ def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: 
     retry = spec.analysis.retryAfterSeconds
     el = gating.eligibility(gating.NodeFacts(view.name, view.labels, view.annotations, bool(world.agents.get(view.name))), now, retry,
                             serving_expectation(serving) if serving is not None else None)
-    no_safe_rollback = el.no_safe_rollback
+    no_safe_rollback, proof_pending = el.no_safe_rollback, el.proof_pending
     if not el.eligible and prior.state in FLAG_ON_STATES and (el.no_safe_rollback or serving is not None and serving.config is None):
         # Turning it off would restart its pods at a flag that cannot serve (or at a config nobody resolved):
         # it keeps its state, and the condition and Events say so.
@@ -401,7 +403,7 @@ def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: 
     status = step.status
     if held and status.state in FLAG_ON_STATES:
         status = replace(status, reason=f"{status.reason} ({held.split(':')[0]}: its pods left alone)")
-    return NodeWork(view, batch, prior, recorded, pods, summary, held, status, step.action, known, no_safe_rollback)
+    return NodeWork(view, batch, prior, recorded, pods, summary, held, status, step.action, known, no_safe_rollback, proof_pending)
 
 
 def abort_record(rollout: RolloutView, spec: GluonRolloutSpec, work: Mapping[str, NodeWork]) -> dict[str, Any] | None:
