@@ -44,13 +44,13 @@ class OperatorMetrics:
         self.query_seconds = Histogram(contract.M_ROLLOUT_QUERY_SECONDS, "Prometheus query latency", registry=r)
         self.api_errors = Counter(contract.M_ROLLOUT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
         self.restarts = Counter(contract.M_ROLLOUT_RESTARTS, "Serving pod restarts by outcome", ["outcome"], registry=r)
-        # ---- the admission webhook: every review it answered, by outcome (all are allowed)
         self.operator_cpu = Counter(contract.M_ROLLOUT_OPERATOR_CPU, "CPU seconds of the operator's own work, by phase", ["phase"], registry=r)
         self.reconciles = Counter(contract.M_ROLLOUT_RECONCILES, "Reconciles by outcome", ["outcome"], registry=r)
         for phase in CPU_PHASES:
             self.operator_cpu.labels(phase)
         for outcome in RECONCILE_OUTCOMES:
             self.reconciles.labels(outcome)
+        # ---- the admission webhook: every review it answered, by outcome (all are allowed)
         self.webhook_reviews = Counter(contract.M_ROLLOUT_WEBHOOK_REVIEWS, "Admission reviews answered, by outcome",
                                        ["outcome"], registry=r)
         for outcome in webhook.OUTCOMES:

@@ -213,7 +213,6 @@ class ReadCache:
     def __init__(self) -> None:
         self.entries: dict[tuple[type, str, str], tuple[Any, str | None]] = {}
         self.held = 0
-        self.parses = 0  # readings made, not served from the cache (tests/test_scale_guard.py counts them)
         self.lock = threading.Lock()
 
     def get(self, key: tuple[type, str, str]) -> tuple[Any, str | None] | None:
@@ -221,7 +220,6 @@ class ReadCache:
 
     def put(self, key: tuple[type, str, str], reading: tuple[Any, str | None]) -> None:
         with self.lock:
-            self.parses += 1
             if self.held + len(key[1]) > self.BUDGET_BYTES:
                 self.entries, self.held = {}, 0
             self.entries[key] = reading
