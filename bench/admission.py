@@ -35,8 +35,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from clusterbench import (agent_daemonset, agent_pod_from_daemonset, child_pythonpath, exit_cleanly_on_sigterm, provenance,  # noqa: E402
-                          wait_until)
+from clusterbench import (
+    agent_daemonset,
+    agent_pod_from_daemonset,
+    child_pythonpath,
+    exit_cleanly_on_sigterm,
+    provenance,  # noqa: E402
+    wait_until,
+)
+
 from gluon_agent import contract  # noqa: E402
 from gluon_agent.sources import simulated_node  # noqa: E402
 from gluon_localcluster import fleet, processes  # noqa: E402
@@ -48,7 +55,11 @@ from gluon_operator.spec import GROUP, PLURAL, VERSION  # noqa: E402
 NAMESPACE, UNSEEN = "serving", "kube-system"
 NODE, NODE_INDEX = "gpu-start", 3
 SERVING_IMAGE = "lmsysorg/sglang:rocm-demo"  # fleet.serving_deployment's image: simulated below
-ARMS = {"injected": (NAMESPACE, fleet.SERVING_LABELS), "unmatched": (NAMESPACE, {"app": "other"}), "unseen": (UNSEEN, fleet.SERVING_LABELS)}
+ARMS = {
+    "injected": (NAMESPACE, fleet.SERVING_LABELS),
+    "unmatched": (NAMESPACE, {"app": "other"}),
+    "unseen": (UNSEEN, fleet.SERVING_LABELS),
+}
 WORKERS = 6
 GOALS = {"added_ms_p99_max": 50, "init_seconds_added_max": 3}
 
@@ -56,7 +67,12 @@ GOALS = {"added_ms_p99_max": 50, "init_seconds_added_max": 3}
 def pod(name: str, labels: dict[str, str], node: str | None = None) -> dict[str, Any]:
     template = fleet.serving_deployment("sglang")["spec"]["template"]
     spec = {**template["spec"], **({"nodeName": node} if node else {})}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {**template["metadata"]["labels"], **labels}}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {**template["metadata"]["labels"], **labels}},
+        "spec": spec,
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -65,8 +81,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"creates": len(values), "p50_ms": round(percentile(values, 0.5), 2), "p99_ms": round(percentile(values, 0.99), 2),
-            "max_ms": round(max(values), 2)}
+    return {
+        "creates": len(values),
+        "p50_ms": round(percentile(values, 0.5), 2),
+        "p99_ms": round(percentile(values, 0.99), 2),
+        "max_ms": round(max(values), 2),
+    }
 
 
 def create_latencies(cp: ControlPlane, seconds: float, rate: float) -> dict[str, Any]:
@@ -82,7 +102,9 @@ def create_latencies(cp: ControlPlane, seconds: float, rate: float) -> dict[str,
             local.core = client.CoreV1Api(cp.admin_client())
         namespace, labels = ARMS[arm]
         started = time.perf_counter()
-        response = local.core.create_namespaced_pod(namespace, pod(f"{arm}-{index:05d}", labels), _preload_content=False)
+        response = local.core.create_namespaced_pod(
+            namespace, pod(f"{arm}-{index:05d}", labels), _preload_content=False
+        )
         elapsed = (time.perf_counter() - started) * 1e3
         annotations = json.loads(response.data)["metadata"].get("annotations") or {}
         with lock:
@@ -103,10 +125,14 @@ def create_latencies(cp: ControlPlane, seconds: float, rate: float) -> dict[str,
             future.result()
     wall = time.monotonic() - started
     arms = {arm: summary(values) for arm, values in latencies.items()}
-    return {"seconds": round(wall, 1), "rate_per_arm_per_s": round(slots / wall, 2), "arms": arms,
-            "every_pod_mutated_as_expected": all(injected_ok),
-            "added_ms_p50": round(arms["injected"]["p50_ms"] - arms["unseen"]["p50_ms"], 2),
-            "added_ms_p99": round(arms["injected"]["p99_ms"] - arms["unseen"]["p99_ms"], 2)}
+    return {
+        "seconds": round(wall, 1),
+        "rate_per_arm_per_s": round(slots / wall, 2),
+        "arms": arms,
+        "every_pod_mutated_as_expected": all(injected_ok),
+        "added_ms_p50": round(arms["injected"]["p50_ms"] - arms["unseen"]["p50_ms"], 2),
+        "added_ms_p99": round(arms["injected"]["p99_ms"] - arms["unseen"]["p99_ms"], 2),
+    }
 
 
 def init_seconds(cp: ControlPlane, installed: Any, workdir: Path, starts: int) -> dict[str, Any]:
@@ -114,32 +140,55 @@ def init_seconds(cp: ControlPlane, installed: Any, workdir: Path, starts: int) -
 
     core = client.CoreV1Api(cp.admin_client())
     core.create_node(fleet.kwok_node(NODE, NODE_INDEX))
-    core.create_namespaced_pod(installed.namespace, agent_pod_from_daemonset(agent_daemonset(cp, installed.namespace), NODE))
+    core.create_namespaced_pod(
+        installed.namespace, agent_pod_from_daemonset(agent_daemonset(cp, installed.namespace), NODE)
+    )
     simulate = workdir / "sim.json"
     simulate.write_text(json.dumps(simulated_node()))
-    agent = processes.agent(installed, NODE, fleet.node_ip(NODE_INDEX), simulate, env={"PYTHONPATH": child_pythonpath()})
+    agent = processes.agent(
+        installed, NODE, fleet.node_ip(NODE_INDEX), simulate, env={"PYTHONPATH": child_pythonpath()}
+    )
     bin_dir = str(Path(sys.executable).parent)
-    images = {processes.AGENT_IMAGE: Image(env={"PYTHONPATH": child_pythonpath()}, path=(bin_dir,)),
-              SERVING_IMAGE: Image(path=(bin_dir,))}  # SIMULATION of both images: this Python (CPU torch, no aiter)
+    images = {
+        processes.AGENT_IMAGE: Image(env={"PYTHONPATH": child_pythonpath()}, path=(bin_dir,)),
+        SERVING_IMAGE: Image(path=(bin_dir,)),
+    }  # SIMULATION of both images: this Python (CPU torch, no aiter)
     try:
-        wait_until(lambda: (core.read_node(NODE).metadata.labels or {}).get(contract.LABEL_SELFTEST) == "pass" or not agent.alive(),
-                   90, "the agent's first publish")
+        wait_until(
+            lambda: (
+                (core.read_node(NODE).metadata.labels or {}).get(contract.LABEL_SELFTEST) == "pass" or not agent.alive()
+            ),
+            90,
+            "the agent's first publish",
+        )
         if not agent.alive():
             raise RuntimeError(f"the agent exited:\n{agent.tail()}")
         (workdir / "kubelet-sim").mkdir(exist_ok=True)
         with KubeletSim(cp.admin_client(), images, workdir=workdir / "kubelet-sim", parallel=1) as kubelet:
             for index in range(starts):
-                core.create_namespaced_pod(NAMESPACE, pod(f"start-{index}", fleet.SERVING_LABELS, node=NODE), _preload_content=False)
-                wait_until(lambda: len(kubelet.outcomes) > index or kubelet.errors, 120, f"start-{index}'s init containers", 0.1)
+                core.create_namespaced_pod(
+                    NAMESPACE, pod(f"start-{index}", fleet.SERVING_LABELS, node=NODE), _preload_content=False
+                )
+                wait_until(
+                    lambda: len(kubelet.outcomes) > index or kubelet.errors,
+                    120,
+                    f"start-{index}'s init containers",
+                    0.1,
+                )
                 if kubelet.errors:
                     raise RuntimeError(f"kubelet_sim: {kubelet.errors}")
         outcomes = kubelet.outcomes
     finally:
         agent.stop()
     seconds = [o.seconds for o in outcomes]
-    return {"starts": len(seconds), "init_seconds": [round(s, 2) for s in seconds], "init_seconds_median": round(sorted(seconds)[len(seconds) // 2], 2),
-            "init_seconds_max": round(max(seconds), 2), "flags": sorted({str(o.flag) for o in outcomes}),
-            "preflight_reason": json.loads(outcomes[-1].message).get("reason") if outcomes[-1].message else None}
+    return {
+        "starts": len(seconds),
+        "init_seconds": [round(s, 2) for s in seconds],
+        "init_seconds_median": round(sorted(seconds)[len(seconds) // 2], 2),
+        "init_seconds_max": round(max(seconds), 2),
+        "flags": sorted({str(o.flag) for o in outcomes}),
+        "preflight_reason": json.loads(outcomes[-1].message).get("reason") if outcomes[-1].message else None,
+    }
 
 
 def main() -> None:
@@ -165,13 +214,24 @@ def main() -> None:
         for namespace in (NAMESPACE, UNSEEN):  # the controller-manager's service-account controller would make them
             core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
         client.CustomObjectsApi(cp.admin_client()).create_namespaced_custom_object(
-            GROUP, VERSION, NAMESPACE, PLURAL, fleet.rollout("admission", NAMESPACE))
+            GROUP, VERSION, NAMESPACE, PLURAL, fleet.rollout("admission", NAMESPACE)
+        )
         operator = processes.operator(installed, reconcile_seconds=5, PYTHONPATH=child_pythonpath())
         try:
+
             def webhook_ready() -> bool:
-                body = json.loads(core.create_namespaced_pod(NAMESPACE, pod(f"ready-{time.monotonic_ns()}", fleet.SERVING_LABELS),
-                                                             dry_run="All", _preload_content=False).data)
-                return contract.ANNOTATION_POD_INJECTED in (body["metadata"].get("annotations") or {}) or not operator.alive()
+                body = json.loads(
+                    core.create_namespaced_pod(
+                        NAMESPACE,
+                        pod(f"ready-{time.monotonic_ns()}", fleet.SERVING_LABELS),
+                        dry_run="All",
+                        _preload_content=False,
+                    ).data
+                )
+                return (
+                    contract.ANNOTATION_POD_INJECTED in (body["metadata"].get("annotations") or {})
+                    or not operator.alive()
+                )
 
             wait_until(webhook_ready, 90, "the operator's webhook injecting")
             if not operator.alive():
@@ -181,10 +241,22 @@ def main() -> None:
             version = cp.version()["gitVersion"]
         finally:
             operator.stop()
-    print(json.dumps({**provenance("admission", "admission.py"), "apiserver_version": version, "goals": GOALS,
-                      "create_latency": latency, "init_containers": starting,
-                      "goals_met": {"added_ms_p99": latency["added_ms_p99"] <= GOALS["added_ms_p99_max"],
-                                    "init_seconds": starting["init_seconds_max"] <= GOALS["init_seconds_added_max"]}}, indent=2))
+    print(
+        json.dumps(
+            {
+                **provenance("admission", "admission.py"),
+                "apiserver_version": version,
+                "goals": GOALS,
+                "create_latency": latency,
+                "init_containers": starting,
+                "goals_met": {
+                    "added_ms_p99": latency["added_ms_p99"] <= GOALS["added_ms_p99_max"],
+                    "init_seconds": starting["init_seconds_max"] <= GOALS["init_seconds_added_max"],
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from clusterbench import (agent_daemonset, agent_pod_from_daemonset, child_pythonpath, cpu_seconds, exit_cleanly_on_sigterm,  # noqa: E402
-                          provenance, rss_bytes, wait_until)
+from clusterbench import (
+    agent_daemonset,
+    agent_pod_from_daemonset,
+    child_pythonpath,
+    cpu_seconds,
+    exit_cleanly_on_sigterm,  # noqa: E402
+    provenance,
+    rss_bytes,
+    wait_until,
+)
+
 from gluon_agent import contract  # noqa: E402
 from gluon_agent.sources import simulated_node  # noqa: E402
 from gluon_localcluster import fleet, processes  # noqa: E402
@@ -51,14 +60,35 @@ def main() -> None:
         installed = install(cp)
         core = client.CoreV1Api(cp.admin_client())
         core.create_node(fleet.kwok_node(NODE, NODE_INDEX))
-        core.create_namespaced_pod(installed.namespace, agent_pod_from_daemonset(agent_daemonset(cp, installed.namespace), NODE))
+        core.create_namespaced_pod(
+            installed.namespace, agent_pod_from_daemonset(agent_daemonset(cp, installed.namespace), NODE)
+        )
         sim = workdir / "sim.json"
         sim.write_text(json.dumps(simulated_node()))
         host = fleet.node_ip(NODE_INDEX)
-        argv = [sys.executable, "-m", "gluon_agent", "run", "--kubeconfig", str(installed.agent_kubeconfig(NODE)), "--simulate", str(sim),
-                "--node-name", NODE, "--host", host, "--port", str(contract.AGENT_PORT), "--log-level", "WARNING"]
-        agent = processes.Process(argv, processes.python_env(PYTHONPATH=child_pythonpath()), workdir / "agent.log").start()
+        argv = [
+            sys.executable,
+            "-m",
+            "gluon_agent",
+            "run",
+            "--kubeconfig",
+            str(installed.agent_kubeconfig(NODE)),
+            "--simulate",
+            str(sim),
+            "--node-name",
+            NODE,
+            "--host",
+            host,
+            "--port",
+            str(contract.AGENT_PORT),
+            "--log-level",
+            "WARNING",
+        ]
+        agent = processes.Process(
+            argv, processes.python_env(PYTHONPATH=child_pythonpath()), workdir / "agent.log"
+        ).start()
         try:
+
             def published() -> bool:
                 labels = core.read_node(NODE).metadata.labels or {}
                 return labels.get(contract.LABEL_SELFTEST) == "pass" or not agent.alive()
@@ -83,18 +113,23 @@ def main() -> None:
             version = cp.version()["gitVersion"]
         finally:
             agent.stop()
-    print(json.dumps({
-        **provenance("agent_overhead", "agent_overhead.py"),
-        "apiserver_version": version,
-        "idle_seconds": idle,
-        "idle_rss_mb": round(rss_idle / 2**20, 1),
-        "rss_after_metrics_mb": round(rss_after / 2**20, 1),
-        "cpu_seconds_per_idle_minute": round(idle_cpu / idle_wall * 60, 3),
-        "metrics_requests": requests,
-        "metrics_latency_ms_p50": round(statistics.median(latencies), 2),
-        "metrics_latency_ms_p99": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
-        "targets": {"idle_rss_mb_max": 120, "metrics_latency_ms_p99_max": 20},
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                **provenance("agent_overhead", "agent_overhead.py"),
+                "apiserver_version": version,
+                "idle_seconds": idle,
+                "idle_rss_mb": round(rss_idle / 2**20, 1),
+                "rss_after_metrics_mb": round(rss_after / 2**20, 1),
+                "cpu_seconds_per_idle_minute": round(idle_cpu / idle_wall * 60, 3),
+                "metrics_requests": requests,
+                "metrics_latency_ms_p50": round(statistics.median(latencies), 2),
+                "metrics_latency_ms_p99": round(latencies[int(0.99 * (len(latencies) - 1))], 2),
+                "targets": {"idle_rss_mb_max": 120, "metrics_latency_ms_p99_max": 20},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -58,10 +58,22 @@ def main() -> int:
     for wrong in (HostScaleCopy, MetadataInCapture):
         results[wrong.__name__] = guarded(wrong(p, call, serving), p.new_output())
         torch.cuda.synchronize()
-    ours_clean = all(not r["violations"] and not r["capture_error"] for n, r in results.items() if n.startswith("aiter"))
+    ours_clean = all(
+        not r["violations"] and not r["capture_error"] for n, r in results.items() if n.startswith("aiter")
+    )
     wrong_caught = all(r["violations"] or r["capture_error"] for n, r in results.items() if not n.startswith("aiter"))
-    print(json.dumps({"device": torch.cuda.get_device_name(device), "torch": torch.__version__, "results": results,
-                      "ours_clean": ours_clean, "wrong_caught": wrong_caught}, indent=2))
+    print(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(device),
+                "torch": torch.__version__,
+                "results": results,
+                "ours_clean": ours_clean,
+                "wrong_caught": wrong_caught,
+            },
+            indent=2,
+        )
+    )
     return 0 if ours_clean and wrong_caught else 1
 
 

@@ -23,7 +23,9 @@ from gluon_localcluster.waiting import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_LABEL = "app.kubernetes.io/name=gluon-rollout-agent"  # the chart's agent pods
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
-STARTED_UTC = time.strftime("%Y-%m-%d %H:%M", time.gmtime())  # when the bench began (its record's date is the day it ended)
+STARTED_UTC = time.strftime(
+    "%Y-%m-%d %H:%M", time.gmtime()
+)  # when the bench began (its record's date is the day it ended)
 
 
 # ---------------------------------------------------------------- a process's cost, from /proc
@@ -68,14 +70,23 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 def machine() -> dict[str, Any]:
     memory = subprocess.run(["free", "-g"], capture_output=True, text=True).stdout.split("\n")[1].split()
-    return {"arch": platform.machine(), "nproc": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
-            "memory_gib_total": int(memory[1]), "python": platform.python_version(),
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2)}  # the cores are shared: what else ran
+    return {
+        "arch": platform.machine(),
+        "nproc": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
+        "memory_gib_total": int(memory[1]),
+        "python": platform.python_version(),
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+    }  # the cores are shared: what else ran
 
 
 def provenance(bench: str, script: str) -> dict[str, Any]:
-    return {"bench": bench, "date": time.strftime("%Y-%m-%d", time.gmtime()), "started_utc": STARTED_UTC, "machine": machine(),
-            "command": " ".join([f"python bench/{script}", *sys.argv[1:]])}
+    return {
+        "bench": bench,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "started_utc": STARTED_UTC,
+        "machine": machine(),
+        "command": " ".join([f"python bench/{script}", *sys.argv[1:]]),
+    }
 
 
 def child_pythonpath() -> str:
@@ -90,16 +101,34 @@ def agent_pod_from_daemonset(daemonset: dict[str, Any], node: str) -> dict[str, 
     """The pod the DaemonSet controller would make for `node` (its template, owned by it, bound there)."""
     meta = daemonset["metadata"]
     template = json.loads(json.dumps(daemonset["spec"]["template"]))
-    template["metadata"].update(name=f"{meta['name']}-{node}", namespace=meta["namespace"], ownerReferences=[
-        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta["name"], "uid": meta["uid"], "controller": True,
-         "blockOwnerDeletion": True}])
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": {**template["spec"], "nodeName": node}}
+    template["metadata"].update(
+        name=f"{meta['name']}-{node}",
+        namespace=meta["namespace"],
+        ownerReferences=[
+            {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": template["metadata"],
+        "spec": {**template["spec"], "nodeName": node},
+    }
 
 
 def agent_daemonset(cp: Any, namespace: str) -> dict[str, Any]:
     from kubernetes import client
 
-    listing = client.AppsV1Api(cp.admin_client()).list_namespaced_daemon_set(namespace, label_selector=AGENT_LABEL, _preload_content=False)
+    listing = client.AppsV1Api(cp.admin_client()).list_namespaced_daemon_set(
+        namespace, label_selector=AGENT_LABEL, _preload_content=False
+    )
     return json.loads(listing.data)["items"][0]
 
 

@@ -40,7 +40,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gluon_localcluster.faultsim import ROLLOUT_SCENARIOS, SCENARIO_FAULTS, SCENARIOS, check, run_kernel_faults, run_rollout  # noqa: E402
+from gluon_localcluster.faultsim import (
+    ROLLOUT_SCENARIOS,
+    SCENARIO_FAULTS,
+    SCENARIOS,
+    check,
+    run_kernel_faults,
+    run_rollout,
+)  # noqa: E402
 
 
 def faults_for(scenario: str, kills: int) -> dict[str, Any]:
@@ -67,19 +74,27 @@ def main() -> None:
     results: dict[str, Any] = {}
     for name in SCENARIOS:
         if name in chosen:
-            results[name] = (run_kernel_faults(workdir, args.timeout) if name == "kernel_faults"
-                             else run_rollout(name, workdir, args.seed, args.timeout, **faults_for(name, args.kills)))
+            results[name] = (
+                run_kernel_faults(workdir, args.timeout)
+                if name == "kernel_faults"
+                else run_rollout(name, workdir, args.seed, args.timeout, **faults_for(name, args.kills))
+            )
     invariants = check(results)
-    print(json.dumps({
-        "bench": "faults",
-        "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
-        "command": " ".join(["python", "bench/faults.py"] + sys.argv[1:]),
-        "scenarios": results,
-        "invariants": invariants,
-        "all_hold": all(invariants.values()),
-        "seconds": round(time.monotonic() - started, 1),
-        "workdir": str(workdir),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "bench": "faults",
+                "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
+                "command": " ".join(["python", "bench/faults.py"] + sys.argv[1:]),
+                "scenarios": results,
+                "invariants": invariants,
+                "all_hold": all(invariants.values()),
+                "seconds": round(time.monotonic() - started, 1),
+                "workdir": str(workdir),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

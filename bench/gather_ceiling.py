@@ -53,8 +53,9 @@ GRID = [
 
 
 @triton.jit
-def _xor_of_rows(KV_WORDS, INDICES, lo, hi, row_stride_words,
-                 BLOCK_T: tl.constexpr, LATENT: tl.constexpr, ROPE: tl.constexpr):
+def _xor_of_rows(
+    KV_WORDS, INDICES, lo, hi, row_stride_words, BLOCK_T: tl.constexpr, LATENT: tl.constexpr, ROPE: tl.constexpr
+):
     """XOR of every 32-bit word of the rows INDICES[lo:hi] name."""
     offs_l = tl.arange(0, LATENT)
     offs_r = tl.arange(0, ROPE)
@@ -71,8 +72,17 @@ def _xor_of_rows(KV_WORDS, INDICES, lo, hi, row_stride_words,
 
 
 @triton.jit
-def _gather_xor_kernel(KV_WORDS, INDICES, OUT, n_rows, per_program, row_stride_words,
-                       BLOCK_T: tl.constexpr, LATENT: tl.constexpr, ROPE: tl.constexpr):
+def _gather_xor_kernel(
+    KV_WORDS,
+    INDICES,
+    OUT,
+    n_rows,
+    per_program,
+    row_stride_words,
+    BLOCK_T: tl.constexpr,
+    LATENT: tl.constexpr,
+    ROPE: tl.constexpr,
+):
     pid = tl.program_id(0)
     lo = pid * per_program
     hi = tl.minimum(lo + per_program, n_rows)
@@ -80,11 +90,27 @@ def _gather_xor_kernel(KV_WORDS, INDICES, OUT, n_rows, per_program, row_stride_w
 
 
 @triton.jit
-def _split_floor_kernel(KV_WORDS, KV_INDPTR, INDICES, OUT, PART_O, PART_LSE,
-                        num_heads, num_splits, row_stride_words,
-                        stride_pb, stride_ps, stride_ph, stride_lb, stride_ls,
-                        BLOCK_T: tl.constexpr, LATENT: tl.constexpr, ROPE: tl.constexpr,
-                        BLOCK_H: tl.constexpr, D: tl.constexpr):
+def _split_floor_kernel(
+    KV_WORDS,
+    KV_INDPTR,
+    INDICES,
+    OUT,
+    PART_O,
+    PART_LSE,
+    num_heads,
+    num_splits,
+    row_stride_words,
+    stride_pb,
+    stride_ps,
+    stride_ph,
+    stride_lb,
+    stride_ls,
+    BLOCK_T: tl.constexpr,
+    LATENT: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    D: tl.constexpr,
+):
     # The split kernel's ranges, reads and writes (a partial per split, its log-sum-exp) with no arithmetic.
     b = tl.program_id(0)
     s = tl.program_id(1)
@@ -111,18 +137,30 @@ def programs_for(n_rows: int, config: GatherConfig, device: torch.device) -> tup
     return triton.cdiv(n_rows, per_program), per_program
 
 
-def gather_xor(kv: torch.Tensor, indices: torch.Tensor, config: GatherConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+def gather_xor(
+    kv: torch.Tensor, indices: torch.Tensor, config: GatherConfig, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """XOR of every 32-bit word of the rows kv[indices], one partial per program (fold them with xor)."""
     if kv.shape[-1] != 4 * ROW_WORDS or kv.stride(0) % 4 or kv.stride(-1) != 1:
-        raise ValueError(f"gather_xor: kv {tuple(kv.shape)} stride {kv.stride()} is not rows of 576 bytes in whole words")
+        raise ValueError(
+            f"gather_xor: kv {tuple(kv.shape)} stride {kv.stride()} is not rows of 576 bytes in whole words"
+        )
     programs, per_program = programs_for(indices.numel(), config, kv.device)
     if out is None:
         out = torch.empty(programs, dtype=torch.int32, device=kv.device)
     words = kv.view(torch.uint8).view(torch.int32)
     _gather_xor_kernel[(programs,)](
-        words, indices, out, indices.numel(), per_program, kv.stride(0) // 4,
-        BLOCK_T=config.block_t, LATENT=LATENT_WORDS, ROPE=ROW_WORDS - LATENT_WORDS,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        words,
+        indices,
+        out,
+        indices.numel(),
+        per_program,
+        kv.stride(0) // 4,
+        BLOCK_T=config.block_t,
+        LATENT=LATENT_WORDS,
+        ROPE=ROW_WORDS - LATENT_WORDS,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return out
 
@@ -137,7 +175,9 @@ def fold_xor(partials: torch.Tensor) -> int:
 def gather_ms(problems: list[Problem], config: GatherConfig, contiguous: bool) -> float:
     calls = []
     for p in problems:
-        indices = torch.arange(p.kv_indices.numel(), dtype=torch.int32, device=p.kv.device) if contiguous else p.kv_indices
+        indices = (
+            torch.arange(p.kv_indices.numel(), dtype=torch.int32, device=p.kv.device) if contiguous else p.kv_indices
+        )
         out = torch.empty(programs_for(indices.numel(), config, p.kv.device)[0], dtype=torch.int32, device=p.kv.device)
         calls.append(lambda p=p, indices=indices, out=out: gather_xor(p.kv, indices, config, out))
     return timing.graph_ms_per_call(calls)
@@ -175,7 +215,9 @@ SPLIT_FLOOR_GRID = [
     SplitFloorConfig(block_t, warps, stages, waves, dtype)
     for (block_t, warps, stages), waves, dtype in itertools.product(
         ((32, 4, 1), (32, 4, 3), (64, 4, 2), (64, 8, 1), (64, 8, 3), (128, 8, 1), (64, 16, 1), (128, 16, 1)),
-        (0.5, 1.0, 2.0, 4.0), ("float32", "float16"))
+        (0.5, 1.0, 2.0, 4.0),
+        ("float32", "float16"),
+    )
 ]
 assert kernel_structure() in SPLIT_FLOOR_GRID
 
@@ -183,6 +225,7 @@ assert kernel_structure() in SPLIT_FLOOR_GRID
 @dataclass
 class SplitFloorCall:
     """One problem's split-design floor call and the buffers it writes."""
+
     problem: Problem
     config: SplitFloorConfig
     splits: int
@@ -195,7 +238,14 @@ class SplitFloorCall:
     def build(cls, p: Problem, config: SplitFloorConfig) -> "SplitFloorCall":
         resident = triton_mla.resident_programs(p.q.device, triton_mla.DEFAULT_CONFIG)
         splits = triton_mla.splits_per_sequence(int(config.waves * resident), p.batch, max(p.lengths), config.block_t)
-        part_o = torch.empty(p.batch, splits, triton_mla.HEAD_TILE, D_LATENT, dtype=getattr(torch, config.partial_dtype), device=p.q.device)
+        part_o = torch.empty(
+            p.batch,
+            splits,
+            triton_mla.HEAD_TILE,
+            D_LATENT,
+            dtype=getattr(torch, config.partial_dtype),
+            device=p.q.device,
+        )
         part_lse = torch.empty(p.batch, splits, triton_mla.HEAD_TILE, dtype=torch.float32, device=p.q.device)
         folded = torch.empty(p.batch * splits, dtype=torch.int32, device=p.q.device)
         return cls(p, config, splits, folded, part_o, part_lse, p.new_output())
@@ -203,12 +253,27 @@ class SplitFloorCall:
     def __call__(self) -> None:
         p, c = self.problem, self.config
         _split_floor_kernel[(p.batch, self.splits)](
-            p.kv.view(torch.uint8).view(torch.int32), p.kv_indptr, p.kv_indices, self.folded, self.part_o, self.part_lse,
-            p.heads, self.splits, p.kv.stride(0) // 4,
-            self.part_o.stride(0), self.part_o.stride(1), self.part_o.stride(2),
-            self.part_lse.stride(0), self.part_lse.stride(1),
-            BLOCK_T=c.block_t, LATENT=LATENT_WORDS, ROPE=ROW_WORDS - LATENT_WORDS,
-            BLOCK_H=triton_mla.HEAD_TILE, D=D_LATENT, num_warps=c.num_warps, num_stages=c.num_stages,
+            p.kv.view(torch.uint8).view(torch.int32),
+            p.kv_indptr,
+            p.kv_indices,
+            self.folded,
+            self.part_o,
+            self.part_lse,
+            p.heads,
+            self.splits,
+            p.kv.stride(0) // 4,
+            self.part_o.stride(0),
+            self.part_o.stride(1),
+            self.part_o.stride(2),
+            self.part_lse.stride(0),
+            self.part_lse.stride(1),
+            BLOCK_T=c.block_t,
+            LATENT=LATENT_WORDS,
+            ROPE=ROW_WORDS - LATENT_WORDS,
+            BLOCK_H=triton_mla.HEAD_TILE,
+            D=D_LATENT,
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
         )
         triton_mla.reduce_partials(self.part_o, self.part_lse, self.out)
 
@@ -246,7 +311,9 @@ def main() -> None:
         problems = mla_decode.rotating_problems(batch, kv_len, device)
         first = problems[0]
         expected = fold_xor(gather_xor(first.kv, first.kv_indices, GRID[0]))
-        assert all(fold_xor(gather_xor(first.kv, first.kv_indices, c)) == expected for c in GRID), "a config skipped rows"
+        assert all(fold_xor(gather_xor(first.kv, first.kv_indices, c)) == expected for c in GRID), (
+            "a config skipped rows"
+        )
         shaped = {"batch": batch, "kv_len": kv_len, "kv_bytes": first.kv_bytes, "pool_rows": first.kv.shape[0]}
         for name, contiguous in (("shuffled", False), ("contiguous", True)):
             best = best_gather(problems, contiguous)

@@ -96,8 +96,11 @@ OURS_CONSECUTIVE, OURS_WINDOW = 2, 300.0  # the spec defaults: consecutiveFailur
 FLAGGER_THRESHOLD, ARGO_FAILURE_LIMIT, ARGO_ERROR_LIMIT = 5, 2, 4
 KAYENTA_TOLERANCE, KAYENTA_CONFIDENCE, KAYENTA_ALLOWED_DECREASE = 0.25, 0.98, 1.0
 ELASTICITY = (-0.1, -0.3)  # log speed per log running requests, per log KV-cache usage
-EFFECTS = [(1.0, "none")] + [(e, f"speedup_x{e}") for e in (1.9, 2.3, 2.7)] + \
-          [(1 - r, f"regression_{int(r * 100)}pct") for r in (0.05, 0.10, 0.20)]
+EFFECTS = (
+    [(1.0, "none")]
+    + [(e, f"speedup_x{e}") for e in (1.9, 2.3, 2.7)]
+    + [(1 - r, f"regression_{int(r * 100)}pct") for r in (0.05, 0.10, 0.20)]
+)
 FAMILIES = ("ar1_wander", "own_load", "diurnal_lag", "combined")
 LONELY_WANDER, LONELY_CONTROLS = 0.10, 0.02  # --lonely: the treated node's AR(1) sd (10 min memory) and its controls'
 
@@ -162,7 +165,13 @@ def simulate(s: Scenario, guard: bool) -> dict:
     offset = rng.normal(0, 0.03, (nodes, 1))
     if correlated:
         noise = s.noise * rng.standard_t(3, (nodes, n)) / math.sqrt(3.0)  # unit variance, heavy tails
-        speed = offset + drift + ELASTICITY[0] * (running - math.log(12.0)) + ELASTICITY[1] * (usage - math.log(0.5)) + noise
+        speed = (
+            offset
+            + drift
+            + ELASTICITY[0] * (running - math.log(12.0))
+            + ELASTICITY[1] * (usage - math.log(0.5))
+            + noise
+        )
     else:
         speed = offset + drift + rng.normal(0, s.noise, (nodes, n))
     wander = []  # (correlation time, sd) of each node's AR(1) wander: for bench/judge_oracle.py's oracle alone
@@ -189,8 +198,16 @@ def simulate(s: Scenario, guard: bool) -> dict:
         rows = slice(None) if rng.random() < 0.5 else slice(0, 1)
         missing[rows, gap] = True
     values = [np.where(missing, np.nan, np.exp(a)) for a in (np.log(30.0) + speed, running, usage)]
-    return {"t": t, "speed": values[0], "running": values[1], "usage": values[2], "enable": enable, "switched": switched,
-            "outliers": outliers & ~missing, "wander": wander}  # which samples carry an outlier: for bench/judge_oracle.py's oracle alone
+    return {
+        "t": t,
+        "speed": values[0],
+        "running": values[1],
+        "usage": values[2],
+        "enable": enable,
+        "switched": switched,
+        "outliers": outliers & ~missing,
+        "wander": wander,
+    }  # which samples carry an outlier: for bench/judge_oracle.py's oracle alone
 
 
 def interval_ends(enable: float, intervals: int) -> list[float]:
@@ -201,7 +218,9 @@ def interval_ends(enable: float, intervals: int) -> list[float]:
 NAMES = ["treated"] + [f"c{i}" for i in range(CONTROLS)]
 
 
-def ours(sim: dict, intervals: int, cfg: JudgeConfig = OURS, flags: bool = False, until_pass: bool = False) -> int | None:
+def ours(
+    sim: dict, intervals: int, cfg: JudgeConfig = OURS, flags: bool = False, until_pass: bool = False
+) -> int | None:
     """The operator's judge, look by look, with the state it keeps in the node's status: the interval
     of its rollback (None: none). `flags`: the samples say which flag served them (the default query's
     split; the treated node at flag 0 until its pods switch); `until_pass`: stop at a pass as an
@@ -215,8 +234,12 @@ def ours(sim: dict, intervals: int, cfg: JudgeConfig = OURS, flags: bool = False
         start = now - OURS_WINDOW if (state or {}).get("baseline") else enable - BASELINE * STEP
         lo, hi = np.searchsorted(t, start), np.searchsorted(t, now, side="right")
         flag = {name: (codes[lo:hi] if i == 0 else np.zeros(hi - lo)) for i, name in enumerate(names)} if flags else {}
-        panel = analysis.Panel(t[lo:hi], {name: sim["speed"][i, lo:hi] for i, name in enumerate(names)},
-                               {name: np.column_stack([sim["running"][i, lo:hi], sim["usage"][i, lo:hi]]) for i, name in enumerate(names)}, flag)
+        panel = analysis.Panel(
+            t[lo:hi],
+            {name: sim["speed"][i, lo:hi] for i, name in enumerate(names)},
+            {name: np.column_stack([sim["running"][i, lo:hi], sim["usage"][i, lo:hi]]) for i, name in enumerate(names)},
+            flag,
+        )
         ref = analysis.reference(panel, names[1:], cfg)
         j = analysis.judge(panel, ref, "treated", enable, warmup, now, BASELINE * STEP, cfg, state)
         state = j.state
@@ -246,17 +269,27 @@ def own_load_slowdown(sim: dict, intervals: int = 10) -> float:
     t, enable = sim["t"], sim["enable"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a scrape gap of every node: no median there
-        own = sum(e * (np.log(sim[k][0]) - np.nanmedian(np.log(sim[k][1:]), axis=0)) for e, k in zip(ELASTICITY, ("running", "usage")))
+        own = sum(
+            e * (np.log(sim[k][0]) - np.nanmedian(np.log(sim[k][1:]), axis=0))
+            for e, k in zip(ELASTICITY, ("running", "usage"))
+        )
         pre = (t >= enable - BASELINE * STEP) & (t < enable)
         post = (t >= enable + WARMUP_INTERVALS * PER_INTERVAL * STEP) & (t <= interval_ends(enable, intervals)[-1])
         return float(np.nanmean(own[post]) - np.nanmean(own[pre]))
 
 
-def mean_own_load_slowdown(results: list[tuple[Scenario, dict]], key: str, rollback_of: Callable[[dict], int | None] | None = None) -> float | None:
+def mean_own_load_slowdown(
+    results: list[tuple[Scenario, dict]], key: str, rollback_of: Callable[[dict], int | None] | None = None
+) -> float | None:
     """Mean own_load_slowdown over one scenario's runs, or over those `rollback_of` (a run's rollback
     interval) rolled back within 10 intervals; None where there are none."""
-    values = [r["own_load_slowdown"] for s, r in results if s.key == key and math.isfinite(r.get("own_load_slowdown") or math.nan)
-              and (rollback_of is None or ((k := rollback_of(r)) is not None and k <= 10))]
+    values = [
+        r["own_load_slowdown"]
+        for s, r in results
+        if s.key == key
+        and math.isfinite(r.get("own_load_slowdown") or math.nan)
+        and (rollback_of is None or ((k := rollback_of(r)) is not None and k <= 10))
+    ]
     return round(float(np.mean(values)), 4) if values else None
 
 
@@ -271,8 +304,12 @@ def per_interval_means(sim: dict) -> tuple[float, list[float | None]]:
     return float(np.nanmean(treated[t < enable])), means
 
 
-def flagger_style(sim: dict, ratio: float = 1 - TOLERANCE, threshold: int = FLAGGER_THRESHOLD,
-                  means: tuple[float, list[float | None]] | None = None) -> int | None:
+def flagger_style(
+    sim: dict,
+    ratio: float = 1 - TOLERANCE,
+    threshold: int = FLAGGER_THRESHOLD,
+    means: tuple[float, list[float | None]] | None = None,
+) -> int | None:
     baseline, values = means or per_interval_means(sim)
     failed = 0
     for k, value in enumerate(values, 1):
@@ -283,8 +320,13 @@ def flagger_style(sim: dict, ratio: float = 1 - TOLERANCE, threshold: int = FLAG
     return None
 
 
-def argo_style(sim: dict, ratio: float = 1 - TOLERANCE, failure_limit: int = ARGO_FAILURE_LIMIT, error_limit: int = ARGO_ERROR_LIMIT,
-               means: tuple[float, list[float | None]] | None = None) -> int | None:
+def argo_style(
+    sim: dict,
+    ratio: float = 1 - TOLERANCE,
+    failure_limit: int = ARGO_FAILURE_LIMIT,
+    error_limit: int = ARGO_ERROR_LIMIT,
+    means: tuple[float, list[float | None]] | None = None,
+) -> int | None:
     baseline, values = means or per_interval_means(sim)
     failures, errors = 0, 0
     for k, value in enumerate(values, 1):
@@ -301,7 +343,9 @@ def argo_style(sim: dict, ratio: float = 1 - TOLERANCE, failure_limit: int = ARG
     return None
 
 
-def hodges_lehmann(experiment: np.ndarray, control: np.ndarray, confidences: Sequence[float]) -> tuple[float, dict[float, tuple[float, float]]]:
+def hodges_lehmann(
+    experiment: np.ndarray, control: np.ndarray, confidences: Sequence[float]
+) -> tuple[float, dict[float, tuple[float, float]]]:
     """The two-sample Hodges-Lehmann shift and its Mann-Whitney interval at each confidence, as R's
     wilcox.test(conf.int=TRUE) and Kayenta's MannWhitney.scala give it (normal approximation), from the
     order statistics of the pairwise differences instead of Kayenta's root search (the same interval up
@@ -325,7 +369,9 @@ def kayenta_looks(sim: dict) -> list[tuple[int, dict[float, bool], float]]:
     a horizon long, in guard mode (its lookback setting), as a canary analysis left running would."""
     t, enable = sim["t"], sim["enable"]
     present = np.isfinite(sim["speed"][1:])
-    control_series = np.where(present.any(axis=0), np.nansum(sim["speed"][1:], axis=0) / np.maximum(present.sum(axis=0), 1), np.nan)
+    control_series = np.where(
+        present.any(axis=0), np.nansum(sim["speed"][1:], axis=0) / np.maximum(present.sum(axis=0), 1), np.nan
+    )
     start = enable + WARMUP_INTERVALS * PER_INTERVAL * STEP
     looks = []
     for k, now in enumerate(interval_ends(enable, intervals_of(sim)), 1):
@@ -340,8 +386,12 @@ def kayenta_looks(sim: dict) -> list[tuple[int, dict[float, bool], float]]:
     return looks
 
 
-def kayenta_style(sim: dict, allowed_decrease: float = KAYENTA_ALLOWED_DECREASE, confidence: float = KAYENTA_CONFIDENCE,
-                  looks: list[tuple[int, dict[float, bool], float]] | None = None) -> int | None:
+def kayenta_style(
+    sim: dict,
+    allowed_decrease: float = KAYENTA_ALLOWED_DECREASE,
+    confidence: float = KAYENTA_CONFIDENCE,
+    looks: list[tuple[int, dict[float, bool], float]] | None = None,
+) -> int | None:
     for k, low, ratio in kayenta_looks(sim) if looks is None else looks:
         if low[confidence] and ratio <= allowed_decrease:
             return k
@@ -355,11 +405,36 @@ JUDGES = ("ours",) + tuple(ANCHORS)
 # successCondition, failureLimit and consecutiveErrorLimit; Kayenta's effect-size allowedDecrease
 # (EffectSizeConfig of kayenta-judge's MannWhitneyClassifier) and confLevel.
 RATIOS = (0.95, 0.94, 0.93, 0.92, 0.91, 0.90, 0.88, 0.86, 0.84, 0.82, 0.80, 0.77, 0.74, 0.70, 0.65, 0.60, 0.50)
-DECREASES = (1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93, 0.92, 0.91, 0.90, 0.88, 0.86, 0.84, 0.82, 0.80, 0.77, 0.74, 0.70, 0.65, 0.60, 0.50)
+DECREASES = (
+    1.0,
+    0.99,
+    0.98,
+    0.97,
+    0.96,
+    0.95,
+    0.94,
+    0.93,
+    0.92,
+    0.91,
+    0.90,
+    0.88,
+    0.86,
+    0.84,
+    0.82,
+    0.80,
+    0.77,
+    0.74,
+    0.70,
+    0.65,
+    0.60,
+    0.50,
+)
 GRIDS = {
     "flagger_style": (("ratio", "threshold"), [(r, n) for r in RATIOS for n in (FLAGGER_THRESHOLD, 3, 8, 11, 14)]),
-    "argo_style": (("ratio", "failureLimit", "consecutiveErrorLimit"),
-                   [(r, f, e) for r in RATIOS for f in (ARGO_FAILURE_LIMIT, 0, 4, 7, 10) for e in (ARGO_ERROR_LIMIT, 12)]),
+    "argo_style": (
+        ("ratio", "failureLimit", "consecutiveErrorLimit"),
+        [(r, f, e) for r in RATIOS for f in (ARGO_FAILURE_LIMIT, 0, 4, 7, 10) for e in (ARGO_ERROR_LIMIT, 12)],
+    ),
     "kayenta_style": (("allowedDecrease", "confLevel"), [(d, c) for d in DECREASES for c in KAYENTA_CONFIDENCES]),
 }
 EQUAL_RATE = 0.01  # the false-rollback target: only anchor settings that meet it are compared for power
@@ -370,9 +445,11 @@ def run_one(s: Scenario) -> dict:
     guard mode; `knobs`: each anchor's at every setting of its GRIDS."""
     sim = simulate(s, guard=s.harmless)
     means, looks = per_interval_means(sim), kayenta_looks(sim)  # shared by every setting
-    knobs = {"flagger_style": [flagger_style(sim, *p, means=means) for p in GRIDS["flagger_style"][1]],
-             "argo_style": [argo_style(sim, *p, means=means) for p in GRIDS["argo_style"][1]],
-             "kayenta_style": [kayenta_style(sim, *p, looks=looks) for p in GRIDS["kayenta_style"][1]]}
+    knobs = {
+        "flagger_style": [flagger_style(sim, *p, means=means) for p in GRIDS["flagger_style"][1]],
+        "argo_style": [argo_style(sim, *p, means=means) for p in GRIDS["argo_style"][1]],
+        "kayenta_style": [kayenta_style(sim, *p, looks=looks) for p in GRIDS["kayenta_style"][1]],
+    }
     out: dict = {name: values[0] for name, values in knobs.items()}
     out["ours"] = ours(sim, intervals_of(sim))
     out["own_load_slowdown"] = own_load_slowdown(sim) if s.family != "iid" else None  # iid: speed does not answer load
@@ -384,8 +461,15 @@ def scenarios(runs: int, families: bool = True) -> list[Scenario]:
     out, seed = [], 0
     cells = [("iid", name, noise, effect) for noise in (0.02, 0.05, 0.10) for effect, name in EFFECTS]
     if families:
-        cells += [(f, name, 0.05, effect) for f in FAMILIES for effect, name in EFFECTS if name in ("none", "speedup_x1.9", "regression_10pct")]
-        cells += [(f, "regression_30pct", 0.05, 0.7) for f in FAMILIES]  # last: the seeds of the cells above stay as they were
+        cells += [
+            (f, name, 0.05, effect)
+            for f in FAMILIES
+            for effect, name in EFFECTS
+            if name in ("none", "speedup_x1.9", "regression_10pct")
+        ]
+        cells += [
+            (f, "regression_30pct", 0.05, 0.7) for f in FAMILIES
+        ]  # last: the seeds of the cells above stay as they were
     for family, name, noise, effect in cells:
         for _ in range(runs):
             seed += 1
@@ -404,10 +488,13 @@ def scenario_table(results: list[tuple[Scenario, int | None]], guard: bool = Fal
         rolled = [k for _, k in cell if k is not None]
         in_horizon = [k for k in rolled if k <= HORIZON]
         runs = len(cell)
-        table[key] = {"runs": runs, "harmless": cell[0][0].harmless,
-                      "rollback_rate_horizon": len(in_horizon) / runs,
-                      "within_10_intervals": sum(k <= 10 for k in rolled) / runs,
-                      "median_intervals_to_rollback": statistics.median(in_horizon) if in_horizon else None}
+        table[key] = {
+            "runs": runs,
+            "harmless": cell[0][0].harmless,
+            "rollback_rate_horizon": len(in_horizon) / runs,
+            "within_10_intervals": sum(k <= 10 for k in rolled) / runs,
+            "median_intervals_to_rollback": statistics.median(in_horizon) if in_horizon else None,
+        }
         if guard and cell[0][0].harmless:
             table[key]["rollback_rate_with_6h_guard"] = len(rolled) / runs
     return table
@@ -420,38 +507,59 @@ def summarize(results: list[tuple[Scenario, dict]], grids: dict = GRIDS) -> dict
         graded = "rollback_rate_with_6h_guard" if judge_name == "ours" else "rollback_rate_horizon"
         report[judge_name] = {
             **false_rollbacks(table, graded),
-            "counted_over": "horizon + 6 h guard mode" if judge_name == "ours" else "horizon (20 intervals; no guard mode)",
+            "counted_over": "horizon + 6 h guard mode"
+            if judge_name == "ours"
+            else "horizon (20 intervals; no guard mode)",
             "power_10pct_5pct_noise_within_10": table.get("regression_10pct@5pct_noise", {}).get("within_10_intervals"),
-            "median_intervals_to_detect_10pct_5pct_noise": table.get("regression_10pct@5pct_noise", {}).get("median_intervals_to_rollback"),
+            "median_intervals_to_detect_10pct_5pct_noise": table.get("regression_10pct@5pct_noise", {}).get(
+                "median_intervals_to_rollback"
+            ),
             "by_scenario": table,
         }
         if judge_name == "ours":
             cells = [k for k, v in table.items() if not v["harmless"] and correlated(k)]
-            report[judge_name]["own_load_slowdown_in_rollbacks"] = {k: mean_own_load_slowdown(results, k, lambda r: r["ours"]) for k in cells}
+            report[judge_name]["own_load_slowdown_in_rollbacks"] = {
+                k: mean_own_load_slowdown(results, k, lambda r: r["ours"]) for k in cells
+            }
             report[judge_name]["own_load_slowdown_all_runs"] = {k: mean_own_load_slowdown(results, k) for k in cells}
         if judge_name != "ours":
-            report[judge_name]["false_rollback_rate_all_harmless_with_6h_guard"] = false_rollbacks(table, "rollback_rate_with_6h_guard")["false_rollback_rate_all_harmless"]
+            report[judge_name]["false_rollback_rate_all_harmless_with_6h_guard"] = false_rollbacks(
+                table, "rollback_rate_with_6h_guard"
+            )["false_rollback_rate_all_harmless"]
     if all("knobs" in r for _, r in results):
         report["anchors_at_equal_false_rollback_rate"] = at_equal_rate(results, grids)
         # the same, with each anchor held to ours' own false-rollback rate on every harmless scenario
         # (ours counted over all its looks, which favours the anchors counted over the horizon alone),
         # never above the 1% target: ours may undercut it
         report["anchors_at_ours_false_rollback_rate"] = at_equal_rate(
-            results, grids, {k: min(v["rollback_rate_with_6h_guard"], EQUAL_RATE) for k, v in report["ours"]["by_scenario"].items() if v["harmless"]})
+            results,
+            grids,
+            {
+                k: min(v["rollback_rate_with_6h_guard"], EQUAL_RATE)
+                for k, v in report["ours"]["by_scenario"].items()
+                if v["harmless"]
+            },
+        )
     return report
 
 
 def false_rollbacks(table: dict[str, dict], graded: str) -> dict:
     harmless = {k: v for k, v in table.items() if v["harmless"]}
     worst = max(harmless, key=lambda k: harmless[k][graded])
-    return {"false_rollback_rate_worst_harmless": harmless[worst][graded], "worst_harmless_scenario": worst,
-            "false_rollback_rate_all_harmless": sum(v[graded] * v["runs"] for v in harmless.values()) / sum(v["runs"] for v in harmless.values())}
+    return {
+        "false_rollback_rate_worst_harmless": harmless[worst][graded],
+        "worst_harmless_scenario": worst,
+        "false_rollback_rate_all_harmless": sum(v[graded] * v["runs"] for v in harmless.values())
+        / sum(v["runs"] for v in harmless.values()),
+    }
 
 
 COUNTINGS = {"horizon + 6 h guard mode": "rollback_rate_with_6h_guard", "horizon only": "rollback_rate_horizon"}
 
 
-def at_equal_rate(results: list[tuple[Scenario, dict]], grids: dict = GRIDS, limits: dict[str, float] | None = None) -> dict[str, dict[str, dict]]:
+def at_equal_rate(
+    results: list[tuple[Scenario, dict]], grids: dict = GRIDS, limits: dict[str, float] | None = None
+) -> dict[str, dict[str, dict]]:
     """For each way of counting false rollbacks (COUNTINGS), each anchor at every setting of its knobs
     that meets the false-rollback limit on every harmless scenario (`limits` by scenario, EQUAL_RATE
     where it names none), and the most power any of those settings has on each regression scenario (a
@@ -477,10 +585,17 @@ def at_equal_rate(results: list[tuple[Scenario, dict]], grids: dict = GRIDS, lim
                         if v[measure] > cell.get(measure, -1.0):
                             cell[measure], cell[f"{measure}_at"] = v[measure], dict(zip(knobs, setting))
                             if measure == "within_10_intervals" and correlated(key):
-                                cell["own_load_slowdown_in_rollbacks"] = mean_own_load_slowdown(results, key, lambda r: r["knobs"][name][index])
+                                cell["own_load_slowdown_in_rollbacks"] = mean_own_load_slowdown(
+                                    results, key, lambda r: r["knobs"][name][index]
+                                )
         for counted in COUNTINGS:
-            out[counted][name] = {"knobs": list(knobs), "settings": len(grid), "settings_meeting_target": meeting[counted],
-                                  "default": dict(zip(knobs, grid[0])), "best_power_by_regression": best[counted]}
+            out[counted][name] = {
+                "knobs": list(knobs),
+                "settings": len(grid),
+                "settings_meeting_target": meeting[counted],
+                "default": dict(zip(knobs, grid[0])),
+                "best_power_by_regression": best[counted],
+            }
     return out
 
 
@@ -493,23 +608,36 @@ def targets(report: dict) -> dict[str, bool | None]:
         tuned = report.get(section, {}).get(counted)
         if tuned is None:
             return None
-        return all(o["by_scenario"][k][m] >= a["best_power_by_regression"].get(k, {}).get(m, 0.0)
-                   for a in tuned.values() for k in regressions for m in measures)
+        return all(
+            o["by_scenario"][k][m] >= a["best_power_by_regression"].get(k, {}).get(m, 0.0)
+            for a in tuned.values()
+            for k in regressions
+            for m in measures
+        )
 
     return {
         "false_rollbacks_at_most_1pct_every_harmless_scenario": o["false_rollback_rate_worst_harmless"] <= 0.01,
         "power_10pct_5pct_noise_at_least_95pct_within_10": (o["power_10pct_5pct_noise_within_10"] or 0) >= 0.95,
         "fewer_false_rollbacks_than_every_anchor": all(
-            o["false_rollback_rate_all_harmless"] < report[a]["false_rollback_rate_all_harmless"] for a in ANCHORS),
+            o["false_rollback_rate_all_harmless"] < report[a]["false_rollback_rate_all_harmless"] for a in ANCHORS
+        ),
         "equal_or_better_power_than_every_anchor_at_its_defaults_on_every_regression": all(
             o["by_scenario"][k]["within_10_intervals"] >= report[a]["by_scenario"][k]["within_10_intervals"]
-            for a in ANCHORS for k in regressions),
-        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks": at_least_every_tuned_anchor("horizon + 6 h guard mode"),
-        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor("horizon only"),
+            for a in ANCHORS
+            for k in regressions
+        ),
+        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks": at_least_every_tuned_anchor(
+            "horizon + 6 h guard mode"
+        ),
+        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor(
+            "horizon only"
+        ),
         "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks": at_least_every_tuned_anchor(
-            "horizon + 6 h guard mode", "anchors_at_ours_false_rollback_rate"),
+            "horizon + 6 h guard mode", "anchors_at_ours_false_rollback_rate"
+        ),
         "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor(
-            "horizon only", "anchors_at_ours_false_rollback_rate"),
+            "horizon only", "anchors_at_ours_false_rollback_rate"
+        ),
     }
 
 
@@ -529,10 +657,18 @@ def lonely(runs: int, workers: int) -> dict:
     with ProcessPoolExecutor(workers) as pool:
         results = list(zip(todo, pool.map(run_one, todo, chunksize=max(1, runs // (4 * workers)))))
     table = {name: scenario_table([(s, r[name]) for s, r in results], guard=True)[todo[0].key] for name in JUDGES}
-    return {"scenario": todo[0].key, "baseline_minutes": BASELINE * STEP / 60, "treated_wander_sd": LONELY_WANDER, "controls_wander_sd": LONELY_CONTROLS, "wander_memory_seconds": 600.0,
-            "by_judge": table, "simulation": "SIMULATION (bench/judge.py lonely())", "seconds": round(time.monotonic() - started, 1),
-            "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
-            "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:])}
+    return {
+        "scenario": todo[0].key,
+        "baseline_minutes": BASELINE * STEP / 60,
+        "treated_wander_sd": LONELY_WANDER,
+        "controls_wander_sd": LONELY_CONTROLS,
+        "wander_memory_seconds": 600.0,
+        "by_judge": table,
+        "simulation": "SIMULATION (bench/judge.py lonely())",
+        "seconds": round(time.monotonic() - started, 1),
+        "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
+        "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:]),
+    }
 
 
 def only(keys: Sequence[str], runs: int, workers: int) -> dict:
@@ -554,12 +690,19 @@ def only(keys: Sequence[str], runs: int, workers: int) -> dict:
         for key, row in table.items():
             caught = round(row["within_10_intervals"] * row["runs"])
             interval = stats.binomtest(caught, row["runs"]).proportion_ci(0.95, method="exact")
-            out.setdefault(key, {})[name] = {**row, "within_10_intervals_count": caught,
-                                             "within_10_intervals_95pct_interval": [round(interval.low, 4), round(interval.high, 4)]}
-    return {"by_scenario": out, "seeds": {k: [min(s.seed for s in todo if s.key == k), max(s.seed for s in todo if s.key == k)] for k in keys},
-            "simulation": "SIMULATION (bench/judge.py docstring)", "seconds": round(time.monotonic() - started, 1),
-            "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
-            "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:])}
+            out.setdefault(key, {})[name] = {
+                **row,
+                "within_10_intervals_count": caught,
+                "within_10_intervals_95pct_interval": [round(interval.low, 4), round(interval.high, 4)],
+            }
+    return {
+        "by_scenario": out,
+        "seeds": {k: [min(s.seed for s in todo if s.key == k), max(s.seed for s in todo if s.key == k)] for k in keys},
+        "simulation": "SIMULATION (bench/judge.py docstring)",
+        "seconds": round(time.monotonic() - started, 1),
+        "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
+        "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:]),
+    }
 
 
 def cost(nodes: int = 5000, holdouts: int = 500, repeats: int = 3) -> dict[str, float]:
@@ -571,8 +714,16 @@ def cost(nodes: int = 5000, holdouts: int = 500, repeats: int = 3) -> dict[str, 
 
     def answers(start: float) -> list[list[dict]]:
         t = np.arange(start, now + 1, STEP)
-        return [[{"metric": {"node": f"n{i}"}, "values": [[float(x), f"{v:.4f}"] for x, v in zip(t, scale * np.exp(rng.normal(0, 0.05, len(t))))]}
-                 for i in range(nodes)] for scale in (30.0, 12.0, 0.5)]
+        return [
+            [
+                {
+                    "metric": {"node": f"n{i}"},
+                    "values": [[float(x), f"{v:.4f}"] for x, v in zip(t, scale * np.exp(rng.normal(0, 0.05, len(t))))],
+                }
+                for i in range(nodes)
+            ]
+            for scale in (30.0, 12.0, 0.5)
+        ]
 
     def evaluate(result: list[list[dict]], states: dict) -> tuple[float, dict]:
         began = time.process_time()
@@ -587,9 +738,15 @@ def cost(nodes: int = 5000, holdouts: int = 500, repeats: int = 3) -> dict[str, 
     first_seconds, states = zip(*(evaluate(first, {}) for _ in range(repeats)))
     guard = answers(now - OURS_WINDOW)
     guard_seconds = [evaluate(guard, states[0])[0] for _ in range(repeats)]
-    return {"nodes": nodes, "controls": holdouts, "judged": nodes - holdouts,
-            "first_look_cpu_seconds": round(min(first_seconds), 3), "guard_look_cpu_seconds": round(min(guard_seconds), 3),
-            "first_look_samples_per_series": int(len(first[0][0]["values"])), "guard_look_samples_per_series": int(len(guard[0][0]["values"]))}
+    return {
+        "nodes": nodes,
+        "controls": holdouts,
+        "judged": nodes - holdouts,
+        "first_look_cpu_seconds": round(min(first_seconds), 3),
+        "guard_look_cpu_seconds": round(min(guard_seconds), 3),
+        "first_look_samples_per_series": int(len(first[0][0]["values"])),
+        "guard_look_samples_per_series": int(len(guard[0][0]["values"])),
+    }
 
 
 def main() -> None:
@@ -597,16 +754,31 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     parser.add_argument("--runs", type=int, default=200, help="runs per scenario (37 scenarios)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--quick", action="store_true", help="a few runs of every scenario and a 200-node cost, for tests")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few runs of every scenario and a 200-node cost, for tests"
+    )
     parser.add_argument("--no-cost", action="store_true", help="skip the 5000-node CPU cost measurement")
     parser.add_argument("--cost-only", action="store_true", help="only the 5000-node CPU cost measurement")
-    parser.add_argument("--baseline-minutes", type=float, default=BASELINE * STEP / 60,
-                        help="the judged node's pre-flip history (the operator's baselineSeconds / 60; default 20)")
-    parser.add_argument("--only", action="append", metavar="SCENARIO",
-                        help="run only this scenario (a key such as regression_10pct@5pct_noise; repeatable), on the seeds --runs gives it: "
-                             "each judge's table and an exact 95%% interval of its power within 10 intervals (see only())")
-    parser.add_argument("--lonely", type=int, default=0, metavar="RUNS",
-                        help="only the case outside the judge's assumptions: healthy nodes wandering alone (see lonely())")
+    parser.add_argument(
+        "--baseline-minutes",
+        type=float,
+        default=BASELINE * STEP / 60,
+        help="the judged node's pre-flip history (the operator's baselineSeconds / 60; default 20)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="SCENARIO",
+        help="run only this scenario (a key such as regression_10pct@5pct_noise; repeatable), on the seeds --runs gives it: "
+        "each judge's table and an exact 95%% interval of its power within 10 intervals (see only())",
+    )
+    parser.add_argument(
+        "--lonely",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="only the case outside the judge's assumptions: healthy nodes wandering alone (see lonely())",
+    )
     args = parser.parse_args()
     set_baseline(args.baseline_minutes)
     if args.lonely:
@@ -616,8 +788,16 @@ def main() -> None:
         print(json.dumps(only(args.only, args.runs, args.workers), indent=2))
         return
     if args.cost_only:
-        print(json.dumps({"cost": cost(), "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
-                          "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:])}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "cost": cost(),
+                    "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
+                    "command": " ".join(["python", "bench/judge.py"] + sys.argv[1:]),
+                },
+                indent=2,
+            )
+        )
         return
     started = time.monotonic()
     runs = 3 if args.quick else args.runs
@@ -628,15 +808,30 @@ def main() -> None:
     report["met"] = targets(report)
     if not args.no_cost:
         report["cost"] = cost(200, 20, 1) if args.quick else cost()
-    report["setup"] = {"runs_per_scenario": runs, "step_seconds": STEP, "samples_per_interval": PER_INTERVAL,
-                       "baseline_samples": BASELINE, "horizon_intervals": HORIZON, "guard_intervals": GUARD_INTERVALS,
-                       "controls": CONTROLS, "tolerance": TOLERANCE, "ours_consecutive_failures": OURS_CONSECUTIVE,
-                       "flagger_threshold": FLAGGER_THRESHOLD, "argo_failure_limit": ARGO_FAILURE_LIMIT,
-                       "argo_consecutive_error_limit": ARGO_ERROR_LIMIT, "kayenta_tolerance": KAYENTA_TOLERANCE,
-                       "kayenta_confidence": KAYENTA_CONFIDENCE, "kayenta_allowed_decrease": KAYENTA_ALLOWED_DECREASE,
-                       "equal_rate_target": EQUAL_RATE, "kayenta_lookback_in_guard_mode_intervals": HORIZON,
-                       "anchor_grids": {name: dict(zip(knobs, (sorted(set(v), reverse=True) for v in zip(*grid)))) for name, (knobs, grid) in GRIDS.items()},
-                       "simulation": "SIMULATION (bench/judge.py docstring)"}
+    report["setup"] = {
+        "runs_per_scenario": runs,
+        "step_seconds": STEP,
+        "samples_per_interval": PER_INTERVAL,
+        "baseline_samples": BASELINE,
+        "horizon_intervals": HORIZON,
+        "guard_intervals": GUARD_INTERVALS,
+        "controls": CONTROLS,
+        "tolerance": TOLERANCE,
+        "ours_consecutive_failures": OURS_CONSECUTIVE,
+        "flagger_threshold": FLAGGER_THRESHOLD,
+        "argo_failure_limit": ARGO_FAILURE_LIMIT,
+        "argo_consecutive_error_limit": ARGO_ERROR_LIMIT,
+        "kayenta_tolerance": KAYENTA_TOLERANCE,
+        "kayenta_confidence": KAYENTA_CONFIDENCE,
+        "kayenta_allowed_decrease": KAYENTA_ALLOWED_DECREASE,
+        "equal_rate_target": EQUAL_RATE,
+        "kayenta_lookback_in_guard_mode_intervals": HORIZON,
+        "anchor_grids": {
+            name: dict(zip(knobs, (sorted(set(v), reverse=True) for v in zip(*grid))))
+            for name, (knobs, grid) in GRIDS.items()
+        },
+        "simulation": "SIMULATION (bench/judge.py docstring)",
+    }
     print_report(report, "judge.py", started)
 
 

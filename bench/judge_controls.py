@@ -29,9 +29,9 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
+import judge as bench
 import numpy as np
 
-import judge as bench
 from gluon_operator import analysis, evaluation, gating
 from gluon_operator.analysis import JudgeConfig, decide
 from gluon_operator.spec import Analysis
@@ -60,8 +60,10 @@ def study_one(s: bench.Scenario) -> int | None:
 
 def late_one(s: bench.Scenario) -> dict:
     sim = bench.simulate(s, guard=False)
-    return {"split": bench.ours(sim, bench.HORIZON, flags=True, until_pass=True),
-            "blind": bench.ours(sim, bench.HORIZON, flags=False, until_pass=True)}
+    return {
+        "split": bench.ours(sim, bench.HORIZON, flags=True, until_pass=True),
+        "blind": bench.ours(sim, bench.HORIZON, flags=False, until_pass=True),
+    }
 
 
 def study(runs: int, workers: int) -> dict:
@@ -74,8 +76,12 @@ def study(runs: int, workers: int) -> dict:
     out = {}
     for key, ks in cells.items():
         rolled = [k for k in ks if k is not None]
-        row = {"runs": len(ks), "rollback_rate": len(rolled) / len(ks), "within_10_intervals": sum(k <= 10 for k in rolled) / len(ks),
-               "within_horizon": sum(k <= bench.HORIZON for k in rolled) / len(ks)}
+        row = {
+            "runs": len(ks),
+            "rollback_rate": len(rolled) / len(ks),
+            "within_10_intervals": sum(k <= 10 for k in rolled) / len(ks),
+            "within_horizon": sum(k <= bench.HORIZON for k in rolled) / len(ks),
+        }
         out[key] = row
     return out
 
@@ -87,9 +93,12 @@ def late(runs: int, workers: int) -> dict:
     out = {}
     for mode in ("split", "blind"):
         ks = [r[mode] for r in results]
-        out[mode] = {"runs": runs, "rolled_back": sum(k is not None and k > 0 for k in ks) / runs,
-                     "promoted": sum(k is not None and k < 0 for k in ks) / runs,
-                     "undecided": sum(k is None for k in ks) / runs}
+        out[mode] = {
+            "runs": runs,
+            "rolled_back": sum(k is not None and k > 0 for k in ks) / runs,
+            "promoted": sum(k is not None and k < 0 for k in ks) / runs,
+            "undecided": sum(k is None for k in ks) / runs,
+        }
     return out
 
 
@@ -97,7 +106,9 @@ def rollout_one(args: tuple[int, str, int]) -> dict:
     """One whole rollout of `nodes` nodes (canary 1, maxParallel 2, holdoutNodes 0), every node harmless."""
     nodes, family, seed = args
     horizon = 30 * nodes  # intervals the series lasts: far more than any rollout here needs
-    s = bench.Scenario(family, "none", 0.05, 1.0, seed, nodes - 1)  # flag-0 speed; each node's x1.9 from its flip, below
+    s = bench.Scenario(
+        family, "none", 0.05, 1.0, seed, nodes - 1
+    )  # flag-0 speed; each node's x1.9 from its flip, below
     rng_guard = bench.GUARD_INTERVALS
     bench.GUARD_INTERVALS = horizon  # a series long enough for the whole rollout
     try:
@@ -133,12 +144,19 @@ def rollout_one(args: tuple[int, str, int]) -> dict:
         if not analysing and next(iter([n for n in names if statuses[n].state == gating.ELIGIBLE]), None) is None:
             done = now
             break
-        needing = [statuses[n].changed_at for n in analysing if not (statuses[n].numbers.get("sequential") or {}).get("baseline")]
+        needing = [
+            statuses[n].changed_at
+            for n in analysing
+            if not (statuses[n].numbers.get("sequential") or {}).get("baseline")
+        ]
         lo_t = min(needing) - baseline if needing else now - bench.OURS_WINDOW
         lo, hi = np.searchsorted(t, lo_t), np.searchsorted(t, now, side="right")
-        panel = analysis.Panel(t[lo:hi], {n: sim["speed"][i, lo:hi] * np.where(on[n][lo:hi], ROLLOUT_EFFECT, 1.0) for i, n in enumerate(names)},
-                               {n: np.column_stack([sim["running"][i, lo:hi], sim["usage"][i, lo:hi]]) for i, n in enumerate(names)},
-                               {n: np.where(on[n][lo:hi], analysis.FLAG_ON, analysis.FLAG_OFF) for n in names})
+        panel = analysis.Panel(
+            t[lo:hi],
+            {n: sim["speed"][i, lo:hi] * np.where(on[n][lo:hi], ROLLOUT_EFFECT, 1.0) for i, n in enumerate(names)},
+            {n: np.column_stack([sim["running"][i, lo:hi], sim["usage"][i, lo:hi]]) for i, n in enumerate(names)},
+            {n: np.where(on[n][lo:hi], analysis.FLAG_ON, analysis.FLAG_OFF) for n in names},
+        )
         refs: dict = {}
         for node in analysing:
             st = statuses[node]
@@ -161,8 +179,13 @@ def rollout_one(args: tuple[int, str, int]) -> dict:
             else:
                 statuses[node] = gating.NodeStatus(gating.ANALYZING, changed_at=st.changed_at, numbers=numbers)
     states = Counter(st.state for st in statuses.values())
-    return {"minutes": None if done is None else (done - start) / 60, "promoted": states[gating.PROMOTED],
-            "rolled_back": states[gating.ROLLED_BACK], "judged_with": judged_with, "shortened_baselines": sum(shortened.values())}
+    return {
+        "minutes": None if done is None else (done - start) / 60,
+        "promoted": states[gating.PROMOTED],
+        "rolled_back": states[gating.ROLLED_BACK],
+        "judged_with": judged_with,
+        "shortened_baselines": sum(shortened.values()),
+    }
 
 
 def rollout(runs: int, workers: int, sizes: tuple[int, ...] = (10, 50)) -> dict:
@@ -173,16 +196,23 @@ def rollout(runs: int, workers: int, sizes: tuple[int, ...] = (10, 50)) -> dict:
             with ProcessPoolExecutor(workers) as pool:
                 results = list(pool.map(rollout_one, todo))
             minutes = [r["minutes"] for r in results if r["minutes"] is not None]
-            by_controls = Counter(f"flag {f}, {min(c, 10)}{'+' if c >= 10 else ''} controls" for r in results for f, c, _ in r["judged_with"])
+            by_controls = Counter(
+                f"flag {f}, {min(c, 10)}{'+' if c >= 10 else ''} controls"
+                for r in results
+                for f, c, _ in r["judged_with"]
+            )
             out[f"{nodes}_nodes:{family}"] = {
-                "runs": runs, "completed": len(minutes) / runs,
+                "runs": runs,
+                "completed": len(minutes) / runs,
                 "minutes_to_complete_median": float(np.median(minutes)) if minutes else None,
                 "minutes_to_complete_max": float(max(minutes)) if minutes else None,
                 "false_rollbacks_per_node": sum(r["rolled_back"] for r in results) / (runs * nodes),
                 "runs_with_a_false_rollback": sum(r["rolled_back"] > 0 for r in results) / runs,
                 "nodes_judged_on_a_shortened_baseline_per_run": sum(r["shortened_baselines"] for r in results) / runs,
                 "nodes_judged_by_controls": dict(sorted(by_controls.items())),
-                "fewest_controls_at_a_decision": min((c for r in results for _, c, _ in r["judged_with"]), default=None),
+                "fewest_controls_at_a_decision": min(
+                    (c for r in results for _, c, _ in r["judged_with"]), default=None
+                ),
             }
     return out
 
@@ -205,9 +235,15 @@ def main() -> None:
         report["late"] = late(runs, args.workers)
     if "rollout" in parts:
         report["rollout"] = rollout(max(1, runs // 5), args.workers, (10,) if args.quick else (10, 50))
-    report["setup"] = {"runs_per_cell": runs, "guard_intervals_on_harmless_study_runs": GUARD_STUDY, "min_controls_in_rollouts": DEFAULT_MIN_CONTROLS,
-                       "tolerance": bench.TOLERANCE, "baseline_samples": bench.BASELINE, "step_seconds": bench.STEP,
-                       "simulation": "SIMULATION (bench/judge_controls.py docstring)"}
+    report["setup"] = {
+        "runs_per_cell": runs,
+        "guard_intervals_on_harmless_study_runs": GUARD_STUDY,
+        "min_controls_in_rollouts": DEFAULT_MIN_CONTROLS,
+        "tolerance": bench.TOLERANCE,
+        "baseline_samples": bench.BASELINE,
+        "step_seconds": bench.STEP,
+        "simulation": "SIMULATION (bench/judge_controls.py docstring)",
+    }
     bench.print_report(report, "judge_controls.py", started)
 
 

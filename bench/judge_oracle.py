@@ -58,20 +58,28 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+import judge as bench
 import numpy as np
 from scipy import linalg, stats
 
-import judge as bench
 from gluon_operator import analysis
 
 ALPHA = 1 - bench.OURS.confidence
 THETA = math.log(1 - bench.TOLERANCE)
 NULLS = {"null_at_half_tolerance": THETA * analysis.FAIL_NULL_FRACTION, "null_at_zero": 0.0}
 LOOKS = 10
-TESTS = ("fixed_horizon", "fixed_horizon_closed_form", "sprt_at_true_effect", "one_sided_mixture_tuned", "ours_boundary_true_variance")
+TESTS = (
+    "fixed_horizon",
+    "fixed_horizon_closed_form",
+    "sprt_at_true_effect",
+    "one_sided_mixture_tuned",
+    "ours_boundary_true_variance",
+)
 
 
-def fixed_effects_estimate(y: np.ndarray, node: np.ndarray, step: np.ndarray, treated: np.ndarray) -> tuple[float, float]:
+def fixed_effects_estimate(
+    y: np.ndarray, node: np.ndarray, step: np.ndarray, treated: np.ndarray
+) -> tuple[float, float]:
     """The least-squares effect of `treated` (0/1) with a free effect per node and per time step, and c,
     its variance over the noise variance (1 / the treated indicator's residual sum of squares after the
     node and time effects: Frisch-Waugh-Lovell). The time effects are profiled out exactly by demeaning
@@ -86,12 +94,21 @@ def fixed_effects_estimate(y: np.ndarray, node: np.ndarray, step: np.ndarray, tr
     residual = d - nodes @ np.linalg.lstsq(nodes, d, rcond=None)[0]
     information = float(residual @ residual)
     if information <= 1e-9:
-        raise ValueError("the treated indicator is collinear with the node and time effects: no post-flip treated sample")
+        raise ValueError(
+            "the treated indicator is collinear with the node and time effects: no post-flip treated sample"
+        )
     return float(residual @ y) / information, 1.0 / information
 
 
-def gls_estimate(y: np.ndarray, node: np.ndarray, step: np.ndarray, treated: np.ndarray, seconds: np.ndarray,
-                 noise: float, wander: list[tuple[float, float]]) -> tuple[float, float]:
+def gls_estimate(
+    y: np.ndarray,
+    node: np.ndarray,
+    step: np.ndarray,
+    treated: np.ndarray,
+    seconds: np.ndarray,
+    noise: float,
+    wander: list[tuple[float, float]],
+) -> tuple[float, float]:
     """The generalised least-squares effect of `treated` with a free effect per node and per time step,
     each node's errors white noise of sd `noise` plus its own stationary AR(1) wander (correlation time,
     sd), independent across nodes; and its variance (exact for Gaussian errors). Each node's rows are
@@ -106,7 +123,7 @@ def gls_estimate(y: np.ndarray, node: np.ndarray, step: np.ndarray, treated: np.
         rows = node == i
         tau, sd = wander[i]
         lags = np.abs(np.subtract.outer(seconds[rows], seconds[rows]))
-        factor = np.linalg.cholesky(sd ** 2 * np.exp(-lags / tau) + noise ** 2 * np.eye(rows.sum()))
+        factor = np.linalg.cholesky(sd**2 * np.exp(-lags / tau) + noise**2 * np.eye(rows.sum()))
         white_x[rows] = linalg.solve_triangular(factor, design[rows], lower=True)
         white_y[rows] = linalg.solve_triangular(factor, y[rows], lower=True)
     information = white_x.T @ white_x
@@ -116,7 +133,9 @@ def gls_estimate(y: np.ndarray, node: np.ndarray, step: np.ndarray, treated: np.
 
 def load_term(sim: dict) -> np.ndarray:
     """How each node's own load moved its log speed (bench.ELASTICITY on its gauges), which the oracle knows."""
-    return sum(e * (np.log(sim[k]) - math.log(base)) for e, k, base in zip(bench.ELASTICITY, ("running", "usage"), (12.0, 0.5)))
+    return sum(
+        e * (np.log(sim[k]) - math.log(base)) for e, k, base in zip(bench.ELASTICITY, ("running", "usage"), (12.0, 0.5))
+    )
 
 
 def looks_of(sim: dict, noise: float, looks: int = LOOKS) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +161,7 @@ def looks_of(sim: dict, noise: float, looks: int = LOOKS) -> tuple[np.ndarray, n
             estimate, variance = gls_estimate(y[rows, cols], rows, step, treated, t[cols], noise, wander)
         else:
             estimate, c = fixed_effects_estimate(y[rows, cols], rows, step, treated)
-            variance = noise ** 2 * c
+            variance = noise**2 * c
         estimates.append(estimate)
         variances.append(variance)
     return np.array(estimates), np.array(variances)
@@ -153,13 +172,13 @@ def one_sided_mixture_log(estimate: np.ndarray, variance: np.ndarray, null: floa
     (a half-normal of variance rho): 2 / sqrt(rho A) exp(S^2 / (2A)) Phi(-S / sqrt(A)), S = (estimate -
     null) / v, A = 1 / v + 1 / rho."""
     score, a = (estimate - null) / variance, 1 / variance + 1 / rho
-    return math.log(2) - 0.5 * np.log(rho * a) + score ** 2 / (2 * a) + stats.norm.logcdf(-score / np.sqrt(a))
+    return math.log(2) - 0.5 * np.log(rho * a) + score**2 / (2 * a) + stats.norm.logcdf(-score / np.sqrt(a))
 
 
 def sprt_log(estimate: np.ndarray, variance: np.ndarray, null: float, effect: float) -> np.ndarray:
     """log of Wald's likelihood ratio of the true effect against `null`, given the estimate."""
     gap = effect - null
-    return (gap * (estimate - null) - gap ** 2 / 2) / variance
+    return (gap * (estimate - null) - gap**2 / 2) / variance
 
 
 def ours_rule(estimate: np.ndarray, variance: np.ndarray) -> bool:
@@ -194,7 +213,9 @@ def _verdicts(s: bench.Scenario, sim: dict, estimate: np.ndarray, variance: np.n
             "fixed_horizon": bool((estimate[-1] - null) / sd < -z),
             "fixed_horizon_closed_form": float(stats.norm.cdf((null - effect) / sd - z)) if math.isfinite(sd) else 0.0,
             "sprt_at_true_effect": bool((sprt_log(estimate, variance, null, target) >= bound).any()),
-            "one_sided_mixture_tuned": bool((one_sided_mixture_log(estimate, variance, null, (target - null) ** 2) >= bound).any()),
+            "one_sided_mixture_tuned": bool(
+                (one_sided_mixture_log(estimate, variance, null, (target - null) ** 2) >= bound).any()
+            ),
         }
     out["null_at_half_tolerance"]["ours_boundary_true_variance"] = ours_rule(estimate, variance)
     rollback = bench.ours(sim, looks)
@@ -210,12 +231,21 @@ def summarize(todo: list[bench.Scenario], results: list[dict]) -> dict:
     out = {}
     for key, rs in cells.items():
         ours = float(np.mean([r["ours"] for r in rs]))
-        row: dict = {"runs": len(rs), "ours_within_looks": ours, "oracle_sd_at_last_look_median": round(float(np.median([r["sd_at_last_look"] for r in rs])), 5)}
+        row: dict = {
+            "runs": len(rs),
+            "ours_within_looks": ours,
+            "oracle_sd_at_last_look_median": round(float(np.median([r["sd_at_last_look"] for r in rs])), 5),
+        }
         for null in NULLS:
-            power = {test: round(float(np.mean([r[null][test] for r in rs])), 4) for test in TESTS if test in rs[0][null]}
+            power = {
+                test: round(float(np.mean([r[null][test] for r in rs])), 4) for test in TESTS if test in rs[0][null]
+            }
             power["anytime_best"] = max(power["sprt_at_true_effect"], power["one_sided_mixture_tuned"])
-            fractions = {f"ours_over_{test}": (round(ours / p, 3) if p > 0 else None)
-                         for test, p in power.items() if test in ("fixed_horizon_closed_form", "anytime_best")}
+            fractions = {
+                f"ours_over_{test}": (round(ours / p, 3) if p > 0 else None)
+                for test, p in power.items()
+                if test in ("fixed_horizon_closed_form", "anytime_best")
+            }
             row[null] = {**power, **fractions}
         out[key] = row
     return out
@@ -224,11 +254,18 @@ def summarize(todo: list[bench.Scenario], results: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    parser.add_argument("--runs", type=int, default=100, help="runs per scenario (bench/judge.py's seeds at the same --runs)")
+    parser.add_argument(
+        "--runs", type=int, default=100, help="runs per scenario (bench/judge.py's seeds at the same --runs)"
+    )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--looks", type=int, default=LOOKS, help="looks (intervals after the warm-up) the power counts")
-    parser.add_argument("--families", nargs="+", choices=("iid", "ar1_wander"), default=["iid", "ar1_wander"],
-                        help="bench/judge.py's scenario families to judge (the ones whose noise model the oracle can know)")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        choices=("iid", "ar1_wander"),
+        default=["iid", "ar1_wander"],
+        help="bench/judge.py's scenario families to judge (the ones whose noise model the oracle can know)",
+    )
     parser.add_argument("--quick", action="store_true", help="a few runs, for tests")
     args = parser.parse_args()
     started = time.monotonic()
@@ -236,13 +273,24 @@ def main() -> None:
     todo = [s for s in bench.scenarios(runs) if s.family in args.families]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(oracle_one, todo, [args.looks] * len(todo), chunksize=max(1, runs // 4)))
-    report = {"by_scenario": summarize(todo, results),
-              "setup": {"runs_per_scenario": runs, "looks": args.looks, "families": args.families, "alpha": ALPHA, "nulls": NULLS, "tolerance": bench.TOLERANCE,
-                        "controls": bench.CONTROLS, "baseline_samples": bench.BASELINE, "step_seconds": bench.STEP,
-                        "simulation": "SIMULATION (bench/judge_oracle.py docstring; bench/judge.py's series)"},
-              "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
-              "command": " ".join(["python", "bench/judge_oracle.py"] + sys.argv[1:]),
-              "seconds": round(time.monotonic() - started, 1)}
+    report = {
+        "by_scenario": summarize(todo, results),
+        "setup": {
+            "runs_per_scenario": runs,
+            "looks": args.looks,
+            "families": args.families,
+            "alpha": ALPHA,
+            "nulls": NULLS,
+            "tolerance": bench.TOLERANCE,
+            "controls": bench.CONTROLS,
+            "baseline_samples": bench.BASELINE,
+            "step_seconds": bench.STEP,
+            "simulation": "SIMULATION (bench/judge_oracle.py docstring; bench/judge.py's series)",
+        },
+        "machine": f"{platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}",
+        "command": " ".join(["python", "bench/judge_oracle.py"] + sys.argv[1:]),
+        "seconds": round(time.monotonic() - started, 1),
+    }
     print(json.dumps(report, indent=2))
 
 

@@ -14,7 +14,10 @@ import json
 from typing import Any
 
 ANCHORS = ("flagger_style", "argo_style", "kayenta_style")
-HEADER = ["| regression scenario | ours | Flagger-style | Argo-style | Kayenta-style |", "| --- | --- | --- | --- | --- |"]
+HEADER = [
+    "| regression scenario | ours | Flagger-style | Argo-style | Kayenta-style |",
+    "| --- | --- | --- | --- | --- |",
+]
 
 
 def pct(value: float) -> str:
@@ -28,22 +31,34 @@ def median(cell: dict) -> str:
 
 def false_rollbacks(record: dict, harmless: list[str]) -> list[str]:
     ours = record["ours"]["by_scenario"]
-    rows = ["False rollbacks (harmless scenarios; over the horizon / over the horizon and 6 h of guard mode):", "",
-            "| scenario | ours | Flagger-style | Argo-style | Kayenta-style |", "| --- | --- | --- | --- | --- |"]
+    rows = [
+        "False rollbacks (harmless scenarios; over the horizon / over the horizon and 6 h of guard mode):",
+        "",
+        "| scenario | ours | Flagger-style | Argo-style | Kayenta-style |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for key in harmless:
         cells = [f"{pct(ours[key]['rollback_rate_horizon'])} / **{pct(ours[key]['rollback_rate_with_6h_guard'])}**"]
-        cells += [f"{pct(c['rollback_rate_horizon'])} / {pct(c['rollback_rate_with_6h_guard'])}"
-                  for c in (record[a]["by_scenario"][key] for a in ANCHORS)]
+        cells += [
+            f"{pct(c['rollback_rate_horizon'])} / {pct(c['rollback_rate_with_6h_guard'])}"
+            for c in (record[a]["by_scenario"][key] for a in ANCHORS)
+        ]
         rows.append(f"| {key} | " + " | ".join(cells) + " |")
     return rows
 
 
 def power_at_defaults(record: dict, regressions: list[str]) -> list[str]:
     ours = record["ours"]["by_scenario"]
-    rows = ["Power at the anchors' defaults (regressions: share rolled back within 10 intervals, median intervals to the rollback):", "", *HEADER]
+    rows = [
+        "Power at the anchors' defaults (regressions: share rolled back within 10 intervals, median intervals to the rollback):",
+        "",
+        *HEADER,
+    ]
     for key in regressions:
         cells = [f"**{pct(ours[key]['within_10_intervals'])} ({median(ours[key])})**"]
-        cells += [f"{pct(c['within_10_intervals'])} ({median(c)})" for c in (record[a]["by_scenario"][key] for a in ANCHORS)]
+        cells += [
+            f"{pct(c['within_10_intervals'])} ({median(c)})" for c in (record[a]["by_scenario"][key] for a in ANCHORS)
+        ]
         rows.append(f"| {key} | " + " | ".join(cells) + " |")
     return rows
 
@@ -58,7 +73,10 @@ def tuned_cell(best: dict | None, ours: dict) -> str:
     if not best:
         return "no setting kept"
     text = f"{pct(best['within_10_intervals'])} / {pct(best['rollback_rate_horizon'])}"
-    higher = best["within_10_intervals"] > ours["within_10_intervals"] or best["rollback_rate_horizon"] > ours["rollback_rate_horizon"]
+    higher = (
+        best["within_10_intervals"] > ours["within_10_intervals"]
+        or best["rollback_rate_horizon"] > ours["rollback_rate_horizon"]
+    )
     return f"**{text}** (higher)" if higher else text
 
 
@@ -67,8 +85,13 @@ def power_at_equal_rate(record: dict, regressions: list[str], section: str, limi
     rows: list[str] = []
     for counting, anchors in record[section].items():
         kept = ", ".join(f"{a} {anchors[a]['settings_meeting_target']} of {anchors[a]['settings']}" for a in ANCHORS)
-        rows += ["", f"At an equal false-rollback rate, anchors counted over {counting}: the most power any setting with {limit} "
-                 f"on every harmless scenario has (within 10 intervals / over the horizon); settings kept: {kept}", "", *HEADER]
+        rows += [
+            "",
+            f"At an equal false-rollback rate, anchors counted over {counting}: the most power any setting with {limit} "
+            f"on every harmless scenario has (within 10 intervals / over the horizon); settings kept: {kept}",
+            "",
+            *HEADER,
+        ]
         for key in regressions:
             cells = [f"{pct(ours[key]['within_10_intervals'])} / {pct(ours[key]['rollback_rate_horizon'])}"]
             cells += [tuned_cell(anchors[a]["best_power_by_regression"].get(key), ours[key]) for a in ANCHORS]
@@ -77,8 +100,12 @@ def power_at_equal_rate(record: dict, regressions: list[str], section: str, limi
 
 
 def summary(record: dict, harmless: list[str]) -> list[str]:
-    rows = ["Summary:", "", "| judge | worst harmless (horizon) | all harmless: horizon / + 6 h guard | power: 10% at 5% noise within 10 intervals | median intervals |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = [
+        "Summary:",
+        "",
+        "| judge | worst harmless (horizon) | all harmless: horizon / + 6 h guard | power: 10% at 5% noise within 10 intervals | median intervals |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     ours = record["ours"]["by_scenario"]
     for name in ("ours", *ANCHORS):
         judge: dict[str, Any] = record[name]
@@ -86,8 +113,10 @@ def summary(record: dict, harmless: list[str]) -> list[str]:
             both = f"{pct(sum(ours[k]['rollback_rate_horizon'] for k in harmless) / len(harmless))} / {pct(judge['false_rollback_rate_all_harmless'])}"
         else:
             both = f"{pct(judge['false_rollback_rate_all_harmless'])} / {pct(judge['false_rollback_rate_all_harmless_with_6h_guard'])}"
-        rows.append(f"| {name} | {pct(judge['false_rollback_rate_worst_harmless'])} | {both} | "
-                    f"{pct(judge['power_10pct_5pct_noise_within_10'])} | {judge['median_intervals_to_detect_10pct_5pct_noise']} |")
+        rows.append(
+            f"| {name} | {pct(judge['false_rollback_rate_worst_harmless'])} | {both} | "
+            f"{pct(judge['power_10pct_5pct_noise_within_10'])} | {judge['median_intervals_to_detect_10pct_5pct_noise']} |"
+        )
     return rows
 
 

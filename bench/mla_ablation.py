@@ -34,7 +34,14 @@ from gluon_agent.selftest.problem import make_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mla_decode import (  # noqa: E402
-    HEADS, kernel_mode, rel_l2, replacing, report_json, rotating_problems, time_mode, using_split_count,
+    HEADS,
+    kernel_mode,
+    rel_l2,
+    replacing,
+    report_json,
+    rotating_problems,
+    time_mode,
+    using_split_count,
 )
 
 WORDS_INIT = (
@@ -75,7 +82,10 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     ],
     # v12's and earlier row sums: summed across warps every tile
     "row_sums_per_tile": [
-        ("    l_acc = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)\n", "    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)\n"),
+        (
+            "    l_acc = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)\n",
+            "    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)\n",
+        ),
         ("        l_acc = l_acc * alpha[:, None] + p\n", "        l_i = l_i * alpha + tl.sum(p, 1)\n"),
         ("    l_i = tl.sum(l_acc, 1)\n", ""),
     ],
@@ -86,39 +96,57 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     # v8 to v11's value tile: all 128 words in one group, four products of 128 features
     "one_word_group": [
         (WORDS_INIT, QUARTER_INIT),
-        (WORDS_LOAD, "        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + tl.arange(0, D_NOPE // 4)[None, :],"
-                     " mask=mask_n[:, None], other=0)\n"
-                     + "".join(f"        v{r} = _byte_as_dot(w, {r}, DOT_DTYPE)\n" for r in range(4))),
+        (
+            WORDS_LOAD,
+            "        w = tl.load(kv_words + tok[:, None] * (stride_kv // 4) + tl.arange(0, D_NOPE // 4)[None, :],"
+            " mask=mask_n[:, None], other=0)\n"
+            + "".join(f"        v{r} = _byte_as_dot(w, {r}, DOT_DTYPE)\n" for r in range(4)),
+        ),
         (WORDS_DOTS, "".join(f"        acc{r} = tl.dot(p, v{r}, acc{r} * alpha[:, None])\n" for r in range(4))),
         (WORDS_JOIN, QUARTER_JOIN),
     ],
     # each word group loaded after the softmax, right before its products (tried on v12: 172 registers)
     "words_after_softmax": [
         (WORDS_LOAD, ""),
-        (WORDS_DOTS, "        word_row = kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :]\n" + "".join(
-            f"        {g}0, {g}1, {g}2, {g}3 = _value_products(p, alpha, tl.load(word_row + {i} * GROUP, mask=mask_n[:, None],"
-            f" other=0), {g}0, {g}1, {g}2, {g}3, DOT_DTYPE)\n" for i, g in enumerate("abcd"))),
+        (
+            WORDS_DOTS,
+            "        word_row = kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :]\n"
+            + "".join(
+                f"        {g}0, {g}1, {g}2, {g}3 = _value_products(p, alpha, tl.load(word_row + {i} * GROUP, mask=mask_n[:, None],"
+                f" other=0), {g}0, {g}1, {g}2, {g}3, DOT_DTYPE)\n"
+                for i, g in enumerate("abcd")
+            ),
+        ),
     ],
     # v4 to v7's value tile: 16-bit feature pairs through a transposing ldmatrix, two half-width products
     "pair_value_tile": [
         (WORDS_LOAD, ""),
-        (WORDS_INIT, "    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
-                     "    acc_odd = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
-                     "    kv_pairs = KV.to(tl.pointer_type(tl.uint16), bitcast=True)\n"
-                     "    offs_p = tl.arange(0, D_NOPE // 2)\n"),
-        (WORDS_DOTS, "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_p[None, :], mask=mask_n[:, None], other=0)\n"
-                     "        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
-                     "        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
-                     "        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])\n"
-                     "        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])\n"),
+        (
+            WORDS_INIT,
+            "    acc_even = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
+            "    acc_odd = tl.zeros([BLOCK_H, D_NOPE // 2], dtype=tl.float32)\n"
+            "    kv_pairs = KV.to(tl.pointer_type(tl.uint16), bitcast=True)\n"
+            "    offs_p = tl.arange(0, D_NOPE // 2)\n",
+        ),
+        (
+            WORDS_DOTS,
+            "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_p[None, :], mask=mask_n[:, None], other=0)\n"
+            "        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
+            "        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
+            "        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])\n"
+            "        acc_odd = tl.dot(p, v_odd, acc_odd * alpha[:, None])\n",
+        ),
         (WORDS_JOIN, "    acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_H, D_NOPE])\n"),
     ],
     # v1 to v3's value tile: one fp8 [tokens, 512] load, fed to the product by byte-wise shared loads
     "byte_value_tile": [
         (WORDS_LOAD, ""),
         (WORDS_INIT, "    acc = tl.zeros([BLOCK_H, D_NOPE], dtype=tl.float32)\n"),
-        (WORDS_DOTS, "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
-                     "        acc = tl.dot(p, v, acc * alpha[:, None])\n"),
+        (
+            WORDS_DOTS,
+            "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
+            "        acc = tl.dot(p, v, acc * alpha[:, None])\n",
+        ),
         (WORDS_JOIN, ""),
     ],
     # tried on v9: the fp8 tile in feature order, converted in adjacent-feature pairs, then split four ways
@@ -126,11 +154,14 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "split_value_tile": [
         (WORDS_LOAD, ""),
         (WORDS_INIT, QUARTER_INIT),
-        (WORDS_DOTS, "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
-                     "        v_even, v_odd = tl.split(tl.reshape(v, [BLOCK_N, D_NOPE // 4, 2, 2]))\n"
-                     "        v0, v2 = tl.split(v_even)\n"
-                     "        v1, v3 = tl.split(v_odd)\n"
-                     + "".join(f"        acc{r} = tl.dot(p, v{r}, acc{r} * alpha[:, None])\n" for r in range(4))),
+        (
+            WORDS_DOTS,
+            "        v = tl.load(row + offs_d[None, :], mask=mask_n[:, None], other=0.0).to(DOT_DTYPE)\n"
+            "        v_even, v_odd = tl.split(tl.reshape(v, [BLOCK_N, D_NOPE // 4, 2, 2]))\n"
+            "        v0, v2 = tl.split(v_even)\n"
+            "        v1, v3 = tl.split(v_odd)\n"
+            + "".join(f"        acc{r} = tl.dot(p, v{r}, acc{r} * alpha[:, None])\n" for r in range(4)),
+        ),
         (WORDS_JOIN, QUARTER_JOIN),
     ],
 }
@@ -146,6 +177,7 @@ def v9_split_count(batch: int, max_kv_len: int, device: torch.device, config: tr
 @dataclasses.dataclass(frozen=True)
 class Previous:
     """A config or split rule used before, timed with today's kernel: a change stays an A/B anyone can rerun."""
+
     label: str
     config: triton_mla.KernelConfig
     split_count: Callable[[int, int, torch.device, triton_mla.KernelConfig], int] = triton_mla.split_count
@@ -180,8 +212,13 @@ def using_kernel(kernel) -> contextlib.AbstractContextManager[None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    parser.add_argument("--once", nargs=2, type=int, metavar=("BATCH", "KV_LEN"),
-                        help="only run the kernel three times on one shape (for a profiler)")
+    parser.add_argument(
+        "--once",
+        nargs=2,
+        type=int,
+        metavar=("BATCH", "KV_LEN"),
+        help="only run the kernel three times on one shape (for a profiler)",
+    )
     args = parser.parse_args()
     device = torch.device("cuda:0")
     if args.once:
@@ -209,9 +246,19 @@ def main() -> None:
                     err = rel_l2(first, run)
                 tbps = timing.tbps(first.kv_bytes, ms)
                 splits = rule(batch, kv_len, device, run_config)
-                rows.append({"batch": batch, "kv_len": kv_len, "variant": name, "splits": splits,
-                             "config": dataclasses.asdict(run_config), "ms": ms, "ratio_to_ceiling": tbps / ceiling,
-                             "rel_l2": err, "registers": getattr(triton_mla.last_split_launch, "n_regs", None)})
+                rows.append(
+                    {
+                        "batch": batch,
+                        "kv_len": kv_len,
+                        "variant": name,
+                        "splits": splits,
+                        "config": dataclasses.asdict(run_config),
+                        "ms": ms,
+                        "ratio_to_ceiling": tbps / ceiling,
+                        "rel_l2": err,
+                        "registers": getattr(triton_mla.last_split_launch, "n_regs", None),
+                    }
+                )
             del problems, first
             torch.cuda.empty_cache()
     print(report_json("mla_ablation", device, {"ceiling_tbps": ceiling, "cases": rows}))

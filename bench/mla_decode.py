@@ -26,10 +26,10 @@ import platform
 import sys
 from typing import Callable, Iterator
 
+import gather_ceiling  # noqa: E402 (bench/ is the script's directory)
 import torch
 import triton
 
-import gather_ceiling  # noqa: E402 (bench/ is the script's directory)
 from gluon_agent.selftest import timing, triton_mla
 from gluon_agent.selftest.problem import D_LATENT, Problem, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
@@ -62,9 +62,12 @@ def targets_met(cases: dict[tuple[int, int], dict]) -> dict[str, bool]:
     """The issue's speed targets against one mode's cases (native-12, or the split floor), keyed by
     (batch, kv_len)."""
     return {
-        "native12_32x64k_ratio_to_ceiling_min": cases[(32, 65536)]["ratio_to_ceiling"] >= TARGETS["native12_32x64k_ratio_to_ceiling_min"],
-        "native12_1x128k_ratio_to_ceiling_min": cases[(1, 131072)]["ratio_to_ceiling"] >= TARGETS["native12_1x128k_ratio_to_ceiling_min"],
-        "native12_speedup_vs_torch_min": min(r["speedup_vs_torch"] for r in cases.values()) >= TARGETS["native12_speedup_vs_torch_min"],
+        "native12_32x64k_ratio_to_ceiling_min": cases[(32, 65536)]["ratio_to_ceiling"]
+        >= TARGETS["native12_32x64k_ratio_to_ceiling_min"],
+        "native12_1x128k_ratio_to_ceiling_min": cases[(1, 131072)]["ratio_to_ceiling"]
+        >= TARGETS["native12_1x128k_ratio_to_ceiling_min"],
+        "native12_speedup_vs_torch_min": min(r["speedup_vs_torch"] for r in cases.values())
+        >= TARGETS["native12_speedup_vs_torch_min"],
     }
 
 
@@ -96,16 +99,25 @@ def time_mode(problems: list[Problem], run) -> float:
     return timing.graph_ms_per_call([lambda p=p, o=o: run(p, o) for p, o in zip(problems, outs)])
 
 
-def entry(p: Problem, mode: str, ms: float, ceilings: tuple[float, float], torch_ms: float | None,
-          err: float | None) -> dict:
+def entry(
+    p: Problem, mode: str, ms: float, ceilings: tuple[float, float], torch_ms: float | None, err: float | None
+) -> dict:
     """`ceilings`: the copy ceiling, and this shape's gather ceiling (bench/gather_ceiling.py)."""
     tbps = timing.tbps(p.kv_bytes, ms)
     ceiling, gather = ceilings
     return {
-        "batch": p.batch, "kv_len": p.lengths[0], "heads": p.heads, "mode": mode, "ms": ms,
-        "kv_tbps": tbps, "ceiling_tbps": ceiling, "ratio_to_ceiling": tbps / ceiling,
-        "gather_ceiling_tbps": gather, "ratio_to_gather_ceiling": tbps / gather,
-        "speedup_vs_torch": (torch_ms / ms) if torch_ms else None, "rel_l2": err,
+        "batch": p.batch,
+        "kv_len": p.lengths[0],
+        "heads": p.heads,
+        "mode": mode,
+        "ms": ms,
+        "kv_tbps": tbps,
+        "ceiling_tbps": ceiling,
+        "ratio_to_ceiling": tbps / ceiling,
+        "gather_ceiling_tbps": gather,
+        "ratio_to_gather_ceiling": tbps / gather,
+        "speedup_vs_torch": (torch_ms / ms) if torch_ms else None,
+        "rel_l2": err,
     }
 
 
@@ -122,10 +134,15 @@ def sweep(problems: list[Problem], ceiling: float) -> list[dict]:
             continue
         tbps = timing.tbps(problems[0].kv_bytes, ms)
         launch = triton_mla.last_split_launch
-        rows.append({
-            "config": dataclasses.asdict(config), "ms": ms, "ratio_to_ceiling": tbps / ceiling,
-            "registers": getattr(launch, "n_regs", None), "spills": getattr(launch, "n_spills", None),
-        })
+        rows.append(
+            {
+                "config": dataclasses.asdict(config),
+                "ms": ms,
+                "ratio_to_ceiling": tbps / ceiling,
+                "registers": getattr(launch, "n_regs", None),
+                "spills": getattr(launch, "n_spills", None),
+            }
+        )
     return rows
 
 
@@ -157,21 +174,33 @@ def split_sweep(problems: list[Problem], ceiling: float) -> list[dict]:
     first = problems[0]
     batch, max_len, config = first.batch, max(first.lengths), triton_mla.default_config()
     resident = triton_mla.resident_programs(first.kv.device, config)
-    counts = {triton_mla.splits_per_sequence(waves * resident, batch, max_len, SWEEP_MIN_TOKENS_PER_SPLIT) for waves in range(1, 7)}
+    counts = {
+        triton_mla.splits_per_sequence(waves * resident, batch, max_len, SWEEP_MIN_TOKENS_PER_SPLIT)
+        for waves in range(1, 7)
+    }
     rows = []
     for splits in sorted(counts | {triton_mla.split_count(batch, max_len, first.kv.device, config)}):
         with using_split_count(lambda *_, splits=splits: splits):
             ms = time_mode(problems, kernel_mode("native-12", config))
         tbps = timing.tbps(first.kv_bytes, ms)
-        rows.append({"splits": splits, "programs": splits * batch, "waves": splits * batch / resident, "ms": ms,
-                     "ratio_to_ceiling": tbps / ceiling})
+        rows.append(
+            {
+                "splits": splits,
+                "programs": splits * batch,
+                "waves": splits * batch / resident,
+                "ms": ms,
+                "ratio_to_ceiling": tbps / ceiling,
+            }
+        )
     return rows
 
 
 def rotating_problems(batch: int, kv_len: int, device: torch.device) -> list[Problem]:
     """Enough fresh problems of one shape to rotate through several times the L2."""
     first = make_problem([kv_len] * batch, heads=HEADS, device=device)
-    return [first] + [make_problem([kv_len] * batch, heads=HEADS, device=device) for _ in range(rotations_for(first, device) - 1)]
+    return [first] + [
+        make_problem([kv_len] * batch, heads=HEADS, device=device) for _ in range(rotations_for(first, device) - 1)
+    ]
 
 
 def machine(device: torch.device) -> dict[str, str]:
@@ -185,7 +214,11 @@ def machine(device: torch.device) -> dict[str, str]:
 
 def report_json(bench: str, device: torch.device, fields: dict) -> str:
     """What every GPU bench prints: which bench, on what machine, by which command, then its fields."""
-    head = {"bench": bench, "machine": machine(device), "command": " ".join(["python", f"bench/{bench}.py"] + sys.argv[1:])}
+    head = {
+        "bench": bench,
+        "machine": machine(device),
+        "command": " ".join(["python", f"bench/{bench}.py"] + sys.argv[1:]),
+    }
     return json.dumps({**head, **fields}, indent=2)
 
 
@@ -223,6 +256,7 @@ def main() -> None:
             split_sweeps[f"{batch}x{kv_len}"] = split_sweep(problems, ceiling)
         del problems, first
         torch.cuda.empty_cache()
+
     def by_shape(mode: str) -> dict[tuple[int, int], dict] | None:
         rows = {(r["batch"], r["kv_len"]): r for r in results if r["mode"] == mode}
         return rows if set(SHAPES) <= set(rows) else None

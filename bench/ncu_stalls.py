@@ -28,7 +28,7 @@ def summarize(rows: list[dict[str, str]]) -> dict:
     by_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     per_instruction = []
     for row in rows:
-        counts = {r[len("stall_"):]: int(row[r] or 0) for r in reasons}
+        counts = {r[len("stall_") :]: int(row[r] or 0) for r in reasons}
         total.update(counts)
         by_op[opcode(row["Source"])].update(counts)
         per_instruction.append((sum(counts.values()), row["Source"].strip(), counts))
@@ -42,8 +42,10 @@ def summarize(rows: list[dict[str, str]]) -> dict:
         "samples": samples,
         "reasons": shares(total, len(total)),
         "by_opcode": {op: {"share": round(sum(c.values()) / samples, 4), "reasons": shares(c)} for op, c in ops[:TOP]},
-        "top_instructions": [{"sass": s, "share": round(n / samples, 4), "reasons": shares(collections.Counter(c), 2)}
-                             for n, s, c in sorted(per_instruction, key=lambda t: -t[0])[:TOP]],
+        "top_instructions": [
+            {"sass": s, "share": round(n / samples, 4), "reasons": shares(collections.Counter(c), 2)}
+            for n, s, c in sorted(per_instruction, key=lambda t: -t[0])[:TOP]
+        ],
     }
 
 
@@ -55,7 +57,7 @@ def main() -> None:
         lines = list(csv.reader(f))
     header_at = next(i for i, line in enumerate(lines) if line and line[0] == "Address")
     header = lines[header_at]
-    rows = [dict(zip(header, line)) for line in lines[header_at + 1:] if len(line) == len(header)]
+    rows = [dict(zip(header, line)) for line in lines[header_at + 1 :] if len(line) == len(header)]
     print(json.dumps(summarize(rows), indent=2))
 
 

@@ -1,6 +1,6 @@
 """Wall time of `gluon-agent probe` on this machine. Prints JSON.
 
-    python bench/probe.py --json [--runs 5] [--python PATH]
+python bench/probe.py --json [--runs 5] [--python PATH]
 """
 
 from __future__ import annotations

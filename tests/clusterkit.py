@@ -98,7 +98,9 @@ class Nodes:
             patch: dict[str, dict[str, Any]] = {"labels": {}, "annotations": {}}
             for kind in patch:
                 wanted = {k: v for k, v in (body["metadata"].get(kind) or {}).items() if contract.is_ours(k)}
-                patch[kind] = {k: None for k in (meta.get(kind) or {}) if contract.is_ours(k) and k not in wanted} | wanted
+                patch[kind] = {
+                    k: None for k in (meta.get(kind) or {}) if contract.is_ours(k) and k not in wanted
+                } | wanted
             if any(patch.values()):
                 self.core.patch_node(name, {"metadata": patch}, _content_type=MERGE)
 
@@ -118,9 +120,15 @@ def serve(admin: client.ApiClient, namespace: str, nodes: list[str], replicas: i
     """One Deployment pinned to each node; returns once every pod runs and is ready (kwok marks them)."""
     apps = client.AppsV1Api(admin)
     for node in nodes:
-        apps.create_namespaced_deployment(namespace, fleet.serving_deployment(f"sglang-{node}", node=node, replicas=replicas))
-    wait_for(lambda: sum(ready(p) for p in pods(admin, namespace)) == replicas * len(nodes), timeout=timeout, interval=0.3,
-             what=f"{replicas * len(nodes)} serving pods ready")
+        apps.create_namespaced_deployment(
+            namespace, fleet.serving_deployment(f"sglang-{node}", node=node, replicas=replicas)
+        )
+    wait_for(
+        lambda: sum(ready(p) for p in pods(admin, namespace)) == replicas * len(nodes),
+        timeout=timeout,
+        interval=0.3,
+        what=f"{replicas * len(nodes)} serving pods ready",
+    )
 
 
 def pods(admin: client.ApiClient, namespace: str, node: str | None = None) -> list[dict[str, Any]]:
@@ -131,14 +139,18 @@ def pods(admin: client.ApiClient, namespace: str, node: str | None = None) -> li
 
 def ready(pod: dict[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
-    return not pod["metadata"].get("deletionTimestamp") and any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions
+    )
 
 
 # ---------------------------------------------------------------- rollouts
 
 
 def create_rollout(admin: client.ApiClient, body: dict[str, Any]) -> dict[str, Any]:
-    return client.CustomObjectsApi(admin).create_namespaced_custom_object(GROUP, VERSION, body["metadata"]["namespace"], PLURAL, body)
+    return client.CustomObjectsApi(admin).create_namespaced_custom_object(
+        GROUP, VERSION, body["metadata"]["namespace"], PLURAL, body
+    )
 
 
 def rollout_status(admin: client.ApiClient, namespace: str, name: str = "kimi") -> dict[str, Any]:
@@ -159,14 +171,27 @@ def delete_rollouts(admin: client.ApiClient, namespace: str, timeout: float = 45
 
     def left() -> list[dict[str, Any]]:
         return custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+
     for item in left():
         custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, item["metadata"]["name"])
     try:
-        wait_for(lambda: not left(), timeout=timeout, interval=0.2, what="the rollouts deleted (the operator's finalizer removed)")
+        wait_for(
+            lambda: not left(),
+            timeout=timeout,
+            interval=0.2,
+            what="the rollouts deleted (the operator's finalizer removed)",
+        )
     except AssertionError:
         for item in left():
-            custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, item["metadata"]["name"],
-                                                  {"metadata": {"finalizers": None}}, _content_type=MERGE)
+            custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                item["metadata"]["name"],
+                {"metadata": {"finalizers": None}},
+                _content_type=MERGE,
+            )
         raise
 
 
@@ -187,20 +212,38 @@ def evictions(proxy: FaultProxy) -> list[Any]:
     return proxy.requests("POST", r"^/api/v1/namespaces/[^/]+/pods/[^/]+/eviction$")
 
 
-def operator_env(installed: Installed, server: str | None = None, webhook: bool = False, **extra: str) -> dict[str, str]:
+def operator_env(
+    installed: Installed, server: str | None = None, webhook: bool = False, **extra: str
+) -> dict[str, str]:
     """The operator's environment: its own ServiceAccount's kubeconfig (`server`: e.g. the fault proxy),
     and with `webhook` its TLS admission webhook where the chart's webhook configuration points."""
-    env = {"KUBECONFIG": str(installed.operator_kubeconfig(server)), "GLUON_SCANNING": "off", "GLUON_METRICS_PORT": "0",
-           "GLUON_WATCH_TIMEOUT": "20", "GLUON_AGENT_IMAGE": AGENT_IMAGE}
+    env = {
+        "KUBECONFIG": str(installed.operator_kubeconfig(server)),
+        "GLUON_SCANNING": "off",
+        "GLUON_METRICS_PORT": "0",
+        "GLUON_WATCH_TIMEOUT": "20",
+        "GLUON_AGENT_IMAGE": AGENT_IMAGE,
+    }
     if webhook:
-        env.update(GLUON_WEBHOOK_CERT=str(installed.webhook_tls.cert), GLUON_WEBHOOK_KEY=str(installed.webhook_tls.key),
-                   GLUON_WEBHOOK_ADDR="127.0.0.1", GLUON_WEBHOOK_PORT=str(installed.webhook_port))
+        env.update(
+            GLUON_WEBHOOK_CERT=str(installed.webhook_tls.cert),
+            GLUON_WEBHOOK_KEY=str(installed.webhook_tls.key),
+            GLUON_WEBHOOK_ADDR="127.0.0.1",
+            GLUON_WEBHOOK_PORT=str(installed.webhook_port),
+        )
     return env | extra
 
 
 @contextmanager
-def kopf_operator(monkeypatch: Any, installed: Installed, namespace: str, server: str | None = None, webhook: bool = False,
-                  timeout: float = 120, **extra: str) -> Iterator[Any]:
+def kopf_operator(
+    monkeypatch: Any,
+    installed: Installed,
+    namespace: str,
+    server: str | None = None,
+    webhook: bool = False,
+    timeout: float = 120,
+    **extra: str,
+) -> Iterator[Any]:
     """The operator's handlers under KopfRunner, watching `namespace`'s rollouts; rollouts are deleted before
     it stops (see delete_rollouts)."""
     from kopf.testing import KopfRunner
@@ -212,7 +255,9 @@ def kopf_operator(monkeypatch: Any, installed: Installed, namespace: str, server
         monkeypatch.setenv(key, value)
     # The kubernetes client reads KUBECONFIG once, when it is imported: point its default there too.
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", env["KUBECONFIG"])
-    with KopfRunner(["run", "-m", "gluon_operator.handlers", "--standalone", "--namespace", namespace], timeout=timeout) as runner:
+    with KopfRunner(
+        ["run", "-m", "gluon_operator.handlers", "--standalone", "--namespace", namespace], timeout=timeout
+    ) as runner:
         try:
             yield runner
         finally:
@@ -245,8 +290,14 @@ class PreflightReporter(Background):
         labels = node["metadata"].get("labels") or {}
         enabled = labels.get(contract.LABEL_ENABLED) == "true"
         on = enabled and labels.get(contract.LABEL_SELFTEST) == "pass"
-        return {"flag": "1" if on else "0", "current": True, "enabled": enabled,
-                "reason": "enabled by the operator and the self-test passed" if on else "the operator has not enabled this node"}
+        return {
+            "flag": "1" if on else "0",
+            "current": True,
+            "enabled": enabled,
+            "reason": "enabled by the operator and the self-test passed"
+            if on
+            else "the operator has not enabled this node",
+        }
 
     def verdict(self, node: dict[str, Any]) -> dict[str, Any]:
         answer = self.agent_answer(node)
@@ -259,7 +310,9 @@ class PreflightReporter(Background):
     def _run(self) -> None:
         while not self.stop_event.is_set():
             try:
-                for pod in json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]:
+                for pod in json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)[
+                    "items"
+                ]:
                     self._consider(pod)
             except Exception as exc:  # a pod deleted meanwhile: reported, the next tick goes on
                 self.errors.append(repr(exc))
@@ -267,13 +320,22 @@ class PreflightReporter(Background):
 
     def _consider(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
-        if (contract.ANNOTATION_POD_INJECTED not in (meta.get("annotations") or {}) or not spec.get("nodeName")
-                or meta.get("deletionTimestamp") or meta["uid"] in self.reported):
+        if (
+            contract.ANNOTATION_POD_INJECTED not in (meta.get("annotations") or {})
+            or not spec.get("nodeName")
+            or meta.get("deletionTimestamp")
+            or meta["uid"] in self.reported
+        ):
             return
         node = json.loads(self.core.read_node(spec["nodeName"], _preload_content=False).data)
         verdict = self.verdict(node)
-        self.core.patch_namespaced_pod_status(meta["name"], self.namespace, {"status": self.status(pod, node, json.dumps(verdict))},
-                                              _content_type=STRATEGIC, _preload_content=False)
+        self.core.patch_namespaced_pod_status(
+            meta["name"],
+            self.namespace,
+            {"status": self.status(pod, node, json.dumps(verdict))},
+            _content_type=STRATEGIC,
+            _preload_content=False,
+        )
         self.reported.add(meta["uid"])
         self.flags[spec["nodeName"]] = verdict["flag"]
 
@@ -281,14 +343,49 @@ class PreflightReporter(Background):
     def status(pod: dict[str, Any], node: dict[str, Any], message: str) -> dict[str, Any]:
         """As kwok's pod-ready stage reports a started pod, with the preflight's termination message."""
         now = iso_now()
-        host = next((a["address"] for a in node["status"].get("addresses") or [] if a["type"] == "InternalIP"), "127.0.0.1")
-        init = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": True, "restartCount": 0,
-                 "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now,
-                                          **({"message": message} if c["name"] == PREFLIGHT_CONTAINER else {})}}}
-                for c in pod["spec"].get("initContainers") or []]
-        containers = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": True, "restartCount": 0, "started": True,
-                       "state": {"running": {"startedAt": now}}} for c in pod["spec"]["containers"]]
-        return {"phase": "Running", "startTime": now, "hostIP": host, "hostIPs": [{"ip": host}],
-                "conditions": [{"type": t, "status": "True", "lastTransitionTime": now} for t in ("Initialized", "Ready", "ContainersReady")],
-                "initContainerStatuses": init, "containerStatuses": containers}
-
+        host = next(
+            (a["address"] for a in node["status"].get("addresses") or [] if a["type"] == "InternalIP"), "127.0.0.1"
+        )
+        init = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": now,
+                        "finishedAt": now,
+                        **({"message": message} if c["name"] == PREFLIGHT_CONTAINER else {}),
+                    }
+                },
+            }
+            for c in pod["spec"].get("initContainers") or []
+        ]
+        containers = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        return {
+            "phase": "Running",
+            "startTime": now,
+            "hostIP": host,
+            "hostIPs": [{"ip": host}],
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("Initialized", "Ready", "ContainersReady")
+            ],
+            "initContainerStatuses": init,
+            "containerStatuses": containers,
+        }

@@ -56,7 +56,7 @@ def namespace(control_plane, request):
     from kubernetes import client
 
     core = client.CoreV1Api(control_plane.admin_client())
-    name = (re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:5])
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:5]
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     release_rollouts(control_plane.admin_client(), name)
@@ -74,8 +74,15 @@ def release_rollouts(api, namespace: str) -> None:
     for item in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
         name = item["metadata"]["name"]
         if item["metadata"].get("finalizers"):
-            custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"finalizers": None}},
-                                                  _content_type="application/merge-patch+json")
+            custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"metadata": {"finalizers": None}},
+                _content_type="application/merge-patch+json",
+            )
         try:
             custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         except client.ApiException as exc:

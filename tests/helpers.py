@@ -53,10 +53,22 @@ def running_agent(kubeconfig: Path, node_name: str, simulate: Path, **overrides:
     from gluon_agent.kube import NodeApi, make_api_client
     from gluon_agent.sources import SimulatedSource
 
-    settings = dict(node_name=node_name, host="127.0.0.1", port=0, tick=0.05, watch_timeout=2,
-                    api_backoff_base=0.05, api_backoff_cap=0.5, probe_interval=3600.0)
+    settings = dict(
+        node_name=node_name,
+        host="127.0.0.1",
+        port=0,
+        tick=0.05,
+        watch_timeout=2,
+        api_backoff_base=0.05,
+        api_backoff_cap=0.5,
+        probe_interval=3600.0,
+    )
     settings.update(overrides)
-    agent = Agent(AgentConfig(**settings), NodeApi(make_api_client(kubeconfig=str(kubeconfig)), node_name), SimulatedSource(simulate))
+    agent = Agent(
+        AgentConfig(**settings),
+        NodeApi(make_api_client(kubeconfig=str(kubeconfig)), node_name),
+        SimulatedSource(simulate),
+    )
     thread = threading.Thread(target=agent.run, name=f"agent-{node_name}", daemon=True)
     thread.start()
     wait_for(lambda: agent.http is not None, what="agent http server")

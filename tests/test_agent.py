@@ -106,8 +106,13 @@ def runs(agent, result=None):
 
 def writes(api, name=None):
     """The agent's writes to nodes, as the proxy saw them."""
-    return [r for r in api.proxy.seen if r.method in ("PATCH", "PUT", "POST", "DELETE") and r.path.startswith("/api/v1/nodes")
-            and (name is None or r.path.split("/")[4] == name)]
+    return [
+        r
+        for r in api.proxy.seen
+        if r.method in ("PATCH", "PUT", "POST", "DELETE")
+        and r.path.startswith("/api/v1/nodes")
+        and (name is None or r.path.split("/")[4] == name)
+    ]
 
 
 def test_first_publish_and_only_own_node(api, sim):
@@ -120,13 +125,19 @@ def test_first_publish_and_only_own_node(api, sim):
         assert body["verdict"] == "pass" and body["fingerprint"] == agent.fingerprint
         assert body["selftest"]["trigger"] == "start" and body["selftest"]["simulated"] is True
         assert set(annotations(api)[contract.ANNOTATION_OWNED_KEYS].split(",")) == {
-            contract.LABEL_CAPABLE, contract.LABEL_SELFTEST, contract.LABEL_GPU_ARCH, contract.ANNOTATION_REPORT}
+            contract.LABEL_CAPABLE,
+            contract.LABEL_SELFTEST,
+            contract.LABEL_GPU_ARCH,
+            contract.ANNOTATION_REPORT,
+        }
         assert http_json(agent.url + "/readyz")[0] == 200 and http_json(agent.url + "/healthz")[0] == 200
         time.sleep(0.5)  # a settled agent writes nothing more
         settled = len(writes(api))
         time.sleep(0.5)
         assert len(writes(api)) == settled
-    assert writes(api) and all(r.path == f"/api/v1/nodes/{N1}" and r.status == 200 for r in writes(api)), "the agent wrote another node"
+    assert writes(api) and all(r.path == f"/api/v1/nodes/{N1}" and r.status == 200 for r in writes(api)), (
+        "the agent wrote another node"
+    )
     other = api.node(N2)["metadata"]
     assert not [k for k in {**other.get("labels", {}), **other.get("annotations", {})} if contract.is_ours(k)]
 
@@ -134,8 +145,12 @@ def test_first_publish_and_only_own_node(api, sim):
 def test_stale_owned_keys_removed_and_others_kept(api, sim, installed):
     old = contract.PREFIX + "retired-key"
     # An earlier agent version published `old` (with its own token); the operator enabled the node.
-    api.patch_as(api_for(installed.agent_kubeconfig(N1)), N1, labels={old: "x"},
-                 annotations={contract.ANNOTATION_OWNED_KEYS: ",".join([old, contract.LABEL_CAPABLE, contract.LABEL_ENABLED])})
+    api.patch_as(
+        api_for(installed.agent_kubeconfig(N1)),
+        N1,
+        labels={old: "x"},
+        annotations={contract.ANNOTATION_OWNED_KEYS: ",".join([old, contract.LABEL_CAPABLE, contract.LABEL_ENABLED])},
+    )
     api.by_operator(labels={contract.LABEL_ENABLED: "true"})
     with running_agent(api.kubeconfig, N1, sim):
         wait_for(lambda: old not in labels(api), what="stale key removed")
@@ -157,15 +172,19 @@ def test_retest_triggers(api, tmp_path):
         first = report(api)["fingerprint"]
 
         write_sim(sim, driver="6.99.0")  # a driver update changes the fingerprint
-        wait_for(lambda: report(api)["fingerprint"] != first and trigger(api) == "fingerprint changed",
-                 what="re-test on fingerprint change")
+        wait_for(
+            lambda: report(api)["fingerprint"] != first and trigger(api) == "fingerprint changed",
+            what="re-test on fingerprint change",
+        )
         assert runs(agent) == 2
 
         api.by_person(annotations={contract.ANNOTATION_SELFTEST_REQUEST: "2026-11-29T10.00.00Z"})
         wait_for(lambda: trigger(api) == "requested", what="re-test on request")
         assert runs(agent) == 3
 
-        api.by_person(annotations={contract.ANNOTATION_SELFTEST_REQUEST: "please run it now!"})  # malformed: logged, counted, ignored
+        api.by_person(
+            annotations={contract.ANNOTATION_SELFTEST_REQUEST: "please run it now!"}
+        )  # malformed: logged, counted, ignored
         wait_for(lambda: agent.metrics.malformed.labels(contract.ANNOTATION_SELFTEST_REQUEST)._value.get() == 1)
         time.sleep(0.5)
         assert runs(agent) == 3
@@ -203,7 +222,9 @@ def test_first_verdict_deferred_is_published_as_deferred(api, tmp_path):
 def test_decision_endpoint(api, sim):
     with running_agent(api.kubeconfig, N1, sim) as agent:
         wait_for(lambda: labels(api).get(contract.LABEL_SELFTEST) == "pass")
-        status, answer = wait_for(lambda: (r := http_json(agent.url + contract.DECISION_PATH)) and r[0] == 200 and r, what="current view")
+        status, answer = wait_for(
+            lambda: (r := http_json(agent.url + contract.DECISION_PATH)) and r[0] == 200 and r, what="current view"
+        )
         assert answer["flag"] == "0" and "has not enabled" in answer["reason"]
 
         api.by_operator(labels={contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Enabling"})
@@ -225,7 +246,9 @@ def test_decision_without_a_current_view(api, sim):
         assert status == 503 and answer["flag"] == "0" and answer["current"] is False
         assert "no current view" in answer["reason"]
         wait_for(lambda: agent.metrics.api_errors.labels("server")._value.get() >= 1)
-    assert api.proxy.requests("GET", r"^/api/v1/nodes") and all(r.status == 503 for r in api.proxy.requests("GET", r"^/api/v1/nodes"))
+    assert api.proxy.requests("GET", r"^/api/v1/nodes") and all(
+        r.status == 503 for r in api.proxy.requests("GET", r"^/api/v1/nodes")
+    )
 
 
 def planned_faults(statuses: list[int], method: str, pattern: str) -> list[Rule]:
@@ -238,7 +261,9 @@ def planned_faults(statuses: list[int], method: str, pattern: str) -> list[Rule]
                 plan.pop(0)
                 return True
             return False
+
         return match
+
     return [Rule(next_is(status), status=status) for status in sorted(set(statuses))]
 
 
@@ -254,12 +279,31 @@ def test_conflicts_and_server_errors_are_retried(api, sim):
 def test_sigterm_exits_cleanly(api, sim, installed):
     env = dict(os.environ, NODE_NAME=N1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gluon_agent", "run", "--kubeconfig", str(installed.agent_kubeconfig(N1)), "--simulate", str(sim),
-         "--host", "127.0.0.1", "--port", "0", "--tick", "0.1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gluon_agent",
+            "run",
+            "--kubeconfig",
+            str(installed.agent_kubeconfig(N1)),
+            "--simulate",
+            str(sim),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--tick",
+            "0.1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
-        wait_for(lambda: labels(api).get(contract.LABEL_SELFTEST) == "pass", timeout=30, what="subprocess agent published")
+        wait_for(
+            lambda: labels(api).get(contract.LABEL_SELFTEST) == "pass", timeout=30, what="subprocess agent published"
+        )
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=10)
     finally:
@@ -270,7 +314,9 @@ def test_sigterm_exits_cleanly(api, sim, installed):
 
 def test_run_needs_a_node_name():
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
-    done = subprocess.run([sys.executable, "-m", "gluon_agent", "run"], env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-m", "gluon_agent", "run"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 2 and "no node name" in done.stderr
 
 
@@ -285,9 +331,10 @@ def test_prometheus_scrapes_the_agent(api, sim):
             assert capable[0]["value"][1] == "1"
             results = prom.query(f'{contract.M_AGENT_SELFTEST_RESULT}{{result="pass"}} == 1')
             assert {(r["metric"]["gpu"], r["metric"]["path"]) for r in results} == {
-                (str(i), p) for i in range(8) for p in ("accelerated", "fallback")}
+                (str(i), p) for i in range(8) for p in ("accelerated", "fallback")
+            }
             speedup = prom.query(f'{contract.M_AGENT_SPEEDUP}{{gpu="0",case="long-b1-128k"}}')
             assert float(speedup[0]["value"][1]) == pytest.approx(2.3)
-            info = prom.query(f'{contract.M_AGENT_INFO}_info')
+            info = prom.query(f"{contract.M_AGENT_INFO}_info")
             assert info[0]["metric"]["arch"] == "gfx950" and info[0]["metric"]["fingerprint"] == agent.fingerprint
             assert prom.query(f'{contract.M_AGENT_RUNS}_total{{result="pass"}}')[0]["value"][1] == "1"

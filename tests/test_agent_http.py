@@ -27,8 +27,11 @@ def agent(tmp_path):
     """A real Agent that never runs its loop: only its HTTP server is under test (no API calls are made)."""
     sim = tmp_path / "sim.json"
     sim.write_text(json.dumps(simulated_node()))
-    return Agent(AgentConfig(node_name="n1", host="127.0.0.1", port=0),
-                 NodeApi(make_api_client("http://127.0.0.1:1"), "n1"), SimulatedSource(sim))
+    return Agent(
+        AgentConfig(node_name="n1", host="127.0.0.1", port=0),
+        NodeApi(make_api_client("http://127.0.0.1:1"), "n1"),
+        SimulatedSource(sim),
+    )
 
 
 @pytest.fixture
@@ -86,7 +89,9 @@ def test_the_server_header_names_no_python(server):
     assert answer.getheader("Server") == "gluon-agent"
 
 
-@pytest.mark.parametrize("error", [BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "Connection reset by peer")])
+@pytest.mark.parametrize(
+    "error", [BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "Connection reset by peer")]
+)
 def test_a_client_that_went_away_logs_no_traceback(server, error, capfd, caplog):
     """socketserver prints a traceback to stderr for every exception of a request; a client leaving is routine."""
     caplog.set_level(logging.DEBUG, logger="gluon_agent")

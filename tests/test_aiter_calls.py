@@ -9,7 +9,8 @@ import csv
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gluon_agent import contract, decisions, sglang_routes
 from gluon_agent.daemon import node_report, selftest_summary
@@ -18,8 +19,16 @@ from gluon_agent.selftest import plan, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call, Serving
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
+from gluon_localcluster.fakes.stacks import (
+    AITER_STACK,
+    FAKES,
+    TORCH_GFX950,
+    child_env,
+    fresh_fake_aiter,
+    sglang_image,
+    write_tree,
+)
 from gluon_operator import gating
-from gluon_localcluster.fakes.stacks import AITER_STACK, FAKES, TORCH_GFX950, child_env, fresh_fake_aiter, sglang_image, write_tree
 
 GFX950_TABLE = FAKES / "upstream" / "aiter-gfx950-mla_asm.csv"
 HEAP = "cannot get heuristic kernel! q_type:bf16 kv_type:fp8 gqa:16 ps:0 prefill:0 causal:1 qseqlen:1 lse:0 cprr:0"
@@ -51,7 +60,9 @@ def test_tables_are_the_upstream_copies_with_provenance():
 
 
 def request(fake_aiter_modules, **overrides):
-    values = dict(q_type="bf16", kv_type="fp8", gqa=16, persistent=True, max_seqlen_q=1, causal=True, lse=False, arch="gfx950")
+    values = dict(
+        q_type="bf16", kv_type="fp8", gqa=16, persistent=True, max_seqlen_q=1, causal=True, lse=False, arch="gfx950"
+    )
     values.update(overrides)
     return fake_aiter_modules.Request(**values)
 
@@ -68,15 +79,18 @@ def test_the_persistent_bf16_fp8_kernel_serves_q_len_up_to_4(table, q_len):
     assert table.lookup(request(table, max_seqlen_q=q_len)) == "_ZN5aiter41mla_a16w8_qh16_m16x4_n16x1_coex0_mask1_psE"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"persistent": False}, HEAP),  # SGLang PR #37438's crash
-    ({"max_seqlen_q": 5}, "gqa:16 ps:1 prefill:0 causal:1 qseqlen:5 lse:0"),  # aiter issue #4752
-    ({"lse": True}, "gqa:16 ps:1 prefill:0 causal:1 qseqlen:4 lse:1"),
-    ({"causal": False, "max_seqlen_q": 2}, "gqa:16 ps:1 prefill:0 causal:0 qseqlen:4 lse:0"),
-    ({"gqa": 12}, "gqa:12 ps:1"),
-    ({"q_type": "fp8", "kv_type": "bf16"}, "q_type:fp8 kv_type:bf16"),
-    ({"arch": "gfx942", "persistent": False}, HEAP),  # nor does gfx942's table have the non-persistent one
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"persistent": False}, HEAP),  # SGLang PR #37438's crash
+        ({"max_seqlen_q": 5}, "gqa:16 ps:1 prefill:0 causal:1 qseqlen:5 lse:0"),  # aiter issue #4752
+        ({"lse": True}, "gqa:16 ps:1 prefill:0 causal:1 qseqlen:4 lse:1"),
+        ({"causal": False, "max_seqlen_q": 2}, "gqa:16 ps:1 prefill:0 causal:0 qseqlen:4 lse:0"),
+        ({"gqa": 12}, "gqa:12 ps:1"),
+        ({"q_type": "fp8", "kv_type": "bf16"}, "q_type:fp8 kv_type:bf16"),
+        ({"arch": "gfx942", "persistent": False}, HEAP),  # nor does gfx942's table have the non-persistent one
+    ],
+)
 def test_combinations_aiter_refuses(table, overrides, message):
     with pytest.raises(RuntimeError, match="get_heuristic_kernel_mla: cannot get heuristic kernel!") as info:
         table.lookup(request(table, **overrides))
@@ -89,19 +103,33 @@ def test_one_query_token_takes_the_masked_kernel_either_way(table):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # a pure module
-@given(q=st.sampled_from(["bf16", "fp8"]), kv=st.sampled_from(["bf16", "fp8"]), gqa=st.sampled_from([8, 16, 32, 64, 128]),
-       ps=st.booleans(), q_len=st.integers(1, 8), causal=st.booleans(), lse=st.booleans(), arch=st.sampled_from(["gfx942", "gfx950"]))
+@given(
+    q=st.sampled_from(["bf16", "fp8"]),
+    kv=st.sampled_from(["bf16", "fp8"]),
+    gqa=st.sampled_from([8, 16, 32, 64, 128]),
+    ps=st.booleans(),
+    q_len=st.integers(1, 8),
+    causal=st.booleans(),
+    lse=st.booleans(),
+    arch=st.sampled_from(["gfx942", "gfx950"]),
+)
 def test_lookup_finds_a_kernel_only_for_a_listed_row(table, q, kv, gqa, ps, q_len, causal, lse, arch):
     """Whatever the padding rules make of a request, a kernel comes back only when its key is a table row,
     and that row keeps the request's dtypes, persistence and lse (padding changes only q length and gqa)."""
-    r = request(table, q_type=q, kv_type=kv, gqa=gqa, persistent=ps, max_seqlen_q=q_len, causal=causal, lse=lse, arch=arch)
+    r = request(
+        table, q_type=q, kv_type=kv, gqa=gqa, persistent=ps, max_seqlen_q=q_len, causal=causal, lse=lse, arch=arch
+    )
     try:
         key = table.table_key(r)
     except RuntimeError as exc:  # asm_mla.cu's own refusals for fp8 shapes it cannot fold
         assert "mla_decode_stage1_asm_fwd" in str(exc)
         return
     listed = [row for row in table.rows(arch) if all(str(v) == row.get(k, "0") for k, v in key.items())]
-    assert (key["qType"], key["kvType"], key["ps"]) == (q, kv, int(ps) if not (gqa == 128 and arch == "gfx942" and q == kv == "bf16") else 0)
+    assert (key["qType"], key["kvType"], key["ps"]) == (
+        q,
+        kv,
+        int(ps) if not (gqa == 128 and arch == "gfx942" and q == kv == "bf16") else 0,
+    )
     assert key["lse"] == int(lse and ps)
     if listed:
         assert table.lookup(r) == listed[0]["knl_name"]
@@ -119,10 +147,22 @@ def old_non_persistent_call(p, out):
 
     q16 = p.q.new_zeros(p.batch, 16, D_QK)
     q16[:, :12] = p.q
-    mla_decode_fwd(q16, p.kv.view(-1, 1, 1, D_QK), out.new_empty(p.batch, 16, D_LATENT),
-                   torch.arange(p.batch + 1, dtype=torch.int32), p.kv_indptr, p.kv_indices,
-                   torch.ones(p.batch, dtype=torch.int32), 1, page_size=1, nhead_kv=1, sm_scale=p.sm_scale,
-                   logit_cap=0.0, q_scale=None, kv_scale=torch.tensor([p.kv_scale], dtype=torch.float32))
+    mla_decode_fwd(
+        q16,
+        p.kv.view(-1, 1, 1, D_QK),
+        out.new_empty(p.batch, 16, D_LATENT),
+        torch.arange(p.batch + 1, dtype=torch.int32),
+        p.kv_indptr,
+        p.kv_indices,
+        torch.ones(p.batch, dtype=torch.int32),
+        1,
+        page_size=1,
+        nhead_kv=1,
+        sm_scale=p.sm_scale,
+        logit_cap=0.0,
+        q_scale=None,
+        kv_scale=torch.tensor([p.kv_scale], dtype=torch.float32),
+    )
 
 
 def test_the_old_non_persistent_call_fails_as_on_a_real_mi355x(fake_aiter):
@@ -146,9 +186,22 @@ def test_twelve_heads_unpadded_are_refused(fake_aiter):
     sizes = get_mla_metadata_info_v1(2, 1, 16, p.kv.dtype, p.kv.dtype, False)
     meta = [torch.empty(size, dtype=dtype) for size, dtype in sizes]
     with pytest.raises(AssertionError, match="nhead=12 and max_seqlen_q=1 not supported"):
-        mla_decode_fwd(p.q, kv, o, qo, p.kv_indptr, p.kv_indices, ones, 1, work_meta_data=meta[0],
-                       work_indptr=meta[1], work_info_set=meta[2], reduce_indptr=meta[3], reduce_final_map=meta[4],
-                       reduce_partial_map=meta[5])
+        mla_decode_fwd(
+            p.q,
+            kv,
+            o,
+            qo,
+            p.kv_indptr,
+            p.kv_indices,
+            ones,
+            1,
+            work_meta_data=meta[0],
+            work_indptr=meta[1],
+            work_info_set=meta[2],
+            reduce_indptr=meta[3],
+            reduce_final_map=meta[4],
+            reduce_partial_map=meta[5],
+        )
 
 
 def test_fp8_q_needs_both_scales(fake_aiter):
@@ -157,26 +210,51 @@ def test_fp8_q_needs_both_scales(fake_aiter):
     p = make_problem([4])
     q8 = torch.zeros(1, 16, D_QK, dtype=torch.float8_e4m3fn)
     with pytest.raises(RuntimeError, match="fp8 Q requires q_scale and kv_scale"):
-        mla_decode_fwd(q8, p.kv.view(-1, 1, 1, D_QK), torch.empty(1, 16, D_LATENT, dtype=torch.bfloat16),
-                       torch.arange(2, dtype=torch.int32), p.kv_indptr, p.kv_indices, torch.ones(1, dtype=torch.int32), 1)
+        mla_decode_fwd(
+            q8,
+            p.kv.view(-1, 1, 1, D_QK),
+            torch.empty(1, 16, D_LATENT, dtype=torch.bfloat16),
+            torch.arange(2, dtype=torch.int32),
+            p.kv_indptr,
+            p.kv_indices,
+            torch.ones(1, dtype=torch.int32),
+            1,
+        )
 
 
 def gluon_args(p, **overrides):
     q_nope, q_pe = torch.split(p.q, [512, 64], dim=-1)
-    args = dict(q_nope=q_nope, q_pe=q_pe, kv_c=p.kv, o=p.new_output(), page_table=p.kv_indices, seq_info=p.kv_indptr,
-                sm_scale=p.sm_scale, use_2d_view=False, kv_scale=float(p.kv_scale))
+    args = dict(
+        q_nope=q_nope,
+        q_pe=q_pe,
+        kv_c=p.kv,
+        o=p.new_output(),
+        page_table=p.kv_indices,
+        seq_info=p.kv_indptr,
+        sm_scale=p.sm_scale,
+        use_2d_view=False,
+        kv_scale=float(p.kv_scale),
+    )
     args.update(overrides)
     return args
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda p: {"kv_c": p.kv.view(torch.float8_e4m3fnuz)}, "requires kv_c.dtype in \\(bfloat16, float8_e4m3fn\\)"),
-    (lambda p: {"q_nope": torch.split(p.q, [512, 64], -1)[0].float(), "q_pe": torch.split(p.q, [512, 64], -1)[1].float()},
-     "q_nope/q_pe must be bf16"),
-    (lambda p: {"q_pe": torch.split(p.q, [512, 64], -1)[1][..., :32]}, "head_dim_kpe=64"),
-    (lambda p: {"q_nope": torch.split(p.q, [256, 320], -1)[0]}, "head_dim_ckv=512"),
-    (lambda p: {"q_nope": torch.split(p.q, [512, 64], -1)[0][None, None]}, "3-D or 4-D"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: {"kv_c": p.kv.view(torch.float8_e4m3fnuz)}, "requires kv_c.dtype in \\(bfloat16, float8_e4m3fn\\)"),
+        (
+            lambda p: {
+                "q_nope": torch.split(p.q, [512, 64], -1)[0].float(),
+                "q_pe": torch.split(p.q, [512, 64], -1)[1].float(),
+            },
+            "q_nope/q_pe must be bf16",
+        ),
+        (lambda p: {"q_pe": torch.split(p.q, [512, 64], -1)[1][..., :32]}, "head_dim_kpe=64"),
+        (lambda p: {"q_nope": torch.split(p.q, [256, 320], -1)[0]}, "head_dim_ckv=512"),
+        (lambda p: {"q_nope": torch.split(p.q, [512, 64], -1)[0][None, None]}, "3-D or 4-D"),
+    ],
+)
 def test_mla_gluon_makes_the_real_asserts(fake_aiter, change, message):
     from aiter.ops.triton.gluon.mla_gluon import mla_gluon
 
@@ -199,8 +277,9 @@ def test_mla_gluon_returns_o_and_lse(fake_aiter):
     p = make_problem([9, 17], q_len=3)
     q_nope, q_pe = torch.split(p.q, [512, 64], dim=-1)
     o = p.new_output().view(2, 3, 12, 512)
-    result, lse = mla_gluon(**gluon_args(p, q_nope=q_nope.view(2, 3, 12, 512), q_pe=q_pe.view(2, 3, 12, 64), o=o,
-                                         return_lse=True))
+    result, lse = mla_gluon(
+        **gluon_args(p, q_nope=q_nope.view(2, 3, 12, 512), q_pe=q_pe.view(2, 3, 12, 64), o=o, return_lse=True)
+    )
     assert result is o and lse.shape == (2, 3, 12) and lse.dtype == torch.float32
     assert rel_l2(o.reshape(6, 12, 512), reference_of(p)) < 1e-2
     assert mla_gluon(**gluon_args(make_problem([5])))[1] is None
@@ -220,16 +299,31 @@ def test_zero_pad_adapter_calls_the_persistent_kernel_as_sglang_does(fake_aiter)
     # make_mla_meta_data: 16 heads per KV head, one KV head, not causal, page size 1, SGLang's modes
     assert meta_call["num_heads_per_head_k"] == 16 and meta_call["num_heads_k"] == 1 and meta_call["is_causal"] is False
     assert meta_call["kv_granularity"] == 16 and meta_call["max_seqlen_qo"] == meta_call["uni_seqlen_qo"] == 1
-    assert meta_call["fast_mode"] is False and meta_call["intra_batch_mode"] is True and meta_call["max_split_per_batch"] == 64
+    assert (
+        meta_call["fast_mode"] is False
+        and meta_call["intra_batch_mode"] is True
+        and meta_call["max_split_per_batch"] == 64
+    )
     assert meta_call["dtype_q"] == meta_call["dtype_kv"] == torch.float8_e4m3fn  # SGLang passes the KV dtype for both
     assert meta_call["seqlens_kv_indptr"] is p.kv_indptr and meta_call["seqlens_qo_indptr"] is call["qo_indptr"]
     # buffers of get_mla_metadata_info_v1's sizes, handed to the kernel
-    sizes = get_mla_metadata_info_v1(3, 1, 16, p.kv.dtype, p.kv.dtype, is_sparse=False, fast_mode=False,
-                                     num_kv_splits=64, intra_batch_mode=True)
-    buffers = [call[k] for k in ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map",
-                                 "reduce_partial_map")]
+    sizes = get_mla_metadata_info_v1(
+        3, 1, 16, p.kv.dtype, p.kv.dtype, is_sparse=False, fast_mode=False, num_kv_splits=64, intra_batch_mode=True
+    )
+    buffers = [
+        call[k]
+        for k in (
+            "work_meta_data",
+            "work_indptr",
+            "work_info_set",
+            "reduce_indptr",
+            "reduce_final_map",
+            "reduce_partial_map",
+        )
+    ]
     assert [(tuple(b.shape), b.dtype) for b in buffers] == [
-        ((size,) if isinstance(size, int) else size, dtype) for size, dtype in sizes]
+        ((size,) if isinstance(size, int) else size, dtype) for size, dtype in sizes
+    ]
     assert meta_call["work_metadata_ptrs"] is call["work_meta_data"]
     assert call["kernel_name"] == "_ZN5aiter41mla_a16w8_qh16_m16x4_n16x1_coex0_mask1_psE"
     # _forward_mla_decode's arguments
@@ -310,7 +404,9 @@ def test_mtp_calls_on_both_aiter_paths(fake_aiter, q_len):
     BACKEND_SETS["aiter"]["fallback"].run(p, out, Call(max_kv_len=130), Serving(speculative=True, max_seqlen_qo=q_len))
     meta_call, call = fake_aiter
     assert call["max_seqlen_q"] == q_len and call["qo_indptr"].tolist() == [0, q_len, 2 * q_len]
-    assert call["q"].shape == (2 * q_len, 16, D_QK) and meta_call["max_seqlen_qo"] == meta_call["uni_seqlen_qo"] == q_len
+    assert (
+        call["q"].shape == (2 * q_len, 16, D_QK) and meta_call["max_seqlen_qo"] == meta_call["uni_seqlen_qo"] == q_len
+    )
     assert meta_call["max_split_per_batch"] == 32  # SGLang's split cap with speculative decoding on
     assert rel_l2(out, reference_of(p)) < 1e-2
 
@@ -383,12 +479,15 @@ def test_portable_kernel_refuses_rows_that_do_not_match_q_len():
         mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, p.new_output(), 9, q_len=3)
 
 
-@pytest.mark.parametrize("routes, backend_set, accelerated", [
-    ({"flag0_route": "persistent", "mtp_through_gluon": True}, "aiter", "mla_gluon"),
-    ({"flag0_route": "persistent", "mtp_through_gluon": False}, "aiter", "mla_decode_fwd"),
-    (None, "aiter", "mla_gluon"),
-    ({"flag0_route": "persistent", "mtp_through_gluon": False}, "triton", None),
-])
+@pytest.mark.parametrize(
+    "routes, backend_set, accelerated",
+    [
+        ({"flag0_route": "persistent", "mtp_through_gluon": True}, "aiter", "mla_gluon"),
+        ({"flag0_route": "persistent", "mtp_through_gluon": False}, "aiter", "mla_decode_fwd"),
+        (None, "aiter", "mla_gluon"),
+        ({"flag0_route": "persistent", "mtp_through_gluon": False}, "triton", None),
+    ],
+)
 def test_path_plan(routes, backend_set, accelerated):
     config = sglang_routes.ServingConfig(verify_q_lens=(2, 3, 4))
     chosen = plan.path_plan(backend_set, sglang_routes.flag_routes(routes, config), config.q_lens)
@@ -416,23 +515,44 @@ def test_parse_q_lens_refuses(text):
 # ---------------------------------------------------------------- which SGLang serves
 
 
-@pytest.mark.parametrize("facts, route, mtp", [
-    ({}, sglang_routes.UNKNOWN, None),
-    ({"sglang_version": "0.5.18"}, sglang_routes.NO_GLUON, None),
-    ({"sglang_version": "0.5.19rc1"}, sglang_routes.UNKNOWN, None),
-    ({"sglang_version": "0.5.19"}, sglang_routes.PERSISTENT, None),
-    ({"sglang_version": "0.5.19.post2"}, sglang_routes.PERSISTENT, None),
-    ({"sglang_version": "0.5.20.dev1"}, sglang_routes.PERSISTENT, None),
-    ({"sglang_version": "0.5.19", "source_found": True, "gluon_module": True, "flag0_persistent_guard": False},
-     sglang_routes.ABORTS, False),  # the source decides over a version string
-    ({"sglang_version": "0.5.18", "source_found": True, "gluon_module": True, "flag0_persistent_guard": False},
-     sglang_routes.ABORTS, False),  # a main build between #34647 and #37438
-    ({"sglang_version": "0.5.19", "source_found": True, "gluon_module": True, "flag0_persistent_guard": True,
-      "mtp_qlen": True}, sglang_routes.PERSISTENT, True),
-    ({"sglang_version": "0.5.21", "source_found": True, "gluon_module": True, "flag0_persistent_guard": False},
-     sglang_routes.PERSISTENT, False),  # newer code than the guard's text
-    ({"sglang_version": "0.5.16", "source_found": True, "gluon_module": False}, sglang_routes.NO_GLUON, False),
-])
+@pytest.mark.parametrize(
+    "facts, route, mtp",
+    [
+        ({}, sglang_routes.UNKNOWN, None),
+        ({"sglang_version": "0.5.18"}, sglang_routes.NO_GLUON, None),
+        ({"sglang_version": "0.5.19rc1"}, sglang_routes.UNKNOWN, None),
+        ({"sglang_version": "0.5.19"}, sglang_routes.PERSISTENT, None),
+        ({"sglang_version": "0.5.19.post2"}, sglang_routes.PERSISTENT, None),
+        ({"sglang_version": "0.5.20.dev1"}, sglang_routes.PERSISTENT, None),
+        (
+            {"sglang_version": "0.5.19", "source_found": True, "gluon_module": True, "flag0_persistent_guard": False},
+            sglang_routes.ABORTS,
+            False,
+        ),  # the source decides over a version string
+        (
+            {"sglang_version": "0.5.18", "source_found": True, "gluon_module": True, "flag0_persistent_guard": False},
+            sglang_routes.ABORTS,
+            False,
+        ),  # a main build between #34647 and #37438
+        (
+            {
+                "sglang_version": "0.5.19",
+                "source_found": True,
+                "gluon_module": True,
+                "flag0_persistent_guard": True,
+                "mtp_qlen": True,
+            },
+            sglang_routes.PERSISTENT,
+            True,
+        ),
+        (
+            {"sglang_version": "0.5.21", "source_found": True, "gluon_module": True, "flag0_persistent_guard": False},
+            sglang_routes.PERSISTENT,
+            False,
+        ),  # newer code than the guard's text
+        ({"sglang_version": "0.5.16", "source_found": True, "gluon_module": False}, sglang_routes.NO_GLUON, False),
+    ],
+)
 def test_decode_routes(facts, route, mtp):
     routes = sglang_routes.decode_routes(facts)
     assert routes["flag0_route"] == route and routes["mtp_through_gluon"] == mtp and routes["evidence"]
@@ -442,12 +562,15 @@ def test_decode_routes(facts, route, mtp):
         assert f"SGLang {facts['sglang_version']}" in failure and "#37438" in failure and "v0.5.19" in failure
 
 
-@pytest.mark.parametrize("image, route, mtp", [
-    (dict(version="0.5.19rc0", flag0_guard=False), "aborts", False),
-    (dict(version="0.5.19", flag0_guard=True, mtp=False), "persistent", False),
-    (dict(version="0.5.20", flag0_guard=True, mtp=True), "persistent", True),
-    (dict(version="0.5.18", gluon=False), "no-gluon", False),
-])
+@pytest.mark.parametrize(
+    "image, route, mtp",
+    [
+        (dict(version="0.5.19rc0", flag0_guard=False), "aborts", False),
+        (dict(version="0.5.19", flag0_guard=True, mtp=False), "persistent", False),
+        (dict(version="0.5.20", flag0_guard=True, mtp=True), "persistent", True),
+        (dict(version="0.5.18", gluon=False), "no-gluon", False),
+    ],
+)
 def test_probe_reads_the_serving_sglang(clean_env, tmp_path, image, route, mtp):
     root = sglang_image(tmp_path / "sglang", **image)
     report = probe(env=dict(clean_env, PYTHONPATH=f"{AITER_STACK}:{root}"))
@@ -469,8 +592,9 @@ def test_old_sglang_image_fails_the_fallback_and_the_node_stays_ineligible(clean
     old = sglang_image(tmp_path / "sglang", version="0.5.19rc0", flag0_guard=False)
     probed = probe(env=dict(clean_env, PYTHONPATH=":".join(map(str, (AITER_STACK, torch_stack, old)))))
     assert probed["capable"] and probed["sglang"]["flag0_route"] == "aborts"
-    report = runner.run_selftest(probed, backend_set="aiter", cpu_interpret=True, env=child_env(clean_env, AITER_STACK),
-                                 seed=11, mtp_q_lens=())
+    report = runner.run_selftest(
+        probed, backend_set="aiter", cpu_interpret=True, env=child_env(clean_env, AITER_STACK), seed=11, mtp_q_lens=()
+    )
     assert report["result"] == "fail"
     for gpu in report["gpus"]:
         assert gpu["result"] == {"accelerated": "pass", "fallback": "fail"}
@@ -480,10 +604,13 @@ def test_old_sglang_image_fails_the_fallback_and_the_node_stays_ineligible(clean
         # and the kernel call itself was refused, as aiter refuses it on an MI355X
         assert any(HEAP.split(" prefill")[0] in r for r in gpu["paths"]["fallback"]["reasons"][1:])
     summary = selftest_summary(report, "start")
-    desired = decisions.desired_state(probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary,
-                                                                             report["result"], None))
+    desired = decisions.desired_state(
+        probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary, report["result"], None)
+    )
     assert desired.labels[contract.LABEL_SELFTEST] == "fail" and desired.labels[contract.LABEL_CAPABLE] == "true"
-    verdict = gating.eligibility(gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None)
+    verdict = gating.eligibility(
+        gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None
+    )
     assert not verdict.eligible and "fallback fail (no route at flag 0: SGLang 0.5.19rc0 aborts" in verdict.reason
 
 
@@ -497,17 +624,26 @@ def test_mtp_without_37601_fails_the_accelerated_path_and_the_operator_names_fla
     probed = probe(env=dict(clean_env, PYTHONPATH=":".join(map(str, (AITER_STACK, torch_stack, image)))))
     assert probed["capable"] and probed["sglang"]["mtp_through_gluon"] is False
     serving = sglang_routes.ServingConfig(verify_q_lens=(2,))
-    report = runner.run_selftest(probed, backend_set="aiter", cpu_interpret=True, env=child_env(clean_env, AITER_STACK), seed=12,
-                                 serving=serving)
+    report = runner.run_selftest(
+        probed, backend_set="aiter", cpu_interpret=True, env=child_env(clean_env, AITER_STACK), seed=12, serving=serving
+    )
     for gpu in report["gpus"]:
         assert gpu["result"]["accelerated"] == "fail"
-        assert gpu["paths"]["accelerated"]["reasons"][0].startswith("no route at flag 1:") and "#37601" in gpu["paths"]["accelerated"]["reasons"][0]
+        assert (
+            gpu["paths"]["accelerated"]["reasons"][0].startswith("no route at flag 1:")
+            and "#37601" in gpu["paths"]["accelerated"]["reasons"][0]
+        )
     summary = selftest_summary(report, "start")
     assert summary["serving"]["digest"] == serving.digest and summary["no_route"]["accelerated"]
-    desired = decisions.desired_state(probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary,
-                                                                             report["result"], None))
-    verdict = gating.eligibility(gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None, serving)
-    assert not verdict.eligible and verdict.reason.startswith("flag 1 has no working route for the serving configuration (verify q_len 2")
+    desired = decisions.desired_state(
+        probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary, report["result"], None)
+    )
+    verdict = gating.eligibility(
+        gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None, serving
+    )
+    assert not verdict.eligible and verdict.reason.startswith(
+        "flag 1 has no working route for the serving configuration (verify q_len 2"
+    )
     assert "#37601" in verdict.reason
 
 
@@ -524,11 +660,25 @@ def test_mla_decode_fwd_returns_logits_and_lse_as_aiter_does(fake_aiter):
     q16 = torch.zeros(4, 16, D_QK, dtype=torch.bfloat16)
     q16[:, :12] = p.q
     o = torch.empty(4, 16, D_LATENT, dtype=torch.bfloat16)
-    logits, lse = mla_decode_fwd(q16, p.kv.view(-1, 1, 1, D_QK), o, qo, p.kv_indptr, p.kv_indices, ones, 2,
-                                 work_meta_data=meta["work_meta_data"], work_indptr=meta["work_indptr"],
-                                 work_info_set=meta["work_info_set"], reduce_indptr=meta["reduce_indptr"],
-                                 reduce_final_map=meta["reduce_final_map"], reduce_partial_map=meta["reduce_partial_map"],
-                                 sm_scale=p.sm_scale, kv_scale=torch.tensor([p.kv_scale]), num_kv_splits=32)
+    logits, lse = mla_decode_fwd(
+        q16,
+        p.kv.view(-1, 1, 1, D_QK),
+        o,
+        qo,
+        p.kv_indptr,
+        p.kv_indices,
+        ones,
+        2,
+        work_meta_data=meta["work_meta_data"],
+        work_indptr=meta["work_indptr"],
+        work_info_set=meta["work_info_set"],
+        reduce_indptr=meta["reduce_indptr"],
+        reduce_final_map=meta["reduce_final_map"],
+        reduce_partial_map=meta["reduce_partial_map"],
+        sm_scale=p.sm_scale,
+        kv_scale=torch.tensor([p.kv_scale]),
+        num_kv_splits=32,
+    )
     assert lse is None and logits.dtype == torch.float32
     assert logits.shape == (meta["reduce_partial_map"].shape[0] * 2, 1, 16, D_LATENT)
     assert rel_l2(o[:, :12], reference_of(p)) < 1e-2

@@ -29,8 +29,18 @@ def ar1(rng, n, tau, sd):
     return out
 
 
-def fleet(effect=1.0, noise=0.05, seed=1, end=2400.0, drift=0.0, wander=(0.0, 0.0), load_shift=0.0, speed_shift=0.0,
-          missing=0.0, lower=False):
+def fleet(
+    effect=1.0,
+    noise=0.05,
+    seed=1,
+    end=2400.0,
+    drift=0.0,
+    wander=(0.0, 0.0),
+    load_shift=0.0,
+    speed_shift=0.0,
+    missing=0.0,
+    lower=False,
+):
     """Speed and load gauges for "t" (flag 1 from ENABLE on) and 7 controls: speed answers the node's
     own load (elasticity -0.1 to running requests, -0.3 to KV usage); `load_shift` moves the treated
     node's load (gauges and speed) after the flip, `speed_shift` moves its speed alone."""
@@ -50,7 +60,9 @@ def fleet(effect=1.0, noise=0.05, seed=1, end=2400.0, drift=0.0, wander=(0.0, 0.
         value = np.exp(-log_speed if lower else log_speed)
         speed[node] = [(float(x), float(v)) for x, v, k in zip(t, value, keep) if k]
         running[node] = [(float(x), float(12 * math.exp(v))) for x, v in zip(t, load)]
-        usage[node] = [(float(x), float(0.5 * math.exp(v + c))) for x, v, c in zip(t, load, ar1(rng, len(t), 300.0, 0.05))]
+        usage[node] = [
+            (float(x), float(0.5 * math.exp(v + c))) for x, v, c in zip(t, load, ar1(rng, len(t), 300.0, 0.05))
+        ]
     return speed, {"running": running, "usage": usage}
 
 
@@ -127,8 +139,13 @@ def test_too_little_traffic_is_inconclusive():
 
 
 @settings(max_examples=60, deadline=None)
-@given(effect=st.sampled_from([0.5, 1.0, 2.0]), keep=st.integers(0, 4), floor=st.sampled_from([0.0, 1e6]),
-       controls=st.sampled_from([[], CONTROLS]), seed=st.integers(0, 3))
+@given(
+    effect=st.sampled_from([0.5, 1.0, 2.0]),
+    keep=st.integers(0, 4),
+    floor=st.sampled_from([0.0, 1e6]),
+    controls=st.sampled_from([[], CONTROLS]),
+    seed=st.integers(0, 3),
+)
 def test_too_little_data_or_traffic_is_never_a_pass_nor_a_fail(effect, keep, floor, controls, seed):
     """Fewer than minSamples post-flip samples with traffic, no control, or every sample under the
     traffic floor: whatever the effect, the verdict is inconclusive."""
@@ -212,9 +229,13 @@ def test_the_discrete_mixture_narrows_the_sequence_for_a_noisy_estimate_and_cost
     rho, alpha = math.log(0.95) ** 2, 0.05
     mixture = analysis._mixture(math.log(0.95), CFG)
     assert sum(w for _, w in mixture) == pytest.approx(1.0)
-    noisy, precise = 0.088 ** 2, 0.014 ** 2  # an estimate's variance under 10 min wander; at 5% independent noise
-    assert analysis.mixture_halfwidth(noisy, mixture, alpha) < 0.85 * analysis.mixture_halfwidth(noisy, ((rho, 1.0),), alpha)
-    assert analysis.mixture_halfwidth(precise, mixture, alpha) < 1.03 * analysis.mixture_halfwidth(precise, ((rho, 1.0),), alpha)
+    noisy, precise = 0.088**2, 0.014**2  # an estimate's variance under 10 min wander; at 5% independent noise
+    assert analysis.mixture_halfwidth(noisy, mixture, alpha) < 0.85 * analysis.mixture_halfwidth(
+        noisy, ((rho, 1.0),), alpha
+    )
+    assert analysis.mixture_halfwidth(precise, mixture, alpha) < 1.03 * analysis.mixture_halfwidth(
+        precise, ((rho, 1.0),), alpha
+    )
 
 
 def _arma_contrast_variance(n_pre: int, n_post: int, gap: int, inflation: float, phi: float) -> float:
@@ -228,9 +249,16 @@ def _arma_contrast_variance(n_pre: int, n_post: int, gap: int, inflation: float,
 
 
 @settings(max_examples=60, deadline=None)
-@given(n_pre=st.integers(2, 120), n_post=st.integers(1, 200), gap=st.integers(0, 8),
-       share=st.floats(0.0, 0.95), tau=st.floats(15, 900))
-def test_the_contrast_factor_is_the_arma_variance_of_the_difference_over_its_asymptotic_form(n_pre, n_post, gap, share, tau):
+@given(
+    n_pre=st.integers(2, 120),
+    n_post=st.integers(1, 200),
+    gap=st.integers(0, 8),
+    share=st.floats(0.0, 0.95),
+    tau=st.floats(15, 900),
+)
+def test_the_contrast_factor_is_the_arma_variance_of_the_difference_over_its_asymptotic_form(
+    n_pre, n_post, gap, share, tau
+):
     """AR(1) wander (a share of the variance, correlation time tau s) under white noise, 15 s steps:
     the factor is the exact variance of the difference of the two window means over the asymptotic
     one, with the variance taken about the baseline's mean as the judge takes it; never above 1."""
@@ -278,11 +306,14 @@ def test_the_finite_window_factor_is_that_of_the_fit_the_variance_uses(monkeypat
     assert judged[1].model_sd == pytest.approx(asymptotic[1] * math.sqrt(factor))
 
 
-@pytest.mark.parametrize("results,expected", [
-    (["fail", "fail", "fail"], [None, None, "fail"]),
-    (["fail", "inconclusive", "fail", "fail"], [None, None, None, None]),
-    (["fail", "pass"], [None, "pass"]),
-])
+@pytest.mark.parametrize(
+    "results,expected",
+    [
+        (["fail", "fail", "fail"], [None, None, "fail"]),
+        (["fail", "inconclusive", "fail", "fail"], [None, None, None, None]),
+        (["fail", "pass"], [None, "pass"]),
+    ],
+)
 def test_consecutive_failures(results, expected):
     streak, since, got = 0, None, []
     for i, r in enumerate(results):
@@ -305,25 +336,44 @@ def test_render_queries():
         q = analysis.render(template, "serving", {"app.kubernetes.io/name": "sglang"}, 30)
         assert 'namespace="serving",app_kubernetes_io_name="sglang"' in q and "[30s]" in q and "{{" not in q
         assert '__name__=~"sglang[:_]' in q and ("by (node)" in q or "by (node, flag)" in q)
-    assert "num_running_reqs" in analysis.COVARIATE_QUERIES["running"] and "token_usage" in analysis.COVARIATE_QUERIES["usage"]
+    assert (
+        "num_running_reqs" in analysis.COVARIATE_QUERIES["running"]
+        and "token_usage" in analysis.COVARIATE_QUERIES["usage"]
+    )
 
 
 def test_series_by_node():
-    result = [{"metric": {"node": "a"}, "values": [[1, "2.5"], [2, "3"]]}, {"metric": {}, "values": [[1, "9"]]},
-              {"metric": {"node": "b"}, "value": [5, "1"]}, {"metric": {"node": "c"}, "values": [[1, "NaN"]]}]
+    result = [
+        {"metric": {"node": "a"}, "values": [[1, "2.5"], [2, "3"]]},
+        {"metric": {}, "values": [[1, "9"]]},
+        {"metric": {"node": "b"}, "value": [5, "1"]},
+        {"metric": {"node": "c"}, "values": [[1, "NaN"]]},
+    ]
     out = analysis.series_by_node(result)
-    assert out["a"].tolist() == [[1.0, 2.5], [2.0, 3.0]] and out["b"].tolist() == [[5.0, 1.0]] and math.isnan(out["c"][0][1])
-    twice = analysis.series_by_node([{"metric": {"node": "a"}, "values": [[1, "1"]]}, {"metric": {"node": "a"}, "values": [[2, "+Inf"]]}])
+    assert (
+        out["a"].tolist() == [[1.0, 2.5], [2.0, 3.0]]
+        and out["b"].tolist() == [[5.0, 1.0]]
+        and math.isnan(out["c"][0][1])
+    )
+    twice = analysis.series_by_node(
+        [{"metric": {"node": "a"}, "values": [[1, "1"]]}, {"metric": {"node": "a"}, "values": [[2, "+Inf"]]}]
+    )
     assert twice["a"][:, 0].tolist() == [1.0, 2.0] and math.isinf(twice["a"][1, 1])
 
 
-@pytest.mark.parametrize("result,where", [
-    (None, "not a list"), ({"a": 1}, "not a list"), ([1], "result[0]"), ([{"metric": "x"}], "result[0]"),
-    ([{"metric": {"node": "a"}, "values": {"1": 2}}], "values is dict"),
-    ([{"metric": {"node": "a"}, "values": [[1]]}], "not [time, value]"),
-    ([{"metric": {"node": "a"}, "values": [[1, "x"]]}], "non-numeric"),
-    ([{"metric": {"node": "a"}, "values": [[None, "1"]]}], "non-numeric"),
-])
+@pytest.mark.parametrize(
+    "result,where",
+    [
+        (None, "not a list"),
+        ({"a": 1}, "not a list"),
+        ([1], "result[0]"),
+        ([{"metric": "x"}], "result[0]"),
+        ([{"metric": {"node": "a"}, "values": {"1": 2}}], "values is dict"),
+        ([{"metric": {"node": "a"}, "values": [[1]]}], "not [time, value]"),
+        ([{"metric": {"node": "a"}, "values": [[1, "x"]]}], "non-numeric"),
+        ([{"metric": {"node": "a"}, "values": [[None, "1"]]}], "non-numeric"),
+    ],
+)
 def test_malformed_answers_name_what_is_wrong(result, where):
     with pytest.raises(analysis.MalformedAnswer) as bad:
         analysis.series_by_node(result)
@@ -338,7 +388,9 @@ def test_prometheus_client_errors_quote_query_and_message(tmp_path):
         assert asyncio.run(client.query("vector(1)"))[0]["value"][1] == "1"
         with pytest.raises(PrometheusError) as bad:
             asyncio.run(client.query("sum(rate(x[5m])"))
-        assert "sum(rate(x[5m])" in str(bad.value) and bad.value.kind == "bad_data" and "parse error" in bad.value.message
+        assert (
+            "sum(rate(x[5m])" in str(bad.value) and bad.value.kind == "bad_data" and "parse error" in bad.value.message
+        )
         assert str(bad.value).index("parse error") < str(bad.value).index("sum(rate")  # the reason first
     down = PrometheusClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.01)
     with pytest.raises(PrometheusError) as gone:
@@ -357,7 +409,9 @@ def test_the_load_effect_is_pooled_over_the_controls_and_signed_with_the_directi
     assert 0.95 < j.effect < 1.05 and j.adjustment > 1.1, j.reason
     lower = JudgeConfig(direction="lower", tolerance=0.05, confidence=0.95, min_samples=5)
     jl = look(*fleet(1.0, load_shift=0.4, seed=8, lower=True), now=2400.0, cfg=lower)
-    assert 0.95 < jl.effect < 1.05 and jl.result != "fail" and -0.55 < sum(jl.state["baseline"]["beta"]) < -0.25, jl.reason
+    assert 0.95 < jl.effect < 1.05 and jl.result != "fail" and -0.55 < sum(jl.state["baseline"]["beta"]) < -0.25, (
+        jl.reason
+    )
 
 
 def test_too_few_controls_fall_back_to_the_nodes_own_load_fit_and_a_one_dof_placebo_bound():
@@ -365,7 +419,9 @@ def test_too_few_controls_fall_back_to_the_nodes_own_load_fit_and_a_one_dof_plac
     assert j.state["baseline"]["pooled"] == 0 and "node's own fit" in j.method
     # two controls' placebos mirror each other: one degree of freedom, a floor widened (t_1 / z)^2 = 42 times
     pl = j.state["post"]["pl"]
-    assert j.placebos == 2 and pl["c0"][1] == pytest.approx(-pl["c1"][1]) and "bounded by 2 placebo controls" in j.method
+    assert (
+        j.placebos == 2 and pl["c0"][1] == pytest.approx(-pl["c1"][1]) and "bounded by 2 placebo controls" in j.method
+    )
     assert j.result == "inconclusive" and j.ci_high / j.ci_low > 1.5
     one = look(*fleet(1.0, load_shift=0.4, seed=8), now=2400.0, controls=CONTROLS[:1])
     assert one.placebos == 0 and one.n_controls == 1 and "placebo" not in one.method
@@ -408,7 +464,10 @@ def flagged(speed, switch_at, late_effect=1.0):
             continue
         old = [[x, str(v if x < ENABLE else v * late_effect)] for x, v in series if x < switch_at]
         new = [[x, str(v)] for x, v in series if x >= switch_at]
-        result += [{"metric": {"node": node, "flag": "0"}, "values": old}, {"metric": {"node": node, "flag": "1"}, "values": new}]
+        result += [
+            {"metric": {"node": node, "flag": "0"}, "values": old},
+            {"metric": {"node": node, "flag": "1"}, "values": new},
+        ]
     return result
 
 
@@ -416,19 +475,25 @@ def flag_look(result, load, now, state=None, start=None, controls=CONTROLS, held
     start = ENABLE - BASELINE if start is None else start
     cut = [dict(item, values=[[x, v] for x, v in item["values"] if start <= x <= now]) for item in result]
     speed, flags = analysis.split_by_flag(cut)
-    cut_load = {k: {n: [(x, v) for x, v in s if start <= x <= now] for n, s in series.items()} for k, series in load.items()}
+    cut_load = {
+        k: {n: [(x, v) for x, v in s if start <= x <= now] for n, s in series.items()} for k, series in load.items()
+    }
     panel = analysis.build_panel(speed, cut_load, flags)
     ref = analysis.reference(panel, controls, CFG, held)
     return analysis.judge(panel, ref, "t", ENABLE, WARMUP, now, BASELINE, CFG, state)
 
 
 def test_split_by_flag_codes_each_step_by_the_pods_that_served_it():
-    result = [{"metric": {"node": "a", "flag": "0"}, "values": [[0, "10"], [15, "10"], [30, "NaN"], [45, "NaN"]]},
-              {"metric": {"node": "a", "flag": "1"}, "values": [[15, "20"], [30, "20"], [45, "20"]]},
-              {"metric": {"node": "a"}, "values": [[45, "5"]]},  # a pod admitted without the webhook: no flag label
-              {"metric": {"node": "b", "flag": "0"}, "values": [[0, "9"]]}]
+    result = [
+        {"metric": {"node": "a", "flag": "0"}, "values": [[0, "10"], [15, "10"], [30, "NaN"], [45, "NaN"]]},
+        {"metric": {"node": "a", "flag": "1"}, "values": [[15, "20"], [30, "20"], [45, "20"]]},
+        {"metric": {"node": "a"}, "values": [[45, "5"]]},  # a pod admitted without the webhook: no flag label
+        {"metric": {"node": "b", "flag": "0"}, "values": [[0, "9"]]},
+    ]
     speed, flags = analysis.split_by_flag(result)
-    assert speed["a"][:, 1][[0, 2]].tolist() == [10.0, 20.0] and np.isnan(speed["a"][1, 1]) and np.isnan(speed["a"][3, 1])
+    assert (
+        speed["a"][:, 1][[0, 2]].tolist() == [10.0, 20.0] and np.isnan(speed["a"][1, 1]) and np.isnan(speed["a"][3, 1])
+    )
     assert flags["a"][:, 1].tolist() == [analysis.FLAG_OFF, analysis.FLAG_MIXED, analysis.FLAG_ON, analysis.FLAG_MIXED]
     assert flags["b"][:, 1].tolist() == [analysis.FLAG_OFF]
     plain, none = analysis.split_by_flag([{"metric": {"node": "a"}, "values": [[0, "1"]]}])  # a query not split by flag
@@ -442,7 +507,9 @@ def test_flag_0_samples_after_the_flip_are_never_the_treatment():
     switch = ENABLE + 900
     result = flagged(speed, switch, late_effect=1 / 0.85)
     waiting = flag_look(result, load, now=ENABLE + 600)
-    assert waiting.result == "inconclusive" and waiting.reason.startswith("not judged yet") and "flag 0" in waiting.reason
+    assert (
+        waiting.result == "inconclusive" and waiting.reason.startswith("not judged yet") and "flag 0" in waiting.reason
+    )
     assert waiting.n_post == 0 and waiting.state["switchedAt"] is None and waiting.state["baseline"]["n"] == 80
     j = flag_look(result, load, now=ENABLE + 1800, state=waiting.state)
     assert j.state["switchedAt"] == switch and j.n_post == int((ENABLE + 1800 - switch - WARMUP) / STEP) + 1
@@ -456,7 +523,12 @@ def test_a_node_with_pods_at_two_flags_is_not_judged_until_all_run_flag_1():
     speed, load = fleet(0.85, noise=0.03, end=ENABLE + 1800)
     result = flagged(speed, ENABLE + 1200, late_effect=1 / 0.85)
     # one of its pods switched at ENABLE + 300, the other not yet: samples of flag 0 and 1 at the same steps
-    result.append({"metric": {"node": "t", "flag": "1"}, "values": [[x, v] for x, v in speed["t"] if ENABLE + 300 <= x < ENABLE + 1200]})
+    result.append(
+        {
+            "metric": {"node": "t", "flag": "1"},
+            "values": [[x, v] for x, v in speed["t"] if ENABLE + 300 <= x < ENABLE + 1200],
+        }
+    )
     j = flag_look(result, load, now=ENABLE + 900)
     assert j.result == "inconclusive" and "flag 0 and 1 at once" in j.reason and j.n_post == 0
 
@@ -471,7 +543,10 @@ def test_controls_contribute_only_samples_of_the_flag_they_held():
         if item["metric"]["node"] in controls:
             item["metric"]["flag"] = "1"
     c0 = next(item for item in result if item["metric"]["node"] == "c0")
-    stray = {"metric": {"node": "c0", "flag": "0"}, "values": [[x, str(float(v) * 0.5)] for x, v in c0["values"] if x < 600]}
+    stray = {
+        "metric": {"node": "c0", "flag": "0"},
+        "values": [[x, str(float(v) * 0.5)] for x, v in c0["values"] if x < 600],
+    }
     c0["values"] = [[x, v] for x, v in c0["values"] if x >= 600]
     result.append(stray)
     speed_split, flags = analysis.split_by_flag(result)

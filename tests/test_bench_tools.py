@@ -27,9 +27,21 @@ def rel_l2_of_variant(name: str, tmp_path) -> float:
         return mla_ablation.rel_l2(make_problem([37, 130], seed=1), mla_ablation.kernel_mode("native-12", None))
 
 
-@pytest.mark.parametrize("name, correct", [("kernel", True), ("byte_value_tile", True), ("one_qk_chain", True), ("pair_value_tile", True),
-                                          ("split_value_tile", True), ("one_word_group", True), ("words_after_softmax", True), ("row_sums_per_tile", True),
-                                          ("no_value_product", False), ("no_latent_qk", False)])
+@pytest.mark.parametrize(
+    "name, correct",
+    [
+        ("kernel", True),
+        ("byte_value_tile", True),
+        ("one_qk_chain", True),
+        ("pair_value_tile", True),
+        ("split_value_tile", True),
+        ("one_word_group", True),
+        ("words_after_softmax", True),
+        ("row_sums_per_tile", True),
+        ("no_value_product", False),
+        ("no_latent_qk", False),
+    ],
+)
 def test_ablation_variants_match_the_kernel_and_do_what_they_say(name, correct, tmp_path):
     assert (rel_l2_of_variant(name, tmp_path) < 1e-2) is correct
 
@@ -50,8 +62,14 @@ def test_an_ablation_that_no_longer_matches_names_its_text(tmp_path, monkeypatch
         mla_ablation.variant_kernel("stale", tmp_path)
 
 
-@pytest.mark.parametrize("config", [gather_ceiling.GatherConfig(16, 1, 1, 0, waves=1.0), gather_ceiling.GatherConfig(32, 1, 1, 1),
-                                    gather_ceiling.GatherConfig(16, 1, 1, 3)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        gather_ceiling.GatherConfig(16, 1, 1, 0, waves=1.0),
+        gather_ceiling.GatherConfig(32, 1, 1, 1),
+        gather_ceiling.GatherConfig(16, 1, 1, 3),
+    ],
+)
 def test_gather_ceiling_kernel_reads_every_byte_of_every_listed_row(config):
     """Its timing means something only if no row or byte is skipped: the XOR of all words must match."""
     p = make_problem([37, 130], seed=2)
@@ -62,14 +80,21 @@ def test_gather_ceiling_kernel_reads_every_byte_of_every_listed_row(config):
     assert gather_ceiling.fold_xor(gather_ceiling.gather_xor(p.kv, p.kv_indices, config)) != expected
 
 
-@pytest.mark.parametrize("config", [gather_ceiling.SplitFloorConfig(16, 1, 1, 1.0, "float32"),
-                                    gather_ceiling.SplitFloorConfig(16, 1, 1, 4.0, "float16")])
+@pytest.mark.parametrize(
+    "config",
+    [
+        gather_ceiling.SplitFloorConfig(16, 1, 1, 1.0, "float32"),
+        gather_ceiling.SplitFloorConfig(16, 1, 1, 4.0, "float16"),
+    ],
+)
 def test_split_floor_reads_every_row_once_and_runs_the_kernels_reduce(config):
     """The design floor times the split kernel's reads and writes: each split's XOR folds to the XOR of
     every listed row, and the real reduce turns the partials into an output (no NaN poison left)."""
     p = make_problem([37, 130], seed=3)
     call = gather_ceiling.SplitFloorCall.build(p, config)
-    assert call.splits == (4 if config.waves == 1.0 else 8)  # 8 resident programs on the CPU stand-in / batch 2; <= 130 // 16
+    assert call.splits == (
+        4 if config.waves == 1.0 else 8
+    )  # 8 resident programs on the CPU stand-in / batch 2; <= 130 // 16
     call()
     rows = p.kv.view(torch.uint8)[p.kv_indices.long()].contiguous().view(torch.int32).numpy()
     assert gather_ceiling.fold_xor(call.folded) == int(np.bitwise_xor.reduce(rows.ravel())) & 0xFFFFFFFF
@@ -81,15 +106,24 @@ def test_gpu_bench_reports_say_which_bench_where_and_how(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench/gather_ceiling.py", "--json"])
     monkeypatch.setattr(mla_decode, "machine", lambda device: {"gpu": "NVIDIA H200"})
     report = json.loads(mla_decode.report_json("gather_ceiling", torch.device("cpu"), {"shapes": [1]}))
-    assert report == {"bench": "gather_ceiling", "machine": {"gpu": "NVIDIA H200"},
-                      "command": "python bench/gather_ceiling.py --json", "shapes": [1]}
+    assert report == {
+        "bench": "gather_ceiling",
+        "machine": {"gpu": "NVIDIA H200"},
+        "command": "python bench/gather_ceiling.py --json",
+        "shapes": [1],
+    }
 
 
 def test_ncu_stall_summary():
     rows = [
         {"Source": "  LDS.U8 R1, [R2]", "stall_mio": "6", "stall_wait": "0", "stall_mio (Not Issued)": "9"},
         {"Source": "@P0 LDS.64 R4, [R2]", "stall_mio": "0", "stall_wait": "4", "stall_mio (Not Issued)": "9"},
-        {"Source": "HMMA.16816.F32 R8, R4, R6, R8", "stall_mio": "0", "stall_wait": "10", "stall_mio (Not Issued)": "0"},
+        {
+            "Source": "HMMA.16816.F32 R8, R4, R6, R8",
+            "stall_mio": "0",
+            "stall_wait": "10",
+            "stall_mio (Not Issued)": "0",
+        },
     ]
     summary = ncu_stalls.summarize(rows)
     assert summary["samples"] == 20  # the "(Not Issued)" duplicates are not counted twice
@@ -106,10 +140,20 @@ def run_cluster_bench(script: str, *args: str, timeout: float = 240) -> dict:
     import os
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "TRITON_INTERPRET", "GLUON_RECONCILE_SECONDS")}
-    env["PYTHONPATH"] = os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster")) + os.pathsep + str(ROOT)
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--json", "--quick", *args], capture_output=True, text=True,
-                            timeout=timeout, env=env, cwd=ROOT)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "TRITON_INTERPRET", "GLUON_RECONCILE_SECONDS")
+    }
+    env["PYTHONPATH"] = (
+        os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster")) + os.pathsep + str(ROOT)
+    )
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--json", "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", report["date"]) and report["machine"]["nproc"] >= 1
@@ -131,7 +175,9 @@ def test_scale_quick_converges_with_one_write_per_state_change_and_promotes_ever
     # the floor: the same 10 node writes by an ideal client, on the same control plane, none refused
     assert result["floor_writes"] == 10 and result["floor_writes_refused"] == 0 and result["floor_seconds"] > 0
     assert result["converge_over_floor"] == round(result["converge_seconds"] / result["floor_seconds"], 2)
-    assert result["operator_start_seconds"] + result["operator_writing_seconds"] == pytest.approx(result["converge_seconds"], abs=0.2)
+    assert result["operator_start_seconds"] + result["operator_writing_seconds"] == pytest.approx(
+        result["converge_seconds"], abs=0.2
+    )
     # the operator's own counters: at least one planned reconcile, CPU in every phase that had work
     assert result["reconciles_to_converge"] >= 1
     phases = result["operator_cpu_seconds_by_phase"]

@@ -24,18 +24,34 @@ NAMESPACE = "gluon-system"
 VALUE_SETS = {
     "defaults": [],
     "cert-manager": ["--set", "certManager.enabled=true"],
-    "monitoring-off": ["--set", "monitoring.serviceMonitor.enabled=false", "--set", "monitoring.podMonitor.enabled=false",
-                       "--set", "monitoring.servingPodMonitor.enabled=false", "--set", "monitoring.prometheusRule.enabled=false",
-                       "--set", "monitoring.dashboard.enabled=false"],
+    "monitoring-off": [
+        "--set",
+        "monitoring.serviceMonitor.enabled=false",
+        "--set",
+        "monitoring.podMonitor.enabled=false",
+        "--set",
+        "monitoring.servingPodMonitor.enabled=false",
+        "--set",
+        "monitoring.prometheusRule.enabled=false",
+        "--set",
+        "monitoring.dashboard.enabled=false",
+    ],
     "gpu-resource": ["--set", "agent.gpuAccess=resource", "--set", "agent.gpuResourceCount=8"],
     "gpu-privileged": ["--set", "agent.privileged=true"],
     "webhook-opt-in": ["--set", "webhook.namespaceOptIn=true", "--set", "webhook.podOptIn=false"],
 }
 # The agent's GPU access modes (README "What each GPU access mode grants"): the value set of each.
-GPU_MODES = {"hostDevices": VALUE_SETS["defaults"], "privileged": VALUE_SETS["gpu-privileged"], "resource": VALUE_SETS["gpu-resource"]}
+GPU_MODES = {
+    "hostDevices": VALUE_SETS["defaults"],
+    "privileged": VALUE_SETS["gpu-privileged"],
+    "resource": VALUE_SETS["gpu-resource"],
+}
 # Kinds from CRDs that the Kubernetes schemas do not hold (Prometheus Operator, cert-manager, kopf).
-CUSTOM = {("monitoring.coreos.com/v1", k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")} | \
-         {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate"), ("kopf.dev/v1", "ClusterKopfPeering")}
+CUSTOM = {("monitoring.coreos.com/v1", k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")} | {
+    ("cert-manager.io/v1", "Issuer"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("kopf.dev/v1", "ClusterKopfPeering"),
+}
 
 EXPECTED_RBAC = {
     "t-gluon-rollout-operator": [
@@ -59,7 +75,9 @@ def helm(*args: str) -> subprocess.CompletedProcess:
 
 
 def render(extra: list[str], show_crds: bool = False) -> list[dict]:
-    done = helm("template", "t", str(CHART), "--namespace", NAMESPACE, *(["--include-crds"] if show_crds else []), *extra)
+    done = helm(
+        "template", "t", str(CHART), "--namespace", NAMESPACE, *(["--include-crds"] if show_crds else []), *extra
+    )
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
@@ -86,21 +104,32 @@ def test_every_object_validates(name, version):
 
 def test_rbac_is_exactly_the_listed_rules():
     docs = render([])
-    roles = {r["metadata"]["name"]: [(g, res, " ".join(rule["verbs"])) for rule in r["rules"]
-                                     for g in rule["apiGroups"] for res in rule["resources"]]
-             for r in by_kind(docs, "ClusterRole")}
+    roles = {
+        r["metadata"]["name"]: [
+            (g, res, " ".join(rule["verbs"]))
+            for rule in r["rules"]
+            for g in rule["apiGroups"]
+            for res in rule["resources"]
+        ]
+        for r in by_kind(docs, "ClusterRole")
+    }
     assert roles == EXPECTED_RBAC
-    assert not by_kind(docs, "Role") and all(b["roleRef"]["kind"] == "ClusterRole" for b in by_kind(docs, "ClusterRoleBinding"))
+    assert not by_kind(docs, "Role") and all(
+        b["roleRef"]["kind"] == "ClusterRole" for b in by_kind(docs, "ClusterRoleBinding")
+    )
 
 
-@pytest.mark.parametrize("bad,complaint", [
-    (["--set", "operator.replicas=0"], "replicas"),
-    (["--set", "agent.gpuAccess=gpu"], "gpuAccess"),
-    (["--set", "surprise=1"], "surprise"),
-    (["--set", "operator.metricsPort=notaport"], "metricsPort"),
-    (["--set", "webhook.failurePolicy=Sometimes"], "failurePolicy"),
-    (["--set", "monitoring.podMonitor.interval=often"], "interval"),
-])
+@pytest.mark.parametrize(
+    "bad,complaint",
+    [
+        (["--set", "operator.replicas=0"], "replicas"),
+        (["--set", "agent.gpuAccess=gpu"], "gpuAccess"),
+        (["--set", "surprise=1"], "surprise"),
+        (["--set", "operator.metricsPort=notaport"], "metricsPort"),
+        (["--set", "webhook.failurePolicy=Sometimes"], "failurePolicy"),
+        (["--set", "monitoring.podMonitor.interval=often"], "interval"),
+    ],
+)
 def test_values_schema_rejects(bad, complaint):
     done = helm("template", "t", str(CHART), *bad)
     assert done.returncode != 0 and complaint in done.stderr
@@ -169,8 +198,14 @@ def test_operator_is_hardened_and_highly_available():
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
     assert spec["replicas"] == 2 and "--peering" in container["args"]
-    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert (
+        pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    )
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and "readinessProbe" in container
     assert by_kind(docs, "PodDisruptionBudget")[0]["spec"]["maxUnavailable"] == 1
 
@@ -184,16 +219,22 @@ def test_webhook_configuration():
     assert secret["data"]["ca.crt"] == hook["clientConfig"]["caBundle"]
     managed = render(VALUE_SETS["cert-manager"])
     annotated = by_kind(managed, "MutatingWebhookConfiguration")[0]
-    assert annotated["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/t-gluon-rollout-webhook"
-    assert by_kind(managed, "Certificate") and not [s for s in by_kind(managed, "Secret") if s.get("type") == "kubernetes.io/tls"]
+    assert (
+        annotated["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/t-gluon-rollout-webhook"
+    )
+    assert by_kind(managed, "Certificate") and not [
+        s for s in by_kind(managed, "Secret") if s.get("type") == "kubernetes.io/tls"
+    ]
 
 
 def webhook_of(values: list[str]) -> dict:
     return by_kind(render(values), "MutatingWebhookConfiguration")[0]["webhooks"][0]
 
 
-ALWAYS_OUT = [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE, "kube-system"]},
-              {"key": contract.LABEL_INJECT, "operator": "NotIn", "values": ["false"]}]
+ALWAYS_OUT = [
+    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NAMESPACE, "kube-system"]},
+    {"key": contract.LABEL_INJECT, "operator": "NotIn", "values": ["false"]},
+]
 
 
 def test_webhook_selectors_default_to_opted_in_pods():
@@ -203,15 +244,28 @@ def test_webhook_selectors_default_to_opted_in_pods():
 
 
 def test_webhook_selectors_keep_the_exclusions_whatever_the_user_sets():
-    hook = webhook_of(["--set", "webhook.namespaceSelector.matchLabels.team=ml",
-                       "--set", "webhook.namespaceSelector.matchExpressions[0].key=tier",
-                       "--set", "webhook.namespaceSelector.matchExpressions[0].operator=Exists",
-                       "--set", "webhook.objectSelector.matchLabels.app=sglang"])
-    assert hook["namespaceSelector"] == {"matchLabels": {"team": "ml"},
-                                         "matchExpressions": ALWAYS_OUT + [{"key": "tier", "operator": "Exists"}]}
+    hook = webhook_of(
+        [
+            "--set",
+            "webhook.namespaceSelector.matchLabels.team=ml",
+            "--set",
+            "webhook.namespaceSelector.matchExpressions[0].key=tier",
+            "--set",
+            "webhook.namespaceSelector.matchExpressions[0].operator=Exists",
+            "--set",
+            "webhook.objectSelector.matchLabels.app=sglang",
+        ]
+    )
+    assert hook["namespaceSelector"] == {
+        "matchLabels": {"team": "ml"},
+        "matchExpressions": ALWAYS_OUT + [{"key": "tier", "operator": "Exists"}],
+    }
     assert hook["objectSelector"] == {"matchLabels": {"app": "sglang", contract.LABEL_INJECT: "true"}}
     opted = webhook_of(VALUE_SETS["webhook-opt-in"])
-    assert opted["namespaceSelector"] == {"matchLabels": {contract.LABEL_INJECT: "true"}, "matchExpressions": ALWAYS_OUT}
+    assert opted["namespaceSelector"] == {
+        "matchLabels": {contract.LABEL_INJECT: "true"},
+        "matchExpressions": ALWAYS_OUT,
+    }
     assert "objectSelector" not in opted  # podOptIn false and no labels: every pod of the selected namespaces
 
 
@@ -225,16 +279,24 @@ def test_monitoring_toggles_and_release_label():
     dashboard = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard") == "1"][0]
     assert json.loads(dashboard["data"]["gluon-rollout.json"])["uid"] == "gluon-rollout"
     off = render(VALUE_SETS["monitoring-off"])
-    assert not any(by_kind(off, k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")) and not by_kind(off, "ConfigMap")
+    assert not any(by_kind(off, k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")) and not by_kind(
+        off, "ConfigMap"
+    )
 
 
 def test_promtool_checks_and_unit_tests_the_alerts():
-    check = subprocess.run(["promtool", "check", "rules", str(CHART / "files/alerts.yaml")], capture_output=True, text=True)
+    check = subprocess.run(
+        ["promtool", "check", "rules", str(CHART / "files/alerts.yaml")], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    unit = subprocess.run(["promtool", "test", "rules", "alerts_test.yaml"], cwd=ROOT / "tests/promtool", capture_output=True, text=True)
+    unit = subprocess.run(
+        ["promtool", "test", "rules", "alerts_test.yaml"], cwd=ROOT / "tests/promtool", capture_output=True, text=True
+    )
     assert unit.returncode == 0, unit.stdout + unit.stderr
     tested = set(re.findall(r"alertname: (\w+)", (ROOT / "tests/promtool/alerts_test.yaml").read_text()))
-    defined = {r["alert"] for g in yaml.safe_load((CHART / "files/alerts.yaml").read_text())["groups"] for r in g["rules"]}
+    defined = {
+        r["alert"] for g in yaml.safe_load((CHART / "files/alerts.yaml").read_text())["groups"] for r in g["rules"]
+    }
     assert tested == defined  # a case per alert
 
 
@@ -256,8 +318,13 @@ def test_readme_lists_every_value():
         for key, value in tree.items():
             path = f"{prefix}{key}"
             yield path
-            if isinstance(value, dict) and value and key not in ("resources", "nodeSelector", "selector", "namespaceSelector", "requests", "limits"):
+            if (
+                isinstance(value, dict)
+                and value
+                and key not in ("resources", "nodeSelector", "selector", "namespaceSelector", "requests", "limits")
+            ):
                 yield from keys(value, path + ".")
+
     readme = (CHART / "README.md").read_text()
     missing = [k for k in keys(yaml.safe_load((CHART / "values.yaml").read_text())) if f"`{k}`" not in readme]
     assert missing == []
@@ -267,10 +334,16 @@ def test_readme_lists_every_value():
 
 
 def policy(suffix: str = "-agent-own-node", values: list[str] | None = None) -> dict:
-    return [d for d in render(values or []) if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith(suffix)][0]["spec"]
+    return [
+        d
+        for d in render(values or [])
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith(suffix)
+    ][0]["spec"]
 
 
-def admit(request: dict, old: dict | None, new: dict | None, spec: dict | None = None, namespace: dict | None = None) -> list[str]:
+def admit(
+    request: dict, old: dict | None, new: dict | None, spec: dict | None = None, namespace: dict | None = None
+) -> list[str]:
     """Evaluate the policy's CEL as the API server would; returns the messages of failed validations."""
     spec = spec or policy()
     context = {"request": request, "object": new, "oldObject": old, "namespaceObject": namespace}
@@ -279,33 +352,52 @@ def admit(request: dict, old: dict | None, new: dict | None, spec: dict | None =
     variables = {}
     for v in spec["variables"]:
         variables[v["name"]] = cel.evaluate(v["expression"], {**context, "variables": variables})
-    return [v["message"] for v in spec["validations"] if not cel.evaluate(v["expression"], {**context, "variables": variables})]
+    return [
+        v["message"]
+        for v in spec["validations"]
+        if not cel.evaluate(v["expression"], {**context, "variables": variables})
+    ]
 
 
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:t-gluon-rollout-agent"
 
 
 def node(name: str, labels: dict, annotations: dict | None = None) -> dict:
-    return {"metadata": {"name": name, "labels": labels, "annotations": annotations or {}}, "spec": {"podCIDR": "10.0.0.0/24"}}
+    return {
+        "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
+        "spec": {"podCIDR": "10.0.0.0/24"},
+    }
 
 
 def request(user=AGENT_USER, node_name="n1"):
-    return {"operation": "UPDATE", "userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node_name]}}}
+    return {
+        "operation": "UPDATE",
+        "userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node_name]}},
+    }
 
 
 def test_policy_lets_the_agent_write_its_own_keys_on_its_own_node():
     old = node("n1", {"kubernetes.io/hostname": "n1", contract.LABEL_ENABLED: "true"})
-    new = node("n1", {"kubernetes.io/hostname": "n1", contract.LABEL_ENABLED: "true", contract.LABEL_SELFTEST: "pass"},
-               {contract.ANNOTATION_REPORT: "{}"})
+    new = node(
+        "n1",
+        {"kubernetes.io/hostname": "n1", contract.LABEL_ENABLED: "true", contract.LABEL_SELFTEST: "pass"},
+        {contract.ANNOTATION_REPORT: "{}"},
+    )
     assert admit(request(), old, new) == []
 
 
-@pytest.mark.parametrize("case,expected", [
-    ("other node", "the agent may change only its own node"),
-    ("foreign label", f"the agent may change only {contract.PREFIX} labels and annotations"),
-    ("operator key", "the agent may not change the operator's keys (enabled, state, rollback, record, serving-config)"),
-    ("spec", "the agent may not change a node's spec"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("other node", "the agent may change only its own node"),
+        ("foreign label", f"the agent may change only {contract.PREFIX} labels and annotations"),
+        (
+            "operator key",
+            "the agent may not change the operator's keys (enabled, state, rollback, record, serving-config)",
+        ),
+        ("spec", "the agent may not change a node's spec"),
+    ],
+)
 def test_policy_denies(case, expected):
     old = node("n1", {"kubernetes.io/hostname": "n1", contract.LABEL_ENABLED: "false"})
     new = json.loads(json.dumps(old))
@@ -337,14 +429,26 @@ def namespace_object(name: str, labels: dict | None = None) -> dict:
 
 
 def serving_pod(labels: dict, annotations: dict | None = None) -> dict:
-    return {"metadata": {"name": "p", "namespace": "inference", "labels": labels, "annotations": annotations or {}}, "spec": {}}
+    return {
+        "metadata": {"name": "p", "namespace": "inference", "labels": labels, "annotations": annotations or {}},
+        "spec": {},
+    }
 
 
 def restart(spec: dict, how: str, namespace: dict, pod: dict | None = None, user: str = OPERATOR_USER) -> list[str]:
     if how == "evict":  # admission sees the Eviction, never the pod (oldObject null)
-        request = {"operation": "CREATE", "subResource": "eviction", "namespace": namespace["metadata"]["name"], "userInfo": {"username": user}}
+        request = {
+            "operation": "CREATE",
+            "subResource": "eviction",
+            "namespace": namespace["metadata"]["name"],
+            "userInfo": {"username": user},
+        }
         return admit(request, None, {"metadata": {"name": "p"}}, spec, namespace)
-    request = {"operation": "DELETE", "namespace": namespace["metadata"]["name"], "userInfo": {"username": user}}  # no subResource key
+    request = {
+        "operation": "DELETE",
+        "namespace": namespace["metadata"]["name"],
+        "userInfo": {"username": user},
+    }  # no subResource key
     return admit(request, pod, None, spec, namespace)
 
 
@@ -366,23 +470,39 @@ def test_restart_policy_by_default():
     inference = namespace_object("inference")
     assert restart(spec, "delete", inference, serving_pod(OPTED_IN)) == []
     assert restart(spec, "evict", inference) == []
-    assert restart(spec, "delete", inference, serving_pod({"app": "sglang"}, {contract.ANNOTATION_POD_INJECTED: "kimi"})) == []
+    assert (
+        restart(spec, "delete", inference, serving_pod({"app": "sglang"}, {contract.ANNOTATION_POD_INJECTED: "kimi"}))
+        == []
+    )
     assert restart(spec, "delete", inference, serving_pod({"app": "sglang"})) == [NOT_THIS_POD]
-    assert restart(spec, "delete", inference, serving_pod({"app": "sglang", contract.LABEL_INJECT: "false"})) == [NOT_THIS_POD]
-    assert restart(spec, "delete", namespace_object("kube-system"), serving_pod({}), user="system:admin") == []  # others: untouched
+    assert restart(spec, "delete", inference, serving_pod({"app": "sglang", contract.LABEL_INJECT: "false"})) == [
+        NOT_THIS_POD
+    ]
+    assert (
+        restart(spec, "delete", namespace_object("kube-system"), serving_pod({}), user="system:admin") == []
+    )  # others: untouched
 
 
 def test_restart_policy_follows_the_webhook_selectors():
-    spec = policy(RESTARTS, VALUE_SETS["webhook-opt-in"] + ["--set", "webhook.objectSelector.matchExpressions[0].key=tier",
-                                                            "--set", "webhook.objectSelector.matchExpressions[0].operator=In",
-                                                            "--set", "webhook.objectSelector.matchExpressions[0].values[0]=serving"])
+    spec = policy(
+        RESTARTS,
+        VALUE_SETS["webhook-opt-in"]
+        + [
+            "--set",
+            "webhook.objectSelector.matchExpressions[0].key=tier",
+            "--set",
+            "webhook.objectSelector.matchExpressions[0].operator=In",
+            "--set",
+            "webhook.objectSelector.matchExpressions[0].values[0]=serving",
+        ],
+    )
     opted = namespace_object("inference", {contract.LABEL_INJECT: "true"})
     assert restart(spec, "evict", namespace_object("inference")) == [NOT_HERE]  # namespaceOptIn: unlabelled is out
     assert restart(spec, "evict", opted) == []
     assert restart(spec, "delete", opted, serving_pod({"tier": "serving"})) == []
-    assert restart(spec, "delete", opted, serving_pod({"tier": "batch", contract.LABEL_INJECT: "true"})) == [NOT_THIS_POD]
+    assert restart(spec, "delete", opted, serving_pod({"tier": "batch", contract.LABEL_INJECT: "true"})) == [
+        NOT_THIS_POD
+    ]
 
 
 # ---------------------------------------------------------------- the post-delete hook's command
-
-

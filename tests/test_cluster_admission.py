@@ -59,7 +59,9 @@ def test_helm_install_creates_the_chart_objects(control_plane, installed, gpu_no
     assert webhook.client_config.url == f"https://127.0.0.1:{installed.webhook_port}/inject"
     assert webhook.failure_policy == "Ignore"
     assert reg.read_validating_admission_policy(f"{installed.agent_account}-own-node").spec.failure_policy == "Fail"
-    assert client.PolicyV1Api(admin).read_namespaced_pod_disruption_budget(installed.operator_account, installed.namespace)
+    assert client.PolicyV1Api(admin).read_namespaced_pod_disruption_budget(
+        installed.operator_account, installed.namespace
+    )
     version = control_plane.version()
     assert version["gitVersion"].startswith("v1.") and int(version["minor"].rstrip("+")) >= 36
 
@@ -75,55 +77,104 @@ def agent_core(installed, gpu_nodes):
 
 def test_bound_token_carries_the_node(installed, gpu_nodes):
     review = client.AuthenticationV1Api(api_for(installed.agent_kubeconfig("adm-a"))).create_self_subject_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
     assert review.status.user_info.username == f"system:serviceaccount:{installed.namespace}:{installed.agent_account}"
     assert review.status.user_info.extra["authentication.kubernetes.io/node-name"] == ["adm-a"]
 
 
 def test_agent_may_patch_its_own_node_agent_keys(agent_core):
-    agent_core.patch_node("adm-a", {"metadata": {"labels": {contract.LABEL_SELFTEST: "pending"},
-                                                  "annotations": {contract.ANNOTATION_OWNED_KEYS: contract.LABEL_SELFTEST}}},
-                          _content_type=MERGE)
+    agent_core.patch_node(
+        "adm-a",
+        {
+            "metadata": {
+                "labels": {contract.LABEL_SELFTEST: "pending"},
+                "annotations": {contract.ANNOTATION_OWNED_KEYS: contract.LABEL_SELFTEST},
+            }
+        },
+        _content_type=MERGE,
+    )
     assert agent_core.read_node("adm-a").metadata.labels[contract.LABEL_SELFTEST] == "pending"
 
 
-@pytest.mark.parametrize("name,patch,message", [
-    ("adm-b", {"metadata": {"labels": {contract.LABEL_SELFTEST: "pass"}}}, "the agent may change only its own node"),
-    ("adm-a", {"metadata": {"labels": {contract.LABEL_ENABLED: "true"}}}, "may not change the operator's keys"),
-    ("adm-a", {"metadata": {"labels": {contract.LABEL_STATE: "Promoted"}}}, "may not change the operator's keys"),
-    ("adm-a", {"metadata": {"annotations": {contract.ANNOTATION_ROLLBACK: "{}"}}}, "may not change the operator's keys"),
-    ("adm-a", {"metadata": {"labels": {"example.com/other": "x"}}}, f"only {contract.PREFIX} labels and annotations"),
-    ("adm-a", {"metadata": {"annotations": {"example.com/other": "x"}}}, f"only {contract.PREFIX} labels and annotations"),
-    ("adm-a", {"spec": {"unschedulable": True}}, "may not change a node's spec"),
-    ("adm-a", {"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}, "may not change a node's spec"),
-    ("adm-a", {"metadata": {"finalizers": ["example.com/keep"]}}, "ownerReferences or finalizers"),
-    ("adm-a", {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Namespace", "name": "default",
-                                                  "uid": "00000000-0000-0000-0000-000000000000"}]}}, "ownerReferences or finalizers"),
-])
+@pytest.mark.parametrize(
+    "name,patch,message",
+    [
+        (
+            "adm-b",
+            {"metadata": {"labels": {contract.LABEL_SELFTEST: "pass"}}},
+            "the agent may change only its own node",
+        ),
+        ("adm-a", {"metadata": {"labels": {contract.LABEL_ENABLED: "true"}}}, "may not change the operator's keys"),
+        ("adm-a", {"metadata": {"labels": {contract.LABEL_STATE: "Promoted"}}}, "may not change the operator's keys"),
+        (
+            "adm-a",
+            {"metadata": {"annotations": {contract.ANNOTATION_ROLLBACK: "{}"}}},
+            "may not change the operator's keys",
+        ),
+        (
+            "adm-a",
+            {"metadata": {"labels": {"example.com/other": "x"}}},
+            f"only {contract.PREFIX} labels and annotations",
+        ),
+        (
+            "adm-a",
+            {"metadata": {"annotations": {"example.com/other": "x"}}},
+            f"only {contract.PREFIX} labels and annotations",
+        ),
+        ("adm-a", {"spec": {"unschedulable": True}}, "may not change a node's spec"),
+        ("adm-a", {"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}, "may not change a node's spec"),
+        ("adm-a", {"metadata": {"finalizers": ["example.com/keep"]}}, "ownerReferences or finalizers"),
+        (
+            "adm-a",
+            {
+                "metadata": {
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Namespace",
+                            "name": "default",
+                            "uid": "00000000-0000-0000-0000-000000000000",
+                        }
+                    ]
+                }
+            },
+            "ownerReferences or finalizers",
+        ),
+    ],
+)
 def test_agent_policy_denies(agent_core, name, patch, message):
     text = denial(lambda: agent_core.patch_node(name, patch, _content_type=MERGE))
     assert message in text, text
 
 
 def test_agent_policy_denies_node_status(agent_core):
-    text = denial(lambda: agent_core.patch_node_status("adm-a", {"status": {"capacity": {"cpu": "1"}}}, _content_type=MERGE))
+    text = denial(
+        lambda: agent_core.patch_node_status("adm-a", {"status": {"capacity": {"cpu": "1"}}}, _content_type=MERGE)
+    )
     assert "only update node metadata" in text or "forbidden" in text, text
 
 
 def test_operator_node_writes_are_not_affected(installed, gpu_nodes):
     operator_core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
-    operator_core.patch_node("adm-b", {"metadata": {"labels": {contract.LABEL_ENABLED: "false", contract.LABEL_STATE: "Eligible"}}},
-                             _content_type=MERGE)
+    operator_core.patch_node(
+        "adm-b",
+        {"metadata": {"labels": {contract.LABEL_ENABLED: "false", contract.LABEL_STATE: "Eligible"}}},
+        _content_type=MERGE,
+    )
     assert operator_core.read_node("adm-b").metadata.labels[contract.LABEL_STATE] == "Eligible"
 
 
-@pytest.mark.parametrize("patch,message", [
-    ({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}, "may not change a node's or pod's spec"),
-    ({"spec": {"unschedulable": True}}, "may not change a node's or pod's spec"),
-    ({"metadata": {"labels": {contract.LABEL_SELFTEST: "fail"}}}, "may change only its own keys"),
-    ({"metadata": {"annotations": {contract.ANNOTATION_REPORT: "{}"}}}, "may change only its own keys"),
-    ({"metadata": {"labels": {"example.com/other": "x"}}}, "may change only its own keys"),
-])
+@pytest.mark.parametrize(
+    "patch,message",
+    [
+        ({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}, "may not change a node's or pod's spec"),
+        ({"spec": {"unschedulable": True}}, "may not change a node's or pod's spec"),
+        ({"metadata": {"labels": {contract.LABEL_SELFTEST: "fail"}}}, "may change only its own keys"),
+        ({"metadata": {"annotations": {contract.ANNOTATION_REPORT: "{}"}}}, "may change only its own keys"),
+        ({"metadata": {"labels": {"example.com/other": "x"}}}, "may change only its own keys"),
+    ],
+)
 def test_operator_policy_confines_node_writes(installed, gpu_nodes, patch, message):
     operator_core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
     text = denial(lambda: operator_core.patch_node("adm-b", patch, _content_type=MERGE))
@@ -132,13 +183,20 @@ def test_operator_policy_confines_node_writes(installed, gpu_nodes, patch, messa
 
 def test_operator_policy_confines_pod_writes_to_the_flag_label(installed, namespace):
     admin_core = client.CoreV1Api(installed.cp.admin_client())
-    admin_core.create_namespaced_pod(namespace, {"metadata": {"name": "p", "labels": {"app": "x"}},
-                                                 "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    admin_core.create_namespaced_pod(
+        namespace,
+        {"metadata": {"name": "p", "labels": {"app": "x"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+    )
     operator_core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
-    operator_core.patch_namespaced_pod("p", namespace, {"metadata": {"labels": {contract.LABEL_POD_FLAG: "1"}}}, _content_type=MERGE)
+    operator_core.patch_namespaced_pod(
+        "p", namespace, {"metadata": {"labels": {contract.LABEL_POD_FLAG: "1"}}}, _content_type=MERGE
+    )
     assert admin_core.read_namespaced_pod("p", namespace).metadata.labels[contract.LABEL_POD_FLAG] == "1"
-    for patch in ({"metadata": {"labels": {"app": "y"}}}, {"metadata": {"annotations": {"example.com/a": "b"}}},
-                  {"spec": {"activeDeadlineSeconds": 5}}):
+    for patch in (
+        {"metadata": {"labels": {"app": "y"}}},
+        {"metadata": {"annotations": {"example.com/a": "b"}}},
+        {"spec": {"activeDeadlineSeconds": 5}},
+    ):
         text = denial(lambda: operator_core.patch_namespaced_pod("p", namespace, patch, _content_type=MERGE))
         assert "the operator may" in text, text
 
@@ -146,32 +204,67 @@ def test_operator_policy_confines_pod_writes_to_the_flag_label(installed, namesp
 # ---------------------------------------------------------------- RBAC, decided by the API server
 
 
-def can(api: client.ApiClient, verb: str, resource: str, group: str = "", subresource: str = "", namespace: str = "") -> bool:
-    review = client.AuthorizationV1Api(api).create_self_subject_access_review({
-        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-        "spec": {"resourceAttributes": {"verb": verb, "resource": resource, "group": group, "subresource": subresource,
-                                        "namespace": namespace}}})
+def can(
+    api: client.ApiClient, verb: str, resource: str, group: str = "", subresource: str = "", namespace: str = ""
+) -> bool:
+    review = client.AuthorizationV1Api(api).create_self_subject_access_review(
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {
+                "resourceAttributes": {
+                    "verb": verb,
+                    "resource": resource,
+                    "group": group,
+                    "subresource": subresource,
+                    "namespace": namespace,
+                }
+            },
+        }
+    )
     return review.status.allowed
 
 
 def test_rbac_agent_least_privilege(installed, gpu_nodes):
     api = api_for(installed.agent_kubeconfig("adm-a"))
     assert all(can(api, verb, "nodes") for verb in ("get", "list", "watch", "patch"))
-    for verb, resource, sub in [("get", "secrets", ""), ("list", "secrets", ""), ("patch", "pods", ""), ("delete", "pods", ""),
-                                ("create", "pods", "eviction"), ("list", "pods", ""), ("delete", "nodes", ""),
-                                ("update", "nodes", ""), ("patch", "nodes", "status"), ("create", "nodes", "")]:
+    for verb, resource, sub in [
+        ("get", "secrets", ""),
+        ("list", "secrets", ""),
+        ("patch", "pods", ""),
+        ("delete", "pods", ""),
+        ("create", "pods", "eviction"),
+        ("list", "pods", ""),
+        ("delete", "nodes", ""),
+        ("update", "nodes", ""),
+        ("patch", "nodes", "status"),
+        ("create", "nodes", ""),
+    ]:
         assert not can(api, verb, resource, subresource=sub, namespace="default"), (verb, resource, sub)
 
 
 def test_rbac_operator_least_privilege(installed):
     api = api_for(installed.operator_kubeconfig())
-    for verb, resource, group, sub in [("patch", "nodes", "", ""), ("watch", "pods", "", ""), ("create", "pods", "", "eviction"),
-                                       ("patch", "gluonrollouts", GROUP, "status"), ("create", "events", "", "")]:
+    for verb, resource, group, sub in [
+        ("patch", "nodes", "", ""),
+        ("watch", "pods", "", ""),
+        ("create", "pods", "", "eviction"),
+        ("patch", "gluonrollouts", GROUP, "status"),
+        ("create", "events", "", ""),
+    ]:
         assert can(api, verb, resource, group, sub, "default"), (verb, resource, sub)
-    for verb, resource, group, sub in [("get", "secrets", "", ""), ("list", "secrets", "", ""), ("delete", "nodes", "", ""),
-                                       ("update", "nodes", "", ""), ("patch", "nodes", "", "status"), ("create", "pods", "", ""),
-                                       ("update", "pods", "", ""), ("create", "gluonrollouts", GROUP, ""),
-                                       ("delete", "gluonrollouts", GROUP, ""), ("create", "deployments", "apps", "")]:
+    for verb, resource, group, sub in [
+        ("get", "secrets", "", ""),
+        ("list", "secrets", "", ""),
+        ("delete", "nodes", "", ""),
+        ("update", "nodes", "", ""),
+        ("patch", "nodes", "", "status"),
+        ("create", "pods", "", ""),
+        ("update", "pods", "", ""),
+        ("create", "gluonrollouts", GROUP, ""),
+        ("delete", "gluonrollouts", GROUP, ""),
+        ("create", "deployments", "apps", ""),
+    ]:
         assert not can(api, verb, resource, group, sub, "default"), (verb, resource, sub)
 
 
@@ -202,10 +295,22 @@ REFUSED_BY_BOTH = [
     ({"podSelector": {"matchLabels": {"a b": "x"}}}, "every key must be a valid label key"),
     ({"podSelector": {"matchLabels": {"Example.com/app": "x"}}}, "every key must be a valid label key"),
     ({"podSelector": {"matchLabels": {"p" * 254 + "/app": "x"}}}, "every key must be a valid label key"),
-    ({"podSelector": {"matchExpressions": [{"key": "a" * 64, "operator": "Exists"}]}}, "spec.podSelector.matchExpressions[0].key"),
-    ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}}, "values must be given with operator In or NotIn"),
-    ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}}, "values must be given"),
-    ({"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a,b"]}]}}, "matchExpressions[0].values[0]"),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "a" * 64, "operator": "Exists"}]}},
+        "spec.podSelector.matchExpressions[0].key",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
+        "values must be given with operator In or NotIn",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}},
+        "values must be given",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a,b"]}]}},
+        "matchExpressions[0].values[0]",
+    ),
     ({"analysis": {"stepSeconds": 1, "windowSeconds": 86_400}}, "Prometheus's limit of points per series"),
 ]
 
@@ -219,20 +324,32 @@ def test_crd_schema_refuses_selectors_and_windows_the_operator_refuses(installed
     assert parse_spec(body["spec"])[1], "parse_spec accepts what the CRD refuses"
     with pytest.raises(client.ApiException) as info:
         client.CustomObjectsApi(installed.cp.admin_client()).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, body, dry_run="All")
+            GROUP, VERSION, namespace, PLURAL, body, dry_run="All"
+        )
     assert info.value.status == 422 and message in json.loads(info.value.body)["message"], info.value.body
 
 
 def test_status_reads_back_intact(installed, namespace):
     custom = client.CustomObjectsApi(installed.cp.admin_client())
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, fleet.rollout("kimi", namespace))
-    status = {"phase": "Progressing", "counts": {"Promoted": 3}, "nodes": {"n1": {"state": "Promoted", "numbers": {
-        "effect": 1.9, "ci_low": 1.8, "nested": {"deep": [1, 2, {"x": None}]}}}}}
+    status = {
+        "phase": "Progressing",
+        "counts": {"Promoted": 3},
+        "nodes": {
+            "n1": {
+                "state": "Promoted",
+                "numbers": {"effect": 1.9, "ci_low": 1.8, "nested": {"deep": [1, 2, {"x": None}]}},
+            }
+        },
+    }
     operator_custom = client.CustomObjectsApi(api_for(installed.operator_kubeconfig()))
-    operator_custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "kimi", {"status": status},
-                                                         _content_type=MERGE)
+    operator_custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "kimi", {"status": status}, _content_type=MERGE
+    )
     read = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "kimi")["status"]
-    assert read["nodes"]["n1"]["numbers"]["nested"] == {"deep": [1, 2, {}]} or read["nodes"]["n1"]["numbers"]["nested"]["deep"][:2] == [1, 2]
+    assert read["nodes"]["n1"]["numbers"]["nested"] == {"deep": [1, 2, {}]} or read["nodes"]["n1"]["numbers"]["nested"][
+        "deep"
+    ][:2] == [1, 2]
     assert read["phase"] == "Progressing" and read["nodes"]["n1"]["numbers"]["effect"] == 1.9
 
 
@@ -240,14 +357,19 @@ def test_a_status_over_the_request_limit_is_refused(installed, namespace):
     """~750 bytes a node in status.nodes for 5000 nodes (the pre-1.0 design) is over etcd's request limit."""
     custom = client.CustomObjectsApi(installed.cp.admin_client())
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, fleet.rollout("big", namespace))
-    record = {"state": "Promoted", "reason": "not worse than tolerance: " + "x" * 500, "since": time.time(),
-              "numbers": {"effect": 1.9, "ci_low": 1.8, "ci_high": 2.0, "n_post": 10, "n_pre": 40, "p_worse": 0.5}}
+    record = {
+        "state": "Promoted",
+        "reason": "not worse than tolerance: " + "x" * 500,
+        "since": time.time(),
+        "numbers": {"effect": 1.9, "ci_low": 1.8, "ci_high": 2.0, "n_post": 10, "n_pre": 40, "p_worse": 0.5},
+    }
     nodes = {f"gpu-{i:05d}": record for i in range(5000)}
     size = len(json.dumps(nodes))
     assert size > 3 * 1024 * 1024
     with pytest.raises(client.ApiException) as info:
-        custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "big", {"status": {"nodes": nodes}},
-                                                     _content_type=MERGE)
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, "big", {"status": {"nodes": nodes}}, _content_type=MERGE
+        )
     assert info.value.status in (413, 500, 422), info.value.status
     assert "too large" in info.value.body.lower() or info.value.status == 413, info.value.body[:300]
 
@@ -259,18 +381,34 @@ def test_api_server_calls_the_webhook_and_fails_open(installed, namespace):
     custom = client.CustomObjectsApi(installed.cp.admin_client())
     core = client.CoreV1Api(installed.cp.admin_client())
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, fleet.rollout("kimi", namespace))
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "sglang-", "labels": dict(fleet.SERVING_POD_LABELS)},
-           "spec": {"containers": [{"name": "sglang", "image": "lmsysorg/sglang:rocm", "command": ["python3", "-m", "sglang.launch_server"],
-                                    "env": [{"name": contract.FLAG_ENV, "value": "0"}]}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "sglang-", "labels": dict(fleet.SERVING_POD_LABELS)},
+        "spec": {
+            "containers": [
+                {
+                    "name": "sglang",
+                    "image": "lmsysorg/sglang:rocm",
+                    "command": ["python3", "-m", "sglang.launch_server"],
+                    "env": [{"name": contract.FLAG_ENV, "value": "0"}],
+                }
+            ]
+        },
+    }
     operator = start_operator(installed)
     try:
+
         def injected():
             created = core.create_namespaced_pod(namespace, pod)
             if contract.ANNOTATION_POD_INJECTED in (created.metadata.annotations or {}):
                 return created
             core.delete_namespaced_pod(created.metadata.name, namespace, grace_period_seconds=0)
             return None
-        created = wait_for(injected, timeout=60, interval=1.0, what=f"an injected pod (operator log:\n{operator.tail()})")
+
+        created = wait_for(
+            injected, timeout=60, interval=1.0, what=f"an injected pod (operator log:\n{operator.tail()})"
+        )
     finally:
         operator.stop()
     names = [c.name for c in created.spec.init_containers]
@@ -298,8 +436,13 @@ def recording_webhook(installed):
         def do_POST(self):  # noqa: N802 (http.server's name)
             review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(review["request"]["object"]["metadata"].get("name", ""))
-            body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                               "response": {"uid": review["request"]["uid"], "allowed": True}}).encode()
+            body = json.dumps(
+                {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "response": {"uid": review["request"]["uid"], "allowed": True},
+                }
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -323,9 +466,17 @@ def recording_webhook(installed):
 
 
 def plain_pod(name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
-            "spec": {"containers": [{"name": "sglang", "image": "lmsysorg/sglang:rocm", "env": [{"name": contract.FLAG_ENV, "value": "0"}]}],
-                     "terminationGracePeriodSeconds": 0}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
+        "spec": {
+            "containers": [
+                {"name": "sglang", "image": "lmsysorg/sglang:rocm", "env": [{"name": contract.FLAG_ENV, "value": "0"}]}
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
 
 
 @pytest.fixture
@@ -345,17 +496,25 @@ def test_only_opted_in_pods_of_selected_namespaces_reach_the_webhook(installed, 
     core = client.CoreV1Api(installed.cp.admin_client())
     tag = uuid.uuid4().hex[:5]
     sent_for = {f"in-{tag}": (namespace, fleet.SERVING_POD_LABELS)}
-    never = {f"no-label-{tag}": (namespace, {"app": "sglang"}),
-             f"kube-system-{tag}": ("kube-system", fleet.SERVING_POD_LABELS),
-             f"own-{tag}": (installed.namespace, fleet.SERVING_POD_LABELS),
-             f"opted-out-{tag}": (opted_out, fleet.SERVING_POD_LABELS)}
+    never = {
+        f"no-label-{tag}": (namespace, {"app": "sglang"}),
+        f"kube-system-{tag}": ("kube-system", fleet.SERVING_POD_LABELS),
+        f"own-{tag}": (installed.namespace, fleet.SERVING_POD_LABELS),
+        f"opted-out-{tag}": (opted_out, fleet.SERVING_POD_LABELS),
+    }
     with recording_webhook(installed) as seen:
+
         def create(name: str) -> None:
             where, labels = {**sent_for, **never}[name]
             core.create_namespaced_pod(where, plain_pod(name, dict(labels)), dry_run="All")
 
         create(f"in-{tag}")
-        wait_for(lambda: f"in-{tag}" in seen or create(f"in-{tag}"), timeout=20, interval=0.5, what="the recording webhook called")
+        wait_for(
+            lambda: f"in-{tag}" in seen or create(f"in-{tag}"),
+            timeout=20,
+            interval=0.5,
+            what="the recording webhook called",
+        )
         for name in never:
             create(name)
         create(f"in-{tag}")  # after the others: any call for them would have come before this one's
@@ -379,22 +538,26 @@ def test_operator_restarts_only_pods_within_the_webhooks_reach(installed, namesp
     admin_core = client.CoreV1Api(installed.cp.admin_client())
     operator_core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
     tag = uuid.uuid4().hex[:5]
-    pods = {"serving": (namespace, fleet.SERVING_POD_LABELS, None),
-            "injected": (namespace, {"app": "sglang"}, {contract.ANNOTATION_POD_INJECTED: "kimi"}),
-            "unrelated": (namespace, {"app": "x"}, None),
-            "kube-system": ("kube-system", fleet.SERVING_POD_LABELS, None),
-            "own": (installed.namespace, fleet.SERVING_POD_LABELS, None),
-            "opted-out": (opted_out, fleet.SERVING_POD_LABELS, None)}
+    pods = {
+        "serving": (namespace, fleet.SERVING_POD_LABELS, None),
+        "injected": (namespace, {"app": "sglang"}, {contract.ANNOTATION_POD_INJECTED: "kimi"}),
+        "unrelated": (namespace, {"app": "x"}, None),
+        "kube-system": ("kube-system", fleet.SERVING_POD_LABELS, None),
+        "own": (installed.namespace, fleet.SERVING_POD_LABELS, None),
+        "opted-out": (opted_out, fleet.SERVING_POD_LABELS, None),
+    }
     for key, (where, labels, extra) in pods.items():
         admin_core.create_namespaced_pod(where, plain_pod(f"{key}-{tag}", dict(labels), extra))
     try:
         name = {key: f"{key}-{tag}" for key in pods}
+
         def refused_delete() -> str | None:  # a dry run: nothing is deleted while the policy is not yet in force
             try:
                 operator_core.delete_namespaced_pod(name["unrelated"], namespace, dry_run="All")
             except client.ApiException as exc:
                 return json.loads(exc.body)["message"] if exc.status in (403, 422) else None
             return None
+
         wait_for(refused_delete, timeout=20, interval=0.5, what="the restart policy in force")
         # a pod outside the webhook's selector: its delete is denied (admission sees the pod: oldObject)
         text = denial(lambda: operator_core.delete_namespaced_pod(name["unrelated"], namespace))
@@ -408,8 +571,11 @@ def test_operator_restarts_only_pods_within_the_webhooks_reach(installed, namesp
         operator_core.delete_namespaced_pod(name["injected"], namespace, dry_run="All")
         operator_core.delete_namespaced_pod(name["serving"], namespace, dry_run="All")
         evict(operator_core, name["serving"], namespace)
-        wait_for(lambda: name["serving"] not in {p.metadata.name for p in admin_core.list_namespaced_pod(namespace).items}, timeout=20,
-                 what="the evicted serving pod gone")
+        wait_for(
+            lambda: name["serving"] not in {p.metadata.name for p in admin_core.list_namespaced_pod(namespace).items},
+            timeout=20,
+            what="the evicted serving pod gone",
+        )
         # The documented limit: an eviction's admission sees the Eviction, not the pod (eviction.go), so within a
         # selected namespace an unrelated pod's eviction is judged by its namespace alone (namespaceOptIn narrows it).
         evict(operator_core, name["unrelated"], namespace, dry_run="All")

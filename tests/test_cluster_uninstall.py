@@ -31,18 +31,30 @@ def test_uninstall_prunes_our_keys_and_leaves_no_webhook(cluster, tmp_path):
     core = client.CoreV1Api(admin)
     installed = install(cluster, values={"operator": {"image": OPERATOR_IMAGE}})
     ours_labels, ours_annotations = fleet.agent_published("un-1")
-    node = fleet.kwok_node("un-1", 1, {**ours_labels, contract.LABEL_ENABLED: "true", "example.com/keep": "yes"},
-                           {**ours_annotations, "example.com/note": "kept"})
+    node = fleet.kwok_node(
+        "un-1",
+        1,
+        {**ours_labels, contract.LABEL_ENABLED: "true", "example.com/keep": "yes"},
+        {**ours_annotations, "example.com/note": "kept"},
+    )
     core.create_node(node)
     core.create_node(fleet.kwok_node("un-2", 2, {"example.com/keep": "yes"}))
     image = Image(path=(str(Path(sys.executable).parent),), entrypoint=("gluon-operator",))
-    with KubeletSim(admin, {f"{OPERATOR_IMAGE['repository']}:{OPERATOR_IMAGE['tag']}": image}, workdir=tmp_path / "kubelet",
-                    api_server=("127.0.0.1", cluster.port, cluster.pki.ca.cert), token_for=cluster.token_for) as kubelet:
+    with KubeletSim(
+        admin,
+        {f"{OPERATOR_IMAGE['repository']}:{OPERATOR_IMAGE['tag']}": image},
+        workdir=tmp_path / "kubelet",
+        api_server=("127.0.0.1", cluster.port, cluster.pki.ca.cert),
+        token_for=cluster.token_for,
+    ) as kubelet:
         installed.uninstall()
     assert kubelet.errors == []
     labels = core.read_node("un-1").metadata.labels
     annotations = core.read_node("un-1").metadata.annotations
-    assert not [k for k in labels if contract.is_ours(k)] and not [k for k in annotations if contract.is_ours(k)], (labels, annotations)
+    assert not [k for k in labels if contract.is_ours(k)] and not [k for k in annotations if contract.is_ours(k)], (
+        labels,
+        annotations,
+    )
     assert labels["example.com/keep"] == "yes" and annotations["example.com/note"] == "kept"
     assert core.read_node("un-2").metadata.labels["example.com/keep"] == "yes"
     reg = client.AdmissionregistrationV1Api(admin)
@@ -51,7 +63,12 @@ def test_uninstall_prunes_our_keys_and_leaves_no_webhook(cluster, tmp_path):
     # the hook Job ran once and succeeded (helm deletes it on success: hook-delete-policy hook-succeeded)
     assert len(kubelet.started) == 1
     core.create_namespace({"metadata": {"name": "after"}})
-    created = core.create_namespaced_pod("after", {"metadata": {"name": "p", "labels": dict(fleet.SERVING_LABELS)},
-                                                   "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    created = core.create_namespaced_pod(
+        "after",
+        {
+            "metadata": {"name": "p", "labels": dict(fleet.SERVING_LABELS)},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        },
+    )
     assert not created.spec.init_containers
     assert json.loads(core.read_namespaced_pod("p", "after", _preload_content=False).data)["metadata"]["name"] == "p"

@@ -23,13 +23,20 @@ def node(labels=None, annotations=None, rv="7"):
 
 def test_desired_state():
     d = decisions.desired_state(PROBE, "pass", {"a": 1})
-    assert d.labels == {contract.LABEL_CAPABLE: "true", contract.LABEL_SELFTEST: "pass", contract.LABEL_GPU_ARCH: "gfx950"}
+    assert d.labels == {
+        contract.LABEL_CAPABLE: "true",
+        contract.LABEL_SELFTEST: "pass",
+        contract.LABEL_GPU_ARCH: "gfx950",
+    }
     assert json.loads(d.annotations[contract.ANNOTATION_REPORT]) == {"a": 1}
     assert d.annotations[contract.ANNOTATION_OWNED_KEYS].split(",") == sorted(
-        [contract.LABEL_CAPABLE, contract.LABEL_SELFTEST, contract.LABEL_GPU_ARCH, contract.ANNOTATION_REPORT])
+        [contract.LABEL_CAPABLE, contract.LABEL_SELFTEST, contract.LABEL_GPU_ARCH, contract.ANNOTATION_REPORT]
+    )
 
 
-@pytest.mark.parametrize("archs,label", [([], "none"), (["gfx950"], "gfx950"), (["gfx950", "gfx942"], "mixed"), ([None], "unknown")])
+@pytest.mark.parametrize(
+    "archs,label", [([], "none"), (["gfx950"], "gfx950"), (["gfx950", "gfx942"], "mixed"), ([None], "unknown")]
+)
 def test_gpu_arch_label(archs, label):
     assert decisions.gpu_arch_label([{"arch": a} for a in archs]) == label
 
@@ -71,8 +78,17 @@ def test_malformed_owned_keys_remove_nothing_and_are_reported():
 
 
 @given(
-    labels=st.dictionaries(st.sampled_from([OTHER, contract.LABEL_ENABLED, contract.LABEL_STATE, contract.PREFIX + "z", contract.LABEL_CAPABLE]), st.sampled_from(["a", "true"])),
-    owned=st.lists(st.sampled_from([OTHER, contract.LABEL_ENABLED, contract.LABEL_STATE, contract.PREFIX + "z", contract.LABEL_GPU_ARCH])),
+    labels=st.dictionaries(
+        st.sampled_from(
+            [OTHER, contract.LABEL_ENABLED, contract.LABEL_STATE, contract.PREFIX + "z", contract.LABEL_CAPABLE]
+        ),
+        st.sampled_from(["a", "true"]),
+    ),
+    owned=st.lists(
+        st.sampled_from(
+            [OTHER, contract.LABEL_ENABLED, contract.LABEL_STATE, contract.PREFIX + "z", contract.LABEL_GPU_ARCH]
+        )
+    ),
     verdict=st.sampled_from(contract.SELFTEST_VALUES),
 )
 def test_patches_only_ever_touch_agent_keys(labels, owned, verdict):
@@ -83,18 +99,31 @@ def test_patches_only_ever_touch_agent_keys(labels, owned, verdict):
     assert all(contract.is_ours(k) and k not in contract.OPERATOR_NODE_KEYS for k in touched)
 
 
-@pytest.mark.parametrize("previous,same_fp,new,expected", [
-    (p, same, n, (p if n == "deferred" and p in ("pass", "fail", "error") and same else n))
-    for p, same, n in itertools.product([None, "pending", "pass", "fail", "error", "deferred"], [True, False], contract.SELFTEST_VALUES)
-])
+@pytest.mark.parametrize(
+    "previous,same_fp,new,expected",
+    [
+        (p, same, n, (p if n == "deferred" and p in ("pass", "fail", "error") and same else n))
+        for p, same, n in itertools.product(
+            [None, "pending", "pass", "fail", "error", "deferred"], [True, False], contract.SELFTEST_VALUES
+        )
+    ],
+)
 def test_merge_verdict(previous, same_fp, new, expected):
     assert decisions.merge_verdict(previous, "fp" if same_fp else "old", new, "fp") == expected
 
 
-@pytest.mark.parametrize("value,token", [
-    (None, None), ("2026-11-29T10:00:00Z", "2026-11-29T10:00:00Z"), ("a" * 63, "a" * 63),
-    ("a" * 64, None), ("run now!", None), ("", None), ("-x", None),
-])
+@pytest.mark.parametrize(
+    "value,token",
+    [
+        (None, None),
+        ("2026-11-29T10:00:00Z", "2026-11-29T10:00:00Z"),
+        ("a" * 63, "a" * 63),
+        ("a" * 64, None),
+        ("run now!", None),
+        ("", None),
+        ("-x", None),
+    ],
+)
 def test_request_tokens(value, token):
     got, problem = decisions.valid_request_token(value)
     assert got == token
@@ -117,7 +146,7 @@ def test_retest_reasons_in_priority_order():
 @given(attempt=st.integers(0, 30), seed=st.integers(0, 2**32))
 def test_backoff_bounds(attempt, seed):
     delay = decisions.backoff(attempt, 1.0, 60.0, random.Random(seed))
-    step = min(60.0, 2.0 ** attempt)
+    step = min(60.0, 2.0**attempt)
     assert step / 2 <= delay <= step
 
 
@@ -128,7 +157,10 @@ def test_backoff_after_hours_of_failures_stays_at_the_cap():
 
 def test_after_run_schedules_period_with_jitter_and_deferral_backoff():
     rng = random.Random(1)
-    periods = [decisions.after_run(decisions.Schedule(), 0, "fp", None, "pass", 1000, 0.1, 60, 3600, rng).next_periodic_at for _ in range(200)]
+    periods = [
+        decisions.after_run(decisions.Schedule(), 0, "fp", None, "pass", 1000, 0.1, 60, 3600, rng).next_periodic_at
+        for _ in range(200)
+    ]
     assert 900 <= min(periods) < 950 and 1050 < max(periods) <= 1100  # spread over the fleet
     s = decisions.Schedule()
     retries = []
@@ -142,16 +174,19 @@ def test_after_run_schedules_period_with_jitter_and_deferral_backoff():
 ENABLED = {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Promoted"}
 
 
-@pytest.mark.parametrize("labels,age,verdict,capable,flag,reason", [
-    (ENABLED, 1.0, "pass", True, "1", "enabled by the operator"),
-    (None, None, "pass", True, "0", "no current view"),
-    (ENABLED, 100.0, "pass", True, "0", "no current view"),
-    ({contract.LABEL_ENABLED: "false"}, 1.0, "pass", True, "0", "has not enabled"),
-    ({}, 1.0, "pass", True, "0", "has not enabled"),
-    ({contract.LABEL_ENABLED: "yes"}, 1.0, "pass", True, "0", "malformed label"),
-    (ENABLED, 1.0, "fail", True, "0", "self-test is fail"),
-    (ENABLED, 1.0, "pass", False, "0", "not capable"),
-])
+@pytest.mark.parametrize(
+    "labels,age,verdict,capable,flag,reason",
+    [
+        (ENABLED, 1.0, "pass", True, "1", "enabled by the operator"),
+        (None, None, "pass", True, "0", "no current view"),
+        (ENABLED, 100.0, "pass", True, "0", "no current view"),
+        ({contract.LABEL_ENABLED: "false"}, 1.0, "pass", True, "0", "has not enabled"),
+        ({}, 1.0, "pass", True, "0", "has not enabled"),
+        ({contract.LABEL_ENABLED: "yes"}, 1.0, "pass", True, "0", "malformed label"),
+        (ENABLED, 1.0, "fail", True, "0", "self-test is fail"),
+        (ENABLED, 1.0, "pass", False, "0", "not capable"),
+    ],
+)
 def test_flag_decision(labels, age, verdict, capable, flag, reason):
     answer = decisions.flag_decision(labels, age, 90.0, verdict, capable)
     assert answer["flag"] == flag and reason in answer["reason"]
@@ -168,11 +203,17 @@ def test_restore_previous_verdict():
     assert verdict is None and "not our JSON report" in problem
 
 
-@pytest.mark.parametrize("probe, label", [
-    ({"capable": True}, "true"),
-    ({"capable": False}, "false"),
-    ({"capable": False, "import_crash": "aiter... import fails with RuntimeError: x, not ImportError"}, contract.CAPABLE_IMPORT_CRASH),
-])
+@pytest.mark.parametrize(
+    "probe, label",
+    [
+        ({"capable": True}, "true"),
+        ({"capable": False}, "false"),
+        (
+            {"capable": False, "import_crash": "aiter... import fails with RuntimeError: x, not ImportError"},
+            contract.CAPABLE_IMPORT_CRASH,
+        ),
+    ],
+)
 def test_capable_label_says_import_crash_louder_than_false(probe, label):
     d = decisions.desired_state(probe | {"gpus": []}, "pending", {})
     assert d.labels[contract.LABEL_CAPABLE] == label and label in contract.CAPABLE_VALUES
@@ -184,8 +225,22 @@ def test_import_crash_metric():
     m = AgentMetrics()
     m.observe_probe({"capable": False, "import_crash": "boom", "sglang": {"version": "0.5.19"}}, "fp")
     assert m.registry.get_sample_value(contract.M_AGENT_IMPORT_CRASH) == 1
-    assert m.registry.get_sample_value(contract.M_AGENT_INFO + "_info", {
-        "fingerprint": "fp", "arch": "none", "gpus": "0", "aiter": "None", "triton": "None", "torch": "None",
-        "hip": "None", "driver": "None", "sglang": "0.5.19"}) == 1
+    assert (
+        m.registry.get_sample_value(
+            contract.M_AGENT_INFO + "_info",
+            {
+                "fingerprint": "fp",
+                "arch": "none",
+                "gpus": "0",
+                "aiter": "None",
+                "triton": "None",
+                "torch": "None",
+                "hip": "None",
+                "driver": "None",
+                "sglang": "0.5.19",
+            },
+        )
+        == 1
+    )
     m.observe_probe({"capable": True}, "fp")
     assert m.registry.get_sample_value(contract.M_AGENT_IMPORT_CRASH) == 0

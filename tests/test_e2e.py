@@ -29,7 +29,10 @@ def test_final_states(result):
 
 def test_rollback_numbers(result):
     rolled = result["rolled_back"]["gpu-02"]
-    assert 0.78 < rolled["effect"] < 0.92 < rolled["threshold"] == 0.95 and rolled["ci"][0] < rolled["effect"] < rolled["ci"][1]
+    assert (
+        0.78 < rolled["effect"] < 0.92 < rolled["threshold"] == 0.95
+        and rolled["ci"][0] < rolled["effect"] < rolled["ci"][1]
+    )
     assert rolled["p_worse"] < 0.05 and rolled["n_post"] >= 5 and rolled["n_pre"] >= 5
     assert "consecutive failing evaluations" in rolled["reason"]
 
@@ -51,10 +54,14 @@ def test_labels_on_nodes(result):
     labels = result["node_labels"]
     for name in ("gpu-01", "gpu-04", "gpu-05", "gpu-06"):
         assert labels[name][contract.LABEL_ENABLED] == "true" and labels[name][contract.LABEL_STATE] == "Promoted"
-    assert labels["gpu-02"][contract.LABEL_ENABLED] == "false" and labels["gpu-02"][contract.LABEL_STATE] == "RolledBack"
+    assert (
+        labels["gpu-02"][contract.LABEL_ENABLED] == "false" and labels["gpu-02"][contract.LABEL_STATE] == "RolledBack"
+    )
     assert labels["gpu-03"][contract.LABEL_ENABLED] == "false" and labels["gpu-03"][contract.LABEL_STATE] == "Eligible"
     assert labels["gpu-07"][contract.LABEL_CAPABLE] == "false" and labels["gpu-08"][contract.LABEL_SELFTEST] == "fail"
-    assert all(labels[n][contract.LABEL_GPU_ARCH] in ("gfx950", "gfx942") for n in labels)  # published by the real agents
+    assert all(
+        labels[n][contract.LABEL_GPU_ARCH] in ("gfx950", "gfx942") for n in labels
+    )  # published by the real agents
 
 
 def test_relative_workdir_is_made_absolute(tmp_path, monkeypatch):

@@ -88,18 +88,36 @@ async def prom():
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in (contract.ENV_PROMETHEUS_TOKEN, contract.ENV_PROMETHEUS_CA, contract.ENV_PROMETHEUS_TRUSTED_URLS, contract.ENV_ANALYSIS_DEADLINE):
+    for name in (
+        contract.ENV_PROMETHEUS_TOKEN,
+        contract.ENV_PROMETHEUS_CA,
+        contract.ENV_PROMETHEUS_TRUSTED_URLS,
+        contract.ENV_ANALYSIS_DEADLINE,
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
 def spec(url: str) -> GluonRolloutSpec:
-    return GluonRolloutSpec.model_validate({"podSelector": {"matchLabels": {"app": "sglang"}}, "analysis": {
-        "prometheusUrl": url, "stepSeconds": int(STEP), "intervalSeconds": 60, "warmupSeconds": 60, "windowSeconds": 300}})
+    return GluonRolloutSpec.model_validate(
+        {
+            "podSelector": {"matchLabels": {"app": "sglang"}},
+            "analysis": {
+                "prometheusUrl": url,
+                "stepSeconds": int(STEP),
+                "intervalSeconds": 60,
+                "warmupSeconds": 60,
+                "windowSeconds": 300,
+            },
+        }
+    )
 
 
 def fleet(n: int) -> dict[str, gating.NodeStatus]:
     """n0 under analysis since ENABLE, n1 promoted (guard mode), the rest eligible controls."""
-    out = {"n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE), "n1": gating.NodeStatus(gating.PROMOTED, changed_at=ENABLE)}
+    out = {
+        "n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE),
+        "n1": gating.NodeStatus(gating.PROMOTED, changed_at=ENABLE),
+    }
     out |= {f"c{i}": gating.NodeStatus(gating.ELIGIBLE) for i in range(n - 2)}
     return out
 
@@ -120,13 +138,31 @@ async def test_three_queries_per_interval_whatever_the_fleet_size(prom, size):
     assert set(verdicts) == {"n0", "n1"} and summary["controls"] == size - 2 and summary["judgeCpuSeconds"] >= 0
     numbers = verdicts["n0"].numbers
     assert numbers["failStreak"] == 1 and "failing evaluation 1/2" in verdicts["n0"].reason  # 20% slower
-    for key in ("effect", "ci_low", "ci_high", "n_eff", "adjustment", "p_worse", "p_not_worse", "looks", "method",
-                "placebos", "placebo_sd", "model_sd", "beta_sd"):
+    for key in (
+        "effect",
+        "ci_low",
+        "ci_high",
+        "n_eff",
+        "adjustment",
+        "p_worse",
+        "p_not_worse",
+        "looks",
+        "method",
+        "placebos",
+        "placebo_sd",
+        "model_sd",
+        "beta_sd",
+    ):
         assert key in numbers, key
     assert numbers["effect"] < 0.85 and numbers["sequential"]["baseline"]["n"] == 80
-    assert numbers["placebos"] == min(size - 2, analysis.PLACEBOS) and len(numbers["sequential"]["post"]["pl"]) == numbers["placebos"]
+    assert (
+        numbers["placebos"] == min(size - 2, analysis.PLACEBOS)
+        and len(numbers["sequential"]["post"]["pl"]) == numbers["placebos"]
+    )
     labels = {"namespace": "serving", "rollout": "r", "node": "n0"}
-    assert METRICS.registry.get_sample_value(contract.M_ROLLOUT_EFFECT_UPPER, labels) == pytest.approx(numbers["ci_high"], rel=1e-4)
+    assert METRICS.registry.get_sample_value(contract.M_ROLLOUT_EFFECT_UPPER, labels) == pytest.approx(
+        numbers["ci_high"], rel=1e-4
+    )
     assert METRICS.registry.get_sample_value(contract.M_ROLLOUT_SEQUENTIAL_P, labels | {"hypothesis": "worse"}) < 0.05
 
 
@@ -134,8 +170,10 @@ async def test_the_sequential_state_is_carried_and_guard_mode_queries_only_the_w
     statuses = fleet(6)
     fake, url = await prom(list(statuses), "n0")
     verdicts, _ = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
-    statuses = {n: (gating.NodeStatus(s.state, changed_at=s.changed_at, numbers=verdicts[n].numbers) if n in verdicts else s)
-                for n, s in statuses.items()}
+    statuses = {
+        n: (gating.NodeStatus(s.state, changed_at=s.changed_at, numbers=verdicts[n].numbers) if n in verdicts else s)
+        for n, s in statuses.items()
+    }
     fake.requests.clear()
     again, _ = await evaluation.analyse("serving", "r", spec(url), statuses, NOW + 60, LOG)
     assert again["n0"].numbers["looks"] == 2 and again["n0"].numbers["n_post"] > verdicts["n0"].numbers["n_post"]
@@ -161,12 +199,16 @@ async def test_a_wrong_answer_is_an_inconclusive_verdict_with_the_error_and_a_me
     fake.body = body
     before = errors(kind)
     previous = {"changedAt": ENABLE, "post": {"n": 3}}
-    statuses["n0"] = gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE, numbers={"sequential": previous, "failStreak": 1})
+    statuses["n0"] = gating.NodeStatus(
+        gating.ANALYZING, changed_at=ENABLE, numbers={"sequential": previous, "failStreak": 1}
+    )
     verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
     assert {v.result for v in verdicts.values()} == {"inconclusive"} and set(verdicts) == {"n0", "n1"}
     assert summary["error"] and summary["errorKind"] == kind and errors(kind) == before + 1
     assert verdicts["n0"].reason.startswith("inconclusive: Prometheus error: ")
-    assert verdicts["n0"].numbers["sequential"] == previous and verdicts["n0"].numbers["failStreak"] == 0  # kept, not lost
+    assert (
+        verdicts["n0"].numbers["sequential"] == previous and verdicts["n0"].numbers["failStreak"] == 0
+    )  # kept, not lost
 
 
 async def test_a_failing_gauge_query_judges_without_that_gauge(prom):
@@ -186,7 +228,11 @@ async def test_a_hanging_prometheus_is_bounded_by_one_deadline(prom, monkeypatch
     began = time.monotonic()
     verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
     assert time.monotonic() - began < 3.0
-    assert summary["errorKind"] == "deadline" and "0.5 s" in summary["error"] and contract.ENV_ANALYSIS_DEADLINE in summary["error"]
+    assert (
+        summary["errorKind"] == "deadline"
+        and "0.5 s" in summary["error"]
+        and contract.ENV_ANALYSIS_DEADLINE in summary["error"]
+    )
     assert {v.result for v in verdicts.values()} == {"inconclusive"}
 
 
@@ -200,8 +246,12 @@ async def test_a_missing_ca_file_is_inconclusive_with_a_clear_error(prom, monkey
     monkeypatch.setenv(contract.ENV_PROMETHEUS_CA, str(tmp_path / "absent" / "ca.crt"))
     statuses = fleet(6)
     _, url = await prom(list(statuses), "n0")
-    verdicts, summary = await evaluation.analyse("serving", "r", spec(url.replace("http:", "https:")), statuses, NOW, LOG)
-    assert summary["errorKind"] == "tls" and "does not exist" in summary["error"] and "absent/ca.crt" in summary["error"]
+    verdicts, summary = await evaluation.analyse(
+        "serving", "r", spec(url.replace("http:", "https:")), statuses, NOW, LOG
+    )
+    assert (
+        summary["errorKind"] == "tls" and "does not exist" in summary["error"] and "absent/ca.crt" in summary["error"]
+    )
     assert {v.result for v in verdicts.values()} == {"inconclusive"}
     with pytest.raises(PrometheusError) as bad:
         await PrometheusClient("https://127.0.0.1:1", ca_file=str(tmp_path / "x")).query("up")
@@ -220,18 +270,21 @@ async def test_the_token_goes_only_to_trusted_prometheus_urls(prom, monkeypatch)
     assert {r["auth"] for r in fake.requests} == {"Bearer s3cret"} and "credentials" not in summary
 
 
-@pytest.mark.parametrize("url,trusted,expected", [
-    ("http://prom:9090", "http://prom:9090", True),
-    ("http://PROM:9090/", "http://prom:9090", True),
-    ("https://prom", "https://prom:443", True),
-    ("http://prom", "http://prom:80/", True),
-    ("http://prom:9091", "http://prom:9090", False),
-    ("https://prom:9090", "http://prom:9090", False),
-    ("http://prom:9090/other", "http://prom:9090", False),
-    ("http://evil.example/prom:9090", "http://prom:9090", False),
-    ("http://prom:9090", "", False),
-    ("http://prom:9090", None, False),
-])
+@pytest.mark.parametrize(
+    "url,trusted,expected",
+    [
+        ("http://prom:9090", "http://prom:9090", True),
+        ("http://PROM:9090/", "http://prom:9090", True),
+        ("https://prom", "https://prom:443", True),
+        ("http://prom", "http://prom:80/", True),
+        ("http://prom:9091", "http://prom:9090", False),
+        ("https://prom:9090", "http://prom:9090", False),
+        ("http://prom:9090/other", "http://prom:9090", False),
+        ("http://evil.example/prom:9090", "http://prom:9090", False),
+        ("http://prom:9090", "", False),
+        ("http://prom:9090", None, False),
+    ],
+)
 def test_trusted_url_matching(url, trusted, expected):
     assert is_trusted(url, trusted) is expected
 
@@ -248,6 +301,7 @@ def test_verdict_numbers_are_json_and_finite():
     async def run():
         async def handler(request):
             return web.json_response({"status": "success", "data": {"result": []}})
+
         app = web.Application()
         app.router.add_get("/api/v1/query_range", handler)
         runner = web.AppRunner(app)
@@ -255,7 +309,9 @@ def test_verdict_numbers_are_json_and_finite():
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         try:
-            return await evaluation.analyse("serving", "r", spec(f"http://127.0.0.1:{runner.addresses[0][1]}"), statuses, NOW, LOG)
+            return await evaluation.analyse(
+                "serving", "r", spec(f"http://127.0.0.1:{runner.addresses[0][1]}"), statuses, NOW, LOG
+            )
         finally:
             await runner.cleanup()
 
@@ -269,34 +325,64 @@ def test_controls_are_the_nodes_whose_flag_held_steady_over_the_judged_windows()
     """Eligible nodes not enabled (holdouts or not), unchanged since before the node's baseline, at flag 0;
     Promoted nodes whose pods all ran flag 1 before it, at flag 1; never nodes in flux or ineligible."""
     base = ENABLE - 1200
-    promoted = lambda at, switched=None: gating.NodeStatus(gating.PROMOTED, changed_at=at, numbers=(  # noqa: E731
-        {"sequential": {"changedAt": at, "switchedAt": switched}} if switched else {}))
-    statuses = {"n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE),
-                "hold": gating.NodeStatus(gating.ELIGIBLE, holdout=True), "wait": gating.NodeStatus(gating.ELIGIBLE),
-                "back": gating.NodeStatus(gating.ELIGIBLE, changed_at=base + 60),  # rolled back during the baseline
-                "old1": promoted(base - 600), "old2": promoted(base - 900, switched=base - 100),
-                "late": promoted(base - 900, switched=base + 30),  # its pods switched during the baseline
-                "new": promoted(ENABLE - 300), "busy": gating.NodeStatus(gating.ENABLING, changed_at=ENABLE),
-                "other": gating.NodeStatus(gating.INELIGIBLE)}
+    promoted = lambda at, switched=None: gating.NodeStatus(
+        gating.PROMOTED,
+        changed_at=at,
+        numbers=(  # noqa: E731
+            {"sequential": {"changedAt": at, "switchedAt": switched}} if switched else {}
+        ),
+    )
+    statuses = {
+        "n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE),
+        "hold": gating.NodeStatus(gating.ELIGIBLE, holdout=True),
+        "wait": gating.NodeStatus(gating.ELIGIBLE),
+        "back": gating.NodeStatus(gating.ELIGIBLE, changed_at=base + 60),  # rolled back during the baseline
+        "old1": promoted(base - 600),
+        "old2": promoted(base - 900, switched=base - 100),
+        "late": promoted(base - 900, switched=base + 30),  # its pods switched during the baseline
+        "new": promoted(ENABLE - 300),
+        "busy": gating.NodeStatus(gating.ENABLING, changed_at=ENABLE),
+        "other": gating.NodeStatus(gating.INELIGIBLE),
+    }
     groups = evaluation.steady_controls(statuses, "n0", 1200, NOW)
     assert groups == {0: ["hold", "wait"], 1: ["old1", "old2"]}
     assert evaluation.control_group(statuses, "n0", 1200, NOW) == (0, ["hold", "wait"], 1200)  # a tie: flag 0
     statuses["old3"] = promoted(base - 60)
-    assert evaluation.control_group(statuses, "n0", 1200, NOW) == (1, ["old1", "old2", "old3"], 1200)  # the larger group
-    kept = {"changedAt": ENABLE, "controlFlag": 0, "baselineSeconds": 1200}  # the group of its first look, while it is judged
+    assert evaluation.control_group(statuses, "n0", 1200, NOW) == (
+        1,
+        ["old1", "old2", "old3"],
+        1200,
+    )  # the larger group
+    kept = {
+        "changedAt": ENABLE,
+        "controlFlag": 0,
+        "baselineSeconds": 1200,
+    }  # the group of its first look, while it is judged
     assert evaluation.control_group(statuses, "n0", 1200, NOW, kept) == (0, ["hold", "wait"], 1200)
-    assert evaluation.control_group(statuses, "n0", 1200, NOW, kept | {"changedAt": ENABLE - 1})[0] == 1  # another flip's
+    assert (
+        evaluation.control_group(statuses, "n0", 1200, NOW, kept | {"changedAt": ENABLE - 1})[0] == 1
+    )  # another flip's
 
 
 def test_a_rollout_faster_than_one_baseline_judges_its_last_nodes_on_a_shorter_one():
     """No group has minControls steady over the whole baseline: the Promoted nodes that switched before
     the flip, against a baseline from when the minControls-th of them switched; kept at later looks."""
-    promoted = lambda switched: gating.NodeStatus(gating.PROMOTED, changed_at=switched - 5, numbers={"sequential": {"switchedAt": switched}})  # noqa: E731
-    statuses = {"n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE), "last": gating.NodeStatus(gating.ELIGIBLE),
-                "p1": promoted(ENABLE - 900), "p2": promoted(ENABLE - 700), "p3": promoted(ENABLE - 600), "p4": promoted(ENABLE - 100),
-                "busy": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE - 60)}
+    promoted = lambda switched: gating.NodeStatus(
+        gating.PROMOTED, changed_at=switched - 5, numbers={"sequential": {"switchedAt": switched}}
+    )  # noqa: E731
+    statuses = {
+        "n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE),
+        "last": gating.NodeStatus(gating.ELIGIBLE),
+        "p1": promoted(ENABLE - 900),
+        "p2": promoted(ENABLE - 700),
+        "p3": promoted(ENABLE - 600),
+        "p4": promoted(ENABLE - 100),
+        "busy": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE - 60),
+    }
     assert evaluation.control_group(statuses, "n0", 1200, NOW, min_controls=3) == (1, ["p1", "p2", "p3"], 600)
-    assert evaluation.control_group(statuses, "n0", 1200, NOW, min_controls=5)[1] == ["last"]  # not enough either way: the count is short
+    assert evaluation.control_group(statuses, "n0", 1200, NOW, min_controls=5)[1] == [
+        "last"
+    ]  # not enough either way: the count is short
     kept = {"changedAt": ENABLE, "controlFlag": 1, "baselineSeconds": 600}
     statuses["p5"] = promoted(ENABLE - 650)
     assert evaluation.control_group(statuses, "n0", 1200, NOW, kept, 3) == (1, ["p1", "p2", "p3", "p5"], 600)
@@ -310,8 +396,14 @@ async def test_the_last_node_is_judged_against_promoted_nodes(prom):
     fake, url = await prom(list(statuses), "n0", effect=0.8)
     verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
     numbers = verdicts["n0"].numbers
-    assert numbers["control_flag"] == 1 and numbers["controls"] == ["p0", "p1", "p2", "p3"] and numbers["n_controls"] == 4
+    assert (
+        numbers["control_flag"] == 1 and numbers["controls"] == ["p0", "p1", "p2", "p3"] and numbers["n_controls"] == 4
+    )
     assert numbers["failStreak"] == 1 and numbers["sequential"]["controlFlag"] == 1 and summary["controls"] == 4
     few = {n: s for n, s in statuses.items() if n in ("n0", "p0", "p1")}
     verdicts, _ = await evaluation.analyse("serving", "r", spec(url), few, NOW, LOG)
-    assert verdicts["n0"].result == "inconclusive" and "2 control nodes" in verdicts["n0"].reason and "minControls 3" in verdicts["n0"].reason
+    assert (
+        verdicts["n0"].result == "inconclusive"
+        and "2 control nodes" in verdicts["n0"].reason
+        and "minControls 3" in verdicts["n0"].reason
+    )

@@ -66,10 +66,16 @@ def test_the_webhook_injects_into_its_template(mode):
     if mode == "fileKeyRef":
         assert flags[0]["valueFrom"]["fileKeyRef"]["volumeName"] == webhook.VOLUME
     else:
-        assert serving["command"][:3] == ["/bin/sh", "-c", webhook.SHELL_WRAPPER] and serving["command"][4:7] == ["python3", "-m", "sglang.launch_server"]
+        assert serving["command"][:3] == ["/bin/sh", "-c", webhook.SHELL_WRAPPER] and serving["command"][4:7] == [
+            "python3",
+            "-m",
+            "sglang.launch_server",
+        ]
     preflight = next(c for c in spec["initContainers"] if c["name"] == webhook.PREFLIGHT_CONTAINER)
     assert preflight["image"] == serving["image"]  # the preflight checks the serving image's own stack
-    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}, "1.37", strict=True)
+    kubernetes_validate.validate(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}, "1.37", strict=True
+    )
 
 
 def test_both_apply_to_the_real_api_server(control_plane, installed, namespace):
@@ -82,13 +88,19 @@ def test_both_apply_to_the_real_api_server(control_plane, installed, namespace):
     admin = control_plane.admin_client()
     rollout, deployment = load(ROLLOUT), load(DEPLOYMENT)
     rollout["metadata"]["namespace"] = deployment["metadata"]["namespace"] = namespace
-    created = client.CustomObjectsApi(admin).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rollout, dry_run="All")
-    assert created["spec"]["strategy"]["approval"] == "AfterCanary" and created["spec"]["strategy"]["maxParallel"] == "10%"
+    created = client.CustomObjectsApi(admin).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, rollout, dry_run="All"
+    )
+    assert (
+        created["spec"]["strategy"]["approval"] == "AfterCanary" and created["spec"]["strategy"]["maxParallel"] == "10%"
+    )
     apps = client.AppsV1Api(admin)
     made = apps.create_namespaced_deployment(namespace, deployment, dry_run="All")
     assert made.spec.template.spec.containers[0].env[0].value == "0"
     # The schema is really enforced: the same rollout with a typo is refused by the API server.
     broken = {**rollout, "spec": {**rollout["spec"], "strategy": {**rollout["spec"]["strategy"], "maxParallel": "ten"}}}
     with pytest.raises(client.ApiException) as refused:
-        client.CustomObjectsApi(admin).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, broken, dry_run="All")
+        client.CustomObjectsApi(admin).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, broken, dry_run="All"
+        )
     assert refused.value.status == 422 and "maxParallel" in refused.value.body

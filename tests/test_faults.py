@@ -7,9 +7,14 @@ from gluon_localcluster import faultsim
 
 # What the demo fleet must end in (tests/test_e2e.py checks the same fleet without faults).
 EXPECTED = {
-    "gpu-01": ("Promoted", "true"), "gpu-02": ("RolledBack", "false"), "gpu-03": ("Eligible", "false"),
-    "gpu-04": ("Promoted", "true"), "gpu-05": ("Promoted", "true"), "gpu-06": ("Promoted", "true"),
-    "gpu-07": ("Ineligible", "false"), "gpu-08": ("Ineligible", "false"),
+    "gpu-01": ("Promoted", "true"),
+    "gpu-02": ("RolledBack", "false"),
+    "gpu-03": ("Eligible", "false"),
+    "gpu-04": ("Promoted", "true"),
+    "gpu-05": ("Promoted", "true"),
+    "gpu-06": ("Promoted", "true"),
+    "gpu-07": ("Ineligible", "false"),
+    "gpu-08": ("Ineligible", "false"),
 }
 
 
@@ -37,7 +42,9 @@ def test_the_operator_writes_again_within_15_s_of_an_api_server_outage(tmp_path)
     operator's first write landed 46-60 s after the API server was back (the caches' 30 s back-off, then
     30 s waiting for the watch to show its own status write); the bound is 15 s. Nothing is lost or
     restarted twice, and the in-progress bound holds through it."""
-    outcome = faultsim.run_rollout("apiserver_outage", tmp_path, seed=3, timeout=300, control_plane_outage="kube-apiserver")
+    outcome = faultsim.run_rollout(
+        "apiserver_outage", tmp_path, seed=3, timeout=300, control_plane_outage="kube-apiserver"
+    )
     assert outcome["settled"], outcome
     assert outcome["outage_seconds"] >= faultsim.CONTROL_PLANE_OUTAGE_SECONDS
     first = outcome["first_write_seconds"]

@@ -4,8 +4,8 @@ where the space is small, hypothesis properties over random histories elsewhere.
 from __future__ import annotations
 
 import itertools
-import math
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -13,10 +13,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gluon_agent import contract
-from gluon_operator import gating
-from gluon_operator.gating import (ANALYZING, DISABLED, ELIGIBLE, ENABLING, INELIGIBLE, PROMOTED, ROLLED_BACK, Eligibility,
-                                   NodeFacts, NodeStatus, PodFacts, PodSummary, Verdict)
 from gluon_localcluster.fleet import agent_published
+from gluon_operator import gating
+from gluon_operator.gating import (
+    ANALYZING,
+    DISABLED,
+    ELIGIBLE,
+    ENABLING,
+    INELIGIBLE,
+    PROMOTED,
+    ROLLED_BACK,
+    Eligibility,
+    NodeFacts,
+    NodeStatus,
+    PodFacts,
+    PodSummary,
+    Verdict,
+)
 from gluon_operator.records import RollbackRecord
 
 NOW = 1_000_000.0
@@ -32,13 +45,16 @@ def test_eligible_node():
     assert el.eligible and el.fingerprint and "both paths pass" in el.reason
 
 
-@pytest.mark.parametrize("traits,alive,reason", [
-    ({}, False, "no running, ready agent"),
-    ({"capable": False}, True, "not capable: GPU arch gfx950 (have gfx942)"),
-    ({"fallback": "fail"}, True, "GPU 0 fallback fail"),
-    ({"accelerated": "error"}, True, "GPU 0 accelerated error"),
-    ({"stale": True}, True, "self-test is for fingerprint 0ldf1ngerpr1nt00"),
-])
+@pytest.mark.parametrize(
+    "traits,alive,reason",
+    [
+        ({}, False, "no running, ready agent"),
+        ({"capable": False}, True, "not capable: GPU arch gfx950 (have gfx942)"),
+        ({"fallback": "fail"}, True, "GPU 0 fallback fail"),
+        ({"accelerated": "error"}, True, "GPU 0 accelerated error"),
+        ({"stale": True}, True, "self-test is for fingerprint 0ldf1ngerpr1nt00"),
+    ],
+)
 def test_ineligible_nodes_say_why(traits, alive, reason):
     el = gating.eligibility(facts(alive=alive, **traits), NOW, None)
     assert not el.eligible and reason in el.reason
@@ -52,16 +68,21 @@ def test_missing_or_malformed_report():
     assert "not JSON" in gating.eligibility(broken, NOW, None).reason
 
 
-@pytest.mark.parametrize("report,field", [
-    ({"probe": "x"}, "probe: Input should be a valid dictionary"),
-    ({"selftest": {"gpus": ["x"]}}, "selftest.gpus.0: Input should be a valid dictionary"),
-    ({"probe": {"capable": "yes"}}, "probe.capable: Input should be a valid boolean"),
-    ({"fingerprint": 7}, "fingerprint: Input should be a valid string"),
-    ([1, 2], "(top level): Input should be a valid dictionary"),
-])
+@pytest.mark.parametrize(
+    "report,field",
+    [
+        ({"probe": "x"}, "probe: Input should be a valid dictionary"),
+        ({"selftest": {"gpus": ["x"]}}, "selftest.gpus.0: Input should be a valid dictionary"),
+        ({"probe": {"capable": "yes"}}, "probe.capable: Input should be a valid boolean"),
+        ({"fingerprint": 7}, "fingerprint: Input should be a valid string"),
+        ([1, 2], "(top level): Input should be a valid dictionary"),
+    ],
+)
 def test_a_report_of_the_wrong_shape_names_the_field(report, field):
     f = facts()
-    el = gating.eligibility(NodeFacts("n1", f.labels, {**f.annotations, contract.ANNOTATION_REPORT: json.dumps(report)}, True), NOW, None)
+    el = gating.eligibility(
+        NodeFacts("n1", f.labels, {**f.annotations, contract.ANNOTATION_REPORT: json.dumps(report)}, True), NOW, None
+    )
     assert not el.eligible and el.reason.startswith("the agent report annotation field " + field), el.reason
 
 
@@ -69,7 +90,9 @@ def test_skip_label_comes_first():
     f = facts()
     el = gating.eligibility(NodeFacts("n1", {**f.labels, contract.LABEL_SKIP: "true"}, f.annotations, True), NOW, None)
     assert not el.eligible and el.reason == gating.SKIPPED and el.fingerprint
-    assert gating.eligibility(NodeFacts("n1", {**f.labels, contract.LABEL_SKIP: "false"}, f.annotations, True), NOW, None).eligible
+    assert gating.eligibility(
+        NodeFacts("n1", {**f.labels, contract.LABEL_SKIP: "false"}, f.annotations, True), NOW, None
+    ).eligible
 
 
 def test_rollback_bars_until_fingerprint_changes_or_retry_passes():
@@ -82,11 +105,15 @@ def test_rollback_bars_until_fingerprint_changes_or_retry_passes():
     assert gating.eligibility(barred, NOW, 50).eligible  # retryAfter passed
     assert not gating.eligibility(barred, NOW, 500).eligible
     other = json.dumps({"fingerprint": "different", "at": NOW, "reason": "x"})
-    assert gating.eligibility(NodeFacts("n1", f.labels, {**f.annotations, contract.ANNOTATION_ROLLBACK: other}, True), NOW, None).eligible
+    assert gating.eligibility(
+        NodeFacts("n1", f.labels, {**f.annotations, contract.ANNOTATION_ROLLBACK: other}, True), NOW, None
+    ).eligible
 
 
 def pods(old=0, new_flags=(), ready=True, refused=()):
-    return PodSummary([f"old{i}" for i in range(old)], {f"new{i}": f for i, f in enumerate(new_flags)}, ready, list(refused))
+    return PodSummary(
+        [f"old{i}" for i in range(old)], {f"new{i}": f for i, f in enumerate(new_flags)}, ready, list(refused)
+    )
 
 
 YES = Eligibility(True, "ok", "fp")
@@ -94,33 +121,36 @@ NO = Eligibility(False, "not capable", "fp")
 NONE = pods()
 
 
-@pytest.mark.parametrize("state,el,summary,verdict,cleared,expected,action", [
-    (INELIGIBLE, YES, NONE, None, True, ELIGIBLE, None),
-    (INELIGIBLE, NO, NONE, None, True, INELIGIBLE, None),
-    (ELIGIBLE, YES, NONE, None, True, ELIGIBLE, None),
-    (ELIGIBLE, NO, NONE, None, True, INELIGIBLE, None),
-    (ENABLING, YES, pods(old=1), None, True, ENABLING, None),
-    (ENABLING, YES, pods(new_flags=("1", None)), None, True, ENABLING, None),
-    (ENABLING, YES, pods(new_flags=("1",), ready=False), None, True, ENABLING, None),
-    (ENABLING, YES, pods(new_flags=("1", "1")), None, True, ANALYZING, None),
-    (ENABLING, YES, pods(new_flags=("0",), refused=("p: not capable",)), None, True, ROLLED_BACK, "rollback"),
-    (ENABLING, NO, NONE, None, True, DISABLED, "restart"),
-    (ANALYZING, YES, NONE, None, True, ANALYZING, None),
-    (ANALYZING, YES, NONE, Verdict("inconclusive", "no data"), True, ANALYZING, None),
-    (ANALYZING, YES, NONE, Verdict("pass", "x1.9"), True, PROMOTED, None),
-    (ANALYZING, YES, NONE, Verdict("fail", "-15%"), True, ROLLED_BACK, "rollback"),
-    (ANALYZING, NO, NONE, Verdict("pass", "x1.9"), True, DISABLED, "restart"),
-    (PROMOTED, YES, NONE, Verdict("pass", "x1.9"), True, PROMOTED, None),
-    (PROMOTED, YES, NONE, Verdict("fail", "-15%"), True, ROLLED_BACK, "rollback"),
-    (PROMOTED, NO, NONE, None, True, DISABLED, "restart"),
-    (DISABLED, NO, NONE, None, True, DISABLED, None),
-    (DISABLED, YES, pods(old=2), None, True, DISABLED, None),
-    (DISABLED, YES, NONE, None, True, ELIGIBLE, None),
-    (ROLLED_BACK, YES, NONE, None, False, ROLLED_BACK, None),
-    (ROLLED_BACK, NO, NONE, None, False, ROLLED_BACK, None),
-    (ROLLED_BACK, YES, NONE, None, True, ELIGIBLE, None),
-    (ROLLED_BACK, NO, NONE, None, True, INELIGIBLE, None),
-])
+@pytest.mark.parametrize(
+    "state,el,summary,verdict,cleared,expected,action",
+    [
+        (INELIGIBLE, YES, NONE, None, True, ELIGIBLE, None),
+        (INELIGIBLE, NO, NONE, None, True, INELIGIBLE, None),
+        (ELIGIBLE, YES, NONE, None, True, ELIGIBLE, None),
+        (ELIGIBLE, NO, NONE, None, True, INELIGIBLE, None),
+        (ENABLING, YES, pods(old=1), None, True, ENABLING, None),
+        (ENABLING, YES, pods(new_flags=("1", None)), None, True, ENABLING, None),
+        (ENABLING, YES, pods(new_flags=("1",), ready=False), None, True, ENABLING, None),
+        (ENABLING, YES, pods(new_flags=("1", "1")), None, True, ANALYZING, None),
+        (ENABLING, YES, pods(new_flags=("0",), refused=("p: not capable",)), None, True, ROLLED_BACK, "rollback"),
+        (ENABLING, NO, NONE, None, True, DISABLED, "restart"),
+        (ANALYZING, YES, NONE, None, True, ANALYZING, None),
+        (ANALYZING, YES, NONE, Verdict("inconclusive", "no data"), True, ANALYZING, None),
+        (ANALYZING, YES, NONE, Verdict("pass", "x1.9"), True, PROMOTED, None),
+        (ANALYZING, YES, NONE, Verdict("fail", "-15%"), True, ROLLED_BACK, "rollback"),
+        (ANALYZING, NO, NONE, Verdict("pass", "x1.9"), True, DISABLED, "restart"),
+        (PROMOTED, YES, NONE, Verdict("pass", "x1.9"), True, PROMOTED, None),
+        (PROMOTED, YES, NONE, Verdict("fail", "-15%"), True, ROLLED_BACK, "rollback"),
+        (PROMOTED, NO, NONE, None, True, DISABLED, "restart"),
+        (DISABLED, NO, NONE, None, True, DISABLED, None),
+        (DISABLED, YES, pods(old=2), None, True, DISABLED, None),
+        (DISABLED, YES, NONE, None, True, ELIGIBLE, None),
+        (ROLLED_BACK, YES, NONE, None, False, ROLLED_BACK, None),
+        (ROLLED_BACK, NO, NONE, None, False, ROLLED_BACK, None),
+        (ROLLED_BACK, YES, NONE, None, True, ELIGIBLE, None),
+        (ROLLED_BACK, NO, NONE, None, True, INELIGIBLE, None),
+    ],
+)
 def test_transitions(state, el, summary, verdict, cleared, expected, action):
     step = gating.advance(NodeStatus(state, since=1.0), el, summary, verdict, NOW, cleared)
     assert (step.status.state, step.action) == (expected, action)
@@ -139,8 +169,12 @@ def test_enable_and_labels():
 
 
 def test_summarize_pods():
-    pods_ = [PodFacts("a", 10, None, None, True, False), PodFacts("b", 30, "1", "ok", True, False),
-             PodFacts("c", 31, "0", "not capable", True, False), PodFacts("d", 5, None, None, True, True)]
+    pods_ = [
+        PodFacts("a", 10, None, None, True, False),
+        PodFacts("b", 30, "1", "ok", True, False),
+        PodFacts("c", 31, "0", "not capable", True, False),
+        PodFacts("d", 5, None, None, True, True),
+    ]
     s = gating.summarize_pods(pods_, 20)
     assert s.old == ["a"] and s.new_flags == {"b": "1", "c": "0"} and s.refused == ["c: not capable"]
     assert gating.summarize_pods(pods_, None).old == []
@@ -168,9 +202,20 @@ def test_holdouts_are_stable_and_fill_up():
 
 
 @settings(max_examples=300, deadline=None)  # a loaded machine must not fail a test of logic
-@given(history=st.lists(st.tuples(st.booleans(), st.sampled_from([None, "pass", "fail", "inconclusive"]),
-                                  st.integers(0, 2), st.sampled_from(["1", "0", None]), st.booleans(), st.booleans()),
-                        min_size=1, max_size=25))
+@given(
+    history=st.lists(
+        st.tuples(
+            st.booleans(),
+            st.sampled_from([None, "pass", "fail", "inconclusive"]),
+            st.integers(0, 2),
+            st.sampled_from(["1", "0", None]),
+            st.booleans(),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
 def test_random_histories_keep_the_invariants(history):
     """Whatever happens: flag-on states are reached only from Enabling, a failure always ends in a
     rollback with pods restarted, and rolled-back nodes stay so until cleared."""
@@ -202,7 +247,9 @@ def test_phase_and_conditions():
     assert gating.phase(statuses_from({"a": ELIGIBLE}), False, False, False) == "Progressing"
     assert gating.phase(statuses_from({"a": ELIGIBLE}, holdout={"a"}), False, False, False) == "Idle"
     assert gating.phase(statuses_from({"a": PROMOTED, "b": INELIGIBLE}), False, False, False) == "Complete"
-    conds = {c["type"]: c for c in gating.conditions("Complete", statuses_from({"a": PROMOTED, "b": ROLLED_BACK}), "", "t0")}
+    conds = {
+        c["type"]: c for c in gating.conditions("Complete", statuses_from({"a": PROMOTED, "b": ROLLED_BACK}), "", "t0")
+    }
     assert conds["Ready"]["status"] == "True" and conds["Degraded"]["status"] == "True"
 
 
@@ -224,14 +271,20 @@ def test_node_status_round_trip():
 
 def test_a_rollback_recorded_on_the_node_wins_over_a_stale_status():
     """The reconcile that rolled a node back wrote its labels and record, then lost the status write."""
-    record = RollbackRecord(rollout="r", fingerprint="fp", at=NOW - 5, reason="2 consecutive failing evaluations", numbers={"effect": 0.85})
+    record = RollbackRecord(
+        rollout="r", fingerprint="fp", at=NOW - 5, reason="2 consecutive failing evaluations", numbers={"effect": 0.85}
+    )
     barred = gating.Eligibility(False, "rolled back for fingerprint fp: ...", "fp")
     for state in (ENABLING, ANALYZING, PROMOTED):
-        step = gating.advance(NodeStatus(state, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, False, record)
+        step = gating.advance(
+            NodeStatus(state, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, False, record
+        )
         assert step.status.state == ROLLED_BACK and step.status.reason == record.reason
         assert step.status.changed_at == NOW - 5 and step.status.numbers == {"effect": 0.85} and step.action is None
     # cleared (new fingerprint, retryAfter, a person): the record no longer decides
-    step = gating.advance(NodeStatus(ANALYZING, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, True, None)
+    step = gating.advance(
+        NodeStatus(ANALYZING, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, True, None
+    )
     assert step.status.state == DISABLED
 
 
@@ -241,7 +294,9 @@ def test_a_node_whose_pods_are_evicted_and_not_yet_replaced_is_not_analyzing():
     old = [gating.PodFacts(f"p{i}", NOW - 50, None, None, True, False) for i in range(2)]
     restarting = gating.advance(enabling, el, gating.summarize_pods(old, NOW), None, NOW + 2, True).status
     assert restarting.state == ENABLING and restarting.numbers[gating.RESTARTED_PODS] == 2
-    gone = gating.advance(restarting, el, gating.summarize_pods([], NOW), None, NOW + 3, True).status  # evicted, not yet replaced
+    gone = gating.advance(
+        restarting, el, gating.summarize_pods([], NOW), None, NOW + 3, True
+    ).status  # evicted, not yet replaced
     assert gone.state == ENABLING and "replacements of 2 restarted" in gone.reason
     back = [gating.PodFacts("p9", NOW + 4, "1", None, True, False)]
     analyzing = gating.advance(gone, el, gating.summarize_pods(back, NOW), None, NOW + 5, True).status
@@ -255,10 +310,15 @@ def test_a_node_whose_pods_are_evicted_and_not_yet_replaced_is_not_analyzing():
     assert gating.advance(restarting, el, gating.summarize_pods([], NOW), None, NOW + 3, True).status.state == ANALYZING
 
 
-@pytest.mark.parametrize("pod", [
-    gating.PodFacts("p1", NOW + 2, None, None, True, False, injected=False),  # admitted without the webhook
-    gating.PodFacts("p1", NOW + 2, "0", "agent says 0: not enabled", True, False, transient=True),  # stale agent view
-])
+@pytest.mark.parametrize(
+    "pod",
+    [
+        gating.PodFacts("p1", NOW + 2, None, None, True, False, injected=False),  # admitted without the webhook
+        gating.PodFacts(
+            "p1", NOW + 2, "0", "agent says 0: not enabled", True, False, transient=True
+        ),  # stale agent view
+    ],
+)
 def test_stray_pods_are_restarted_not_waited_for_nor_a_refusal(pod):
     summary = gating.summarize_pods([pod], NOW)
     assert summary.retry == ["p1"] and summary.new_flags == {} and summary.refused == []
@@ -269,10 +329,14 @@ def test_stray_pods_are_restarted_not_waited_for_nor_a_refusal(pod):
     assert gating.advance(step.status, el, injected, None, NOW + 10, True).status.state == ANALYZING
     # a '0' from the serving image's own stack is a refusal: rolled back, sticky
     refused = gating.summarize_pods([gating.PodFacts("p3", NOW + 9, "0", "not capable", True, False)], NOW)
-    assert refused.refused and gating.advance(step.status, el, refused, None, NOW + 10, True).status.state == ROLLED_BACK
+    assert (
+        refused.refused and gating.advance(step.status, el, refused, None, NOW + 10, True).status.state == ROLLED_BACK
+    )
 
     # not ready yet: not restarted yet either, but never taken for a node whose pods run flag 1
-    starting = gating.summarize_pods([replace(pod, ready=False), gating.PodFacts("p4", NOW + 9, "1", None, True, False)], NOW)
+    starting = gating.summarize_pods(
+        [replace(pod, ready=False), gating.PodFacts("p4", NOW + 9, "1", None, True, False)], NOW
+    )
     assert starting.retry == [] and starting.starting == ["p1"] and starting.new_flags == {"p4": "1"}
     waiting = gating.advance(step.status, el, starting, None, NOW + 10, True).status
     assert waiting.state == ENABLING and "to start, to restart them" in waiting.reason
@@ -293,13 +357,27 @@ def test_an_enabling_node_with_a_junk_restart_count_reads_it_as_none(junk):
     el = Eligibility(True, "ok", "fp")
     enabling = NodeStatus(ENABLING, since=1.0, changed_at=NOW - 10, numbers={gating.RESTARTED_PODS: junk})
     old = [PodFacts("p1", NOW - 50, None, None, True, False)]
-    assert gating.advance(enabling, el, gating.summarize_pods(old, NOW - 10), None, NOW, True).status.numbers[gating.RESTARTED_PODS] == 1
+    assert (
+        gating.advance(enabling, el, gating.summarize_pods(old, NOW - 10), None, NOW, True).status.numbers[
+            gating.RESTARTED_PODS
+        ]
+        == 1
+    )
     assert gating.advance(enabling, el, gating.summarize_pods([], NOW - 10), None, NOW, True).status.state == ANALYZING
 
 
 def test_a_status_entry_of_junk_reads_as_defaults():
-    s = NodeStatus.from_dict({"state": "Enabling", "since": "x", "changedAt": "NaN", "reason": 7, "numbers": "x", "holdout": "yes",
-                              "fingerprint": ["fp"]})
+    s = NodeStatus.from_dict(
+        {
+            "state": "Enabling",
+            "since": "x",
+            "changedAt": "NaN",
+            "reason": 7,
+            "numbers": "x",
+            "holdout": "yes",
+            "fingerprint": ["fp"],
+        }
+    )
     assert s == NodeStatus(ENABLING, "", 0.0, None, None, False, {})
     assert NodeStatus.from_dict({"since": math.nan, "changedAt": math.inf}) == NodeStatus()
     assert NodeStatus.from_dict("x") == NodeStatus()  # type: ignore[arg-type]
@@ -308,7 +386,9 @@ def test_a_status_entry_of_junk_reads_as_defaults():
 def test_a_rollback_records_non_finite_time_is_never_copied():
     record = RollbackRecord.model_construct(rollout="r", fingerprint="fp", at=math.nan, reason="2 failing", numbers={})
     barred = gating.Eligibility(False, "rolled back", "fp")
-    step = gating.advance(NodeStatus(PROMOTED, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, False, record)
+    step = gating.advance(
+        NodeStatus(PROMOTED, since=1.0), barred, gating.PodSummary([], {}, True, []), None, NOW, False, record
+    )
     assert step.status.state == ROLLED_BACK and step.status.changed_at == NOW
     _, why = gating.parse_rollback({contract.ANNOTATION_ROLLBACK: '{"fingerprint": "fp", "at": NaN, "reason": "x"}'})
     assert why == "the rollback record annotation is unreadable: it holds NaN, which is not a finite number"

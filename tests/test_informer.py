@@ -50,31 +50,53 @@ def nodes(installed):
 def test_list_then_watch_survives_dropped_watches_and_errors(installed, nodes):
     nodes.create("n1", 380, agent=False)
     with proxy_for(installed) as proxy:
-        proxy.rules.append(Rule(path_is(r"^/api/v1/nodes$", method="GET", watch=True), cut_after=0.5))  # every watch dropped after 0.5 s
+        proxy.rules.append(
+            Rule(path_is(r"^/api/v1/nodes$", method="GET", watch=True), cut_after=0.5)
+        )  # every watch dropped after 0.5 s
         errors = []
         core = client.CoreV1Api(api_for(installed.operator_kubeconfig(server=proxy.url)))
-        informer = Informer("nodes", core.list_node, {"names": lambda o: {o["metadata"]["name"]: o["metadata"].get("labels", {})}},
-                            watch_timeout=5, on_error=errors.append).start()
+        informer = Informer(
+            "nodes",
+            core.list_node,
+            {"names": lambda o: {o["metadata"]["name"]: o["metadata"].get("labels", {})}},
+            watch_timeout=5,
+            on_error=errors.append,
+        ).start()
         try:
             wait_for(informer.synced.is_set, timeout=10, what="first list")
             assert informer.snapshot("names").get("inf-n1")
             nodes.create("n2", 381, agent=False)
-            wait_for(lambda: informer.snapshot("names").get("inf-n2") is not None, timeout=10, what="inf-n2 through the watch")
+            wait_for(
+                lambda: informer.snapshot("names").get("inf-n2") is not None,
+                timeout=10,
+                what="inf-n2 through the watch",
+            )
             calls = {"n": 0}
 
-            def flaky(method: str, path: str, query: str) -> bool:  # every other request fails: watches end every 0.5 s, so reconnects hit it
+            def flaky(
+                method: str, path: str, query: str
+            ) -> bool:  # every other request fails: watches end every 0.5 s, so reconnects hit it
                 if not path.startswith("/api/v1/nodes"):
                     return False
                 calls["n"] += 1
                 return calls["n"] % 2 == 1
+
             proxy.rules.insert(0, Rule(flaky, status=500))
             wait_for(lambda: errors, timeout=10, what="a failed reconnect")
             nodes.create("n3", 382, agent=False)
             nodes.core.delete_node("inf-n1")
-            wait_for(lambda: informer.snapshot("names").get("inf-n3") is not None and informer.snapshot("names").get("inf-n1") is None,
-                     timeout=20, what="inf-n3 in, inf-n1 out, despite errors")
+            wait_for(
+                lambda: (
+                    informer.snapshot("names").get("inf-n3") is not None
+                    and informer.snapshot("names").get("inf-n1") is None
+                ),
+                timeout=20,
+                what="inf-n3 in, inf-n1 out, despite errors",
+            )
             assert errors[0].status == 500
-            assert len(proxy.requests("GET", r"^/api/v1/nodes$")) >= 4 and any(r.status == 500 for r in proxy.requests("GET"))
+            assert len(proxy.requests("GET", r"^/api/v1/nodes$")) >= 4 and any(
+                r.status == 500 for r in proxy.requests("GET")
+            )
         finally:
             informer.close()
 
@@ -93,15 +115,21 @@ def test_the_list_comes_in_pages_and_a_page_failing_relists_from_the_start(insta
                 failed["n"] += 1
                 return True
             return False
+
         proxy.rules.append(Rule(second_page_once, status=500))
         core = client.CoreV1Api(api_for(installed.operator_kubeconfig(server=proxy.url)))
-        informer = Informer("nodes", core.list_node, {"names": lambda o: {o["metadata"]["name"]: True}}, watch_timeout=5).start()
+        informer = Informer(
+            "nodes", core.list_node, {"names": lambda o: {o["metadata"]["name"]: True}}, watch_timeout=5
+        ).start()
         try:
             wait_for(informer.synced.is_set, timeout=15, what="first list")
             assert {f"inf-p{i}" for i in range(5)} <= set(informer.snapshot("names"))
             lists = [r for r in proxy.requests("GET", r"^/api/v1/nodes$") if "watch=" not in r.query]
             assert all("limit=2" in r.query for r in lists) and failed["n"] == 1
-            assert [("continue=" in r.query, r.status) for r in lists][:2] == [(False, 200), (True, 500)]  # then from the start
+            assert [("continue=" in r.query, r.status) for r in lists][:2] == [
+                (False, 200),
+                (True, 500),
+            ]  # then from the start
             assert sum(1 for r in lists if "continue=" not in r.query) >= 2
         finally:
             informer.close()
@@ -110,6 +138,7 @@ def test_the_list_comes_in_pages_and_a_page_failing_relists_from_the_start(insta
 def test_an_object_an_indexer_cannot_read_is_left_out_not_fatal():
     def strict(obj):
         return {obj["spec"]["nodeName"].upper(): obj["metadata"]["name"]}  # fails on a pod without a node
+
     informer = Informer("pods", lambda **_: None, {"strict": strict})
     informer.replace([[pod("1", "n1"), pod("2", None), pod("3", "n3")]])
     informer.apply("ADDED", pod("4", None))
@@ -121,9 +150,16 @@ def test_pod_cache_readings_survive_hostile_pods():
     """issue 21: any pod anywhere could carry a preflight container with a message of the wrong shape."""
     from gluon_operator import world
 
-    hostile = {"metadata": {"name": "x", "namespace": "tenant", "creationTimestamp": "2026-12-01T00:00:00Z"}, "spec": {"nodeName": "n1"},
-               "status": {"initContainerStatuses": [{"name": "gluon-preflight", "state": {"terminated": {"message": '{"agent": "x", "flag": 3}'}}},
-                                                    "junk"]}}
+    hostile = {
+        "metadata": {"name": "x", "namespace": "tenant", "creationTimestamp": "2026-12-01T00:00:00Z"},
+        "spec": {"nodeName": "n1"},
+        "status": {
+            "initContainerStatuses": [
+                {"name": "gluon-preflight", "state": {"terminated": {"message": '{"agent": "x", "flag": 3}'}}},
+                "junk",
+            ]
+        },
+    }
     view = world.pod_view(hostile)
     assert view is not None and view.flag is None and "the preflight message field" in view.preflight_reason
     assert world.agent_entry(hostile) is None
@@ -133,10 +169,22 @@ def test_label_selectors_for_the_api_server():
     from gluon_operator.world import label_selector
 
     assert label_selector({"matchLabels": {"b": "2", "a": "1"}}) == "a=1,b=2"
-    assert label_selector({"matchExpressions": [{"key": "k", "operator": "In", "values": ["y", "x"]}, {"key": "j", "operator": "Exists"},
-                                                {"key": "m", "operator": "NotIn", "values": ["z"]}, {"key": "d", "operator": "DoesNotExist"}]}) \
+    assert (
+        label_selector(
+            {
+                "matchExpressions": [
+                    {"key": "k", "operator": "In", "values": ["y", "x"]},
+                    {"key": "j", "operator": "Exists"},
+                    {"key": "m", "operator": "NotIn", "values": ["z"]},
+                    {"key": "d", "operator": "DoesNotExist"},
+                ]
+            }
+        )
         == "k in (x,y),j,m notin (z),!d"
-    assert label_selector({"matchExpressions": [{"key": "k", "operator": "Near"}]}) == ""  # not a selector: its rollout is Invalid
+    )
+    assert (
+        label_selector({"matchExpressions": [{"key": "k", "operator": "Near"}]}) == ""
+    )  # not a selector: its rollout is Invalid
     assert label_selector("nonsense") == ""  # type: ignore[arg-type]
 
 
@@ -144,8 +192,14 @@ def test_a_list_the_api_server_refuses_is_kept_as_refused_not_retried(installed)
     """issue 34: a label selector the API server will not parse (400) is said, not retried for ever."""
     errors = []
     core = client.CoreV1Api(api_for(installed.operator_kubeconfig()))
-    informer = Informer("pods", core.list_pod_for_all_namespaces, {"names": lambda o: {o["metadata"]["name"]: 1}},
-                        label_selector="app=" + "x" * 64, watch_timeout=5, on_error=errors.append).start()
+    informer = Informer(
+        "pods",
+        core.list_pod_for_all_namespaces,
+        {"names": lambda o: {o["metadata"]["name"]: 1}},
+        label_selector="app=" + "x" * 64,
+        watch_timeout=5,
+        on_error=errors.append,
+    ).start()
     try:
         wait_for(lambda: informer.refused is not None, timeout=10, what="the refusal")
         assert informer._thread is not None

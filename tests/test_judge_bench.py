@@ -20,7 +20,9 @@ import judge_tables  # noqa: E402
 
 def test_scenarios_cover_every_family_and_count_guard_mode_on_harmless_runs():
     todo = bench.scenarios(1)
-    assert {s.family for s in todo} == {"iid", *bench.FAMILIES} and len({s.key for s in todo}) == 21 + 4 * len(bench.FAMILIES)
+    assert {s.family for s in todo} == {"iid", *bench.FAMILIES} and len({s.key for s in todo}) == 21 + 4 * len(
+        bench.FAMILIES
+    )
     harmless = bench.simulate(bench.Scenario("ar1_wander", "none", 0.05, 1.0, 1), guard=True)
     regression = bench.simulate(bench.Scenario("ar1_wander", "regression_10pct", 0.05, 0.9, 1), guard=False)
     per_look = bench.PER_INTERVAL
@@ -59,18 +61,27 @@ def test_ours_rolls_back_a_clear_regression_and_reports_the_cost():
     slow = bench.simulate(bench.Scenario("iid", "regression_20pct", 0.02, 0.7, 7), guard=False)
     assert bench.ours(slow, bench.HORIZON) is not None
     cost = bench.cost(nodes=40, holdouts=8, repeats=1)
-    assert cost["judged"] == 32 and cost["first_look_cpu_seconds"] > 0 and cost["guard_look_samples_per_series"] < cost["first_look_samples_per_series"]
+    assert (
+        cost["judged"] == 32
+        and cost["first_look_cpu_seconds"] > 0
+        and cost["guard_look_samples_per_series"] < cost["first_look_samples_per_series"]
+    )
 
 
 def test_summary_grades_every_judge_and_names_the_targets():
-    runs = [(s, {"ours": None, "flagger_style": 3, "argo_style": None, "kayenta_style": 1 if s.effect < 1 else None})
-            for s in bench.scenarios(1)]
+    runs = [
+        (s, {"ours": None, "flagger_style": 3, "argo_style": None, "kayenta_style": 1 if s.effect < 1 else None})
+        for s in bench.scenarios(1)
+    ]
     report = bench.summarize(runs)
     assert set(report) == set(bench.JUDGES)
     assert report["flagger_style"]["false_rollback_rate_worst_harmless"] == 1.0
     assert report["ours"]["by_scenario"]["none@5pct_noise"]["rollback_rate_with_6h_guard"] == 0.0
     met = bench.targets(report)
-    assert met["false_rollbacks_at_most_1pct_every_harmless_scenario"] and not met["power_10pct_5pct_noise_at_least_95pct_within_10"]
+    assert (
+        met["false_rollbacks_at_most_1pct_every_harmless_scenario"]
+        and not met["power_10pct_5pct_noise_at_least_95pct_within_10"]
+    )
 
 
 def test_ours_keeps_a_healthy_node_through_combined_correlated_noise_and_6h_of_guard_mode():
@@ -102,24 +113,38 @@ def test_at_equal_rate_keeps_only_settings_that_meet_the_target_and_takes_their_
             return 1
         return 3 if not s.harmless and s.key.endswith("@2pct_noise") else None
 
-    results = [(s, {"ours": None, **{a: outcome(s, 0) for a in bench.ANCHORS},
-                    "knobs": {a: [outcome(s, 0), outcome(s, 1)] for a in bench.ANCHORS}}) for s in todo]
+    results = [
+        (
+            s,
+            {
+                "ours": None,
+                **{a: outcome(s, 0) for a in bench.ANCHORS},
+                "knobs": {a: [outcome(s, 0), outcome(s, 1)] for a in bench.ANCHORS},
+            },
+        )
+        for s in todo
+    ]
     report = bench.summarize(results, grids)
     tuned = report["anchors_at_equal_false_rollback_rate"]["horizon + 6 h guard mode"]["kayenta_style"]
     assert tuned["settings_meeting_target"] == 1
     best = tuned["best_power_by_regression"]
     assert best["regression_10pct@2pct_noise"]["within_10_intervals"] == 1.0
     assert best["regression_10pct@5pct_noise"]["within_10_intervals"] == 0.0
-    assert best["regression_10pct@2pct_noise"]["within_10_intervals_at"] == dict(zip(grids["kayenta_style"][0], grids["kayenta_style"][1][1]))
+    assert best["regression_10pct@2pct_noise"]["within_10_intervals_at"] == dict(
+        zip(grids["kayenta_style"][0], grids["kayenta_style"][1][1])
+    )
     met = bench.targets(report)  # ours rolls back nothing: less power than the tuned anchors on 2% noise
     assert met["equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks"] is False
 
 
-@pytest.mark.parametrize("anchor_runs,ours_runs,kept_at_1pct,kept_at_ours", [
-    (1, 1, True, True),    # 1 healthy run of 100 rolled back by both: equal rates
-    (1, 0, True, False),   # ours keeps the run the anchor rolls back: 1% is looser than ours' rate
-    (2, 2, False, False),  # ours' own rate above 1%: the limit never exceeds the target
-])
+@pytest.mark.parametrize(
+    "anchor_runs,ours_runs,kept_at_1pct,kept_at_ours",
+    [
+        (1, 1, True, True),  # 1 healthy run of 100 rolled back by both: equal rates
+        (1, 0, True, False),  # ours keeps the run the anchor rolls back: 1% is looser than ours' rate
+        (2, 2, False, False),  # ours' own rate above 1%: the limit never exceeds the target
+    ],
+)
 def test_at_ours_rate_holds_the_anchors_to_ours_own_false_rollbacks(anchor_runs, ours_runs, kept_at_1pct, kept_at_ours):
     """The second setting of each anchor rolls back the 2% noise regressions and `anchor_runs` of the
     100 runs of none@2pct_noise; ours rolls back `ours_runs` of them and nothing else."""
@@ -131,17 +156,34 @@ def test_at_ours_rate_holds_the_anchors_to_ours_own_false_rollbacks(anchor_runs,
         return 5 if s.key == "none@2pct_noise" and s.seed - first < count else None
 
     def outcome(s, index):
-        return 1 if index == 0 or (not s.harmless and s.key.endswith("@2pct_noise")) else healthy_rollback(s, anchor_runs)
+        return (
+            1 if index == 0 or (not s.harmless and s.key.endswith("@2pct_noise")) else healthy_rollback(s, anchor_runs)
+        )
 
-    results = [(s, {"ours": healthy_rollback(s, ours_runs), **{a: outcome(s, 0) for a in bench.ANCHORS},
-                    "knobs": {a: [outcome(s, 0), outcome(s, 1)] for a in bench.ANCHORS}}) for s in todo]
+    results = [
+        (
+            s,
+            {
+                "ours": healthy_rollback(s, ours_runs),
+                **{a: outcome(s, 0) for a in bench.ANCHORS},
+                "knobs": {a: [outcome(s, 0), outcome(s, 1)] for a in bench.ANCHORS},
+            },
+        )
+        for s in todo
+    ]
     report = bench.summarize(results, grids)
     for counted in bench.COUNTINGS:
-        for section, kept in (("anchors_at_equal_false_rollback_rate", kept_at_1pct), ("anchors_at_ours_false_rollback_rate", kept_at_ours)):
+        for section, kept in (
+            ("anchors_at_equal_false_rollback_rate", kept_at_1pct),
+            ("anchors_at_ours_false_rollback_rate", kept_at_ours),
+        ):
             tuned = report[section][counted]["kayenta_style"]
             assert tuned["settings_meeting_target"] == int(kept)
             assert ("regression_10pct@2pct_noise" in tuned["best_power_by_regression"]) is kept
-    assert bench.targets(report)["equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks"] is not kept_at_ours
+    assert (
+        bench.targets(report)["equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks"]
+        is not kept_at_ours
+    )
 
 
 def test_the_lonely_case_gives_the_treated_node_alone_a_wide_wander():
@@ -149,8 +191,10 @@ def test_the_lonely_case_gives_the_treated_node_alone_a_wide_wander():
 
     sim = bench.simulate(bench.Scenario("lonely_wander", "none", 0.05, 1.0, 2), guard=True)
     logs = np.log(sim["speed"])
-    apart = [stats.median_abs_deviation(logs[i] - np.nanmedian(np.delete(logs, i, axis=0), axis=0), nan_policy="omit")
-             for i in range(len(logs))]  # robust: the outliers would dominate an sd
+    apart = [
+        stats.median_abs_deviation(logs[i] - np.nanmedian(np.delete(logs, i, axis=0), axis=0), nan_policy="omit")
+        for i in range(len(logs))
+    ]  # robust: the outliers would dominate an sd
     assert apart[0] > 1.5 * max(apart[1:])
 
 
@@ -180,7 +224,12 @@ def test_judge_controls_scenarios_switch_late_wander_everywhere_and_roll_out_who
     assert wander["speed"].shape[0] == 3
     # judged by the flag the pods ran, the late regression is never promoted; blind to it, it is (this seed)
     verdicts = judge_controls.late_one(bench.Scenario("iid", "regression_15pct", 0.05, 0.85, 3, switch_late=True))
-    assert verdicts["split"] is not None and verdicts["split"] > 0 and verdicts["blind"] is not None and verdicts["blind"] < 0
+    assert (
+        verdicts["split"] is not None
+        and verdicts["split"] > 0
+        and verdicts["blind"] is not None
+        and verdicts["blind"] < 0
+    )
     whole = judge_controls.rollout_one((10, "iid", 5))
     assert whole["minutes"] is not None and whole["promoted"] == 10 and len(whole["judged_with"]) == 10
     assert all(controls >= judge_controls.DEFAULT_MIN_CONTROLS for _, controls, _ in whole["judged_with"])
@@ -191,9 +240,8 @@ def test_the_oracles_fixed_effects_estimate_is_least_squares_with_its_closed_for
     """A small panel with node offsets, a common drift and missing samples: the oracle's profiled
     estimate equals least squares with every node and time dummy, and over fresh Gaussian noise its
     mean, its variance (noise^2 c) and its one-sided z-test's rejection rate match the closed forms."""
-    from scipy import stats
-
     import judge_oracle
+    from scipy import stats
 
     rng = np.random.default_rng(3)
     nodes, steps, sd, effect = 4, 30, 0.05, -0.03
@@ -206,9 +254,14 @@ def test_the_oracles_fixed_effects_estimate_is_least_squares_with_its_closed_for
     estimate, c = judge_oracle.fixed_effects_estimate(y, node, step, treated)
     dummies = np.column_stack([np.eye(nodes)[node], np.eye(steps)[step], treated])
     assert estimate == pytest.approx(np.linalg.lstsq(dummies, y, rcond=None)[0][-1], abs=1e-9)
-    draws = np.array([judge_oracle.fixed_effects_estimate(mean + rng.normal(0, sd, len(mean)), node, step, treated)[0] for _ in range(3000)])
+    draws = np.array(
+        [
+            judge_oracle.fixed_effects_estimate(mean + rng.normal(0, sd, len(mean)), node, step, treated)[0]
+            for _ in range(3000)
+        ]
+    )
     assert draws.mean() == pytest.approx(effect, abs=4 * sd * math.sqrt(c / 3000))
-    assert draws.var() == pytest.approx(sd ** 2 * c, rel=0.1)
+    assert draws.var() == pytest.approx(sd**2 * c, rel=0.1)
     z = stats.norm.ppf(0.95)
     closed = stats.norm.cdf((0.0 - effect) / (sd * math.sqrt(c)) - z)
     assert 0.2 < closed < 0.8  # a case where the power is not trivially 0 or 1
@@ -217,12 +270,15 @@ def test_the_oracles_fixed_effects_estimate_is_least_squares_with_its_closed_for
 
 
 def test_the_one_sided_mixture_is_the_half_normal_integral_of_the_likelihood_ratio():
+    import judge_oracle
     from scipy import integrate, stats
 
-    import judge_oracle
-
     estimate, variance, null, rho = -0.04, 0.0002, -0.01, 0.001
-    integral = integrate.quad(lambda d: math.exp((d * (estimate - null) - d * d / 2) / variance) * 2 * stats.norm.pdf(d, 0, math.sqrt(rho)), -1, 0)[0]
+    integral = integrate.quad(
+        lambda d: math.exp((d * (estimate - null) - d * d / 2) / variance) * 2 * stats.norm.pdf(d, 0, math.sqrt(rho)),
+        -1,
+        0,
+    )[0]
     value = judge_oracle.one_sided_mixture_log(np.array([estimate]), np.array([variance]), null, rho)[0]
     assert value == pytest.approx(math.log(integral), rel=1e-6)
 
@@ -240,7 +296,11 @@ def test_the_oracles_judge_the_benchs_series_and_reject_a_clear_regression_only(
 def test_only_runs_one_cell_with_an_exact_interval_and_names_an_unknown_one():
     report = bench.only(["regression_20pct@2pct_noise"], runs=2, workers=1)
     row = report["by_scenario"]["regression_20pct@2pct_noise"]["ours"]
-    assert row["runs"] == 2 and row["within_10_intervals_count"] == 2 and row["within_10_intervals_95pct_interval"][1] == 1.0
+    assert (
+        row["runs"] == 2
+        and row["within_10_intervals_count"] == 2
+        and row["within_10_intervals_95pct_interval"][1] == 1.0
+    )
     assert report["seeds"]["regression_20pct@2pct_noise"] == [13, 14]  # scenarios(2)'s seeds for that cell
     with pytest.raises(SystemExit, match="no scenario nope"):
         bench.only(["nope"], runs=2, workers=1)
@@ -258,9 +318,16 @@ def test_the_oracles_gls_whitens_each_nodes_wander_and_has_its_closed_form_varia
     treated, seconds = (node == 0) & (step >= 20), step * bench.STEP
     y = rng.normal(0, noise, len(node)) - 0.05 * treated
     estimate, c = judge_oracle.fixed_effects_estimate(y, node, step, treated)  # c: the variance over noise^2
-    assert judge_oracle.gls_estimate(y, node, step, treated, seconds, noise, [(100.0, 1e-9)] * nodes) == pytest.approx((estimate, noise ** 2 * c), rel=1e-6)
-    factors = [np.linalg.cholesky(sd ** 2 * np.exp(-np.abs(np.subtract.outer(seconds[:steps], seconds[:steps])) / tau) + noise ** 2 * np.eye(steps))
-               for tau, sd in wander]
+    assert judge_oracle.gls_estimate(y, node, step, treated, seconds, noise, [(100.0, 1e-9)] * nodes) == pytest.approx(
+        (estimate, noise**2 * c), rel=1e-6
+    )
+    factors = [
+        np.linalg.cholesky(
+            sd**2 * np.exp(-np.abs(np.subtract.outer(seconds[:steps], seconds[:steps])) / tau)
+            + noise**2 * np.eye(steps)
+        )
+        for tau, sd in wander
+    ]
     gls, ols = [], []
     for _ in range(1500):
         errors = np.concatenate([f @ rng.normal(0, 1, steps) for f in factors])
@@ -280,6 +347,11 @@ def test_a_look_without_treated_samples_gives_the_oracles_nothing_to_reject_on()
     estimate, variance = judge_oracle.looks_of(sim, 0.02, looks=2)
     assert math.isnan(estimate[0]) and variance[0] == math.inf and math.isfinite(estimate[1])
     with np.errstate(invalid="ignore"):
-        one_look = judge_oracle._verdicts(bench.Scenario("iid", "regression_20pct", 0.02, 0.8, 9), sim, estimate[:1], variance[:1], 1)
-    assert not any(one_look["null_at_half_tolerance"][t] for t in ("fixed_horizon", "sprt_at_true_effect", "one_sided_mixture_tuned"))
+        one_look = judge_oracle._verdicts(
+            bench.Scenario("iid", "regression_20pct", 0.02, 0.8, 9), sim, estimate[:1], variance[:1], 1
+        )
+    assert not any(
+        one_look["null_at_half_tolerance"][t]
+        for t in ("fixed_horizon", "sprt_at_true_effect", "one_sided_mixture_tuned")
+    )
     assert one_look["null_at_half_tolerance"]["fixed_horizon_closed_form"] == 0.0

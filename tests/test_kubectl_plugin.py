@@ -21,8 +21,8 @@ from gluon_agent import contract
 from gluon_operator.kubectl_plugin import cli, controls, views
 from gluon_operator.kubectl_plugin.views import PluginError
 from gluon_operator.spec import GROUP, PLURAL, VERSION
-from tests.objects import AGENT_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
 from tests.helpers import wait_for
+from tests.objects import AGENT_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 2_000_000_000.0
@@ -33,8 +33,15 @@ def with_status(body: dict, **status) -> dict:
 
 
 def record(state: str, reason: str = "", **numbers) -> dict:
-    return {"state": state, "reason": reason, "since": NOW - 60, "fingerprint": "fp", "changedAt": NOW - 60,
-            "holdout": False, "numbers": numbers}
+    return {
+        "state": state,
+        "reason": reason,
+        "since": NOW - 60,
+        "fingerprint": "fp",
+        "changedAt": NOW - 60,
+        "holdout": False,
+        "numbers": numbers,
+    }
 
 
 def labelled(pod: dict, flag: str | None) -> dict:
@@ -43,14 +50,25 @@ def labelled(pod: dict, flag: str | None) -> dict:
     return pod
 
 
-ROLLOUT = with_status(rollout(), phase="Progressing", counts={"Promoted": 1, "Analyzing": 1, "RolledBack": 1, "Eligible": 0},
-                      nodes={"gpu-02": record("RolledBack", "decode speed worse than tolerance", effect=0.858, ci_low=0.839),
-                             "gpu-01": record("Promoted", "not worse than tolerance", effect=2.28),
-                             "gpu-03": dict(record("Eligible", "holdout: control group kept at flag 0"), holdout=True),
-                             "gpu-04": record("Analyzing", "2 serving pods run with flag 1")})
-PODS = [labelled(serving_pod("gpu-01", 0), "1"), labelled(serving_pod("gpu-01", 1), "1"),
-        labelled(serving_pod("gpu-02", 0), "0"),
-        labelled(serving_pod("gpu-04", 0), "1"), labelled(serving_pod("gpu-04", 1), "0"), serving_pod("gpu-04", 2)]
+ROLLOUT = with_status(
+    rollout(),
+    phase="Progressing",
+    counts={"Promoted": 1, "Analyzing": 1, "RolledBack": 1, "Eligible": 0},
+    nodes={
+        "gpu-02": record("RolledBack", "decode speed worse than tolerance", effect=0.858, ci_low=0.839),
+        "gpu-01": record("Promoted", "not worse than tolerance", effect=2.28),
+        "gpu-03": dict(record("Eligible", "holdout: control group kept at flag 0"), holdout=True),
+        "gpu-04": record("Analyzing", "2 serving pods run with flag 1"),
+    },
+)
+PODS = [
+    labelled(serving_pod("gpu-01", 0), "1"),
+    labelled(serving_pod("gpu-01", 1), "1"),
+    labelled(serving_pod("gpu-02", 0), "0"),
+    labelled(serving_pod("gpu-04", 0), "1"),
+    labelled(serving_pod("gpu-04", 1), "0"),
+    serving_pod("gpu-04", 2),
+]
 
 
 # ---------------------------------------------------------------- status
@@ -69,11 +87,20 @@ NODES = [enabled("gpu-01", "true"), enabled("gpu-02", "false"), enabled("gpu-03"
 def test_status_rows_carry_state_flag_effect_reason_per_node():
     rows = {r["node"]: r for r in views.status_rows(ROLLOUT, NODES, PODS)}
     assert list(rows) == ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
-    assert rows["gpu-01"] == {"node": "gpu-01", "state": "Promoted", "holdout": False, "flag": "1", "pods": "1", "effect": 2.28,
-                              "reason": "not worse than tolerance"}
+    assert rows["gpu-01"] == {
+        "node": "gpu-01",
+        "state": "Promoted",
+        "holdout": False,
+        "flag": "1",
+        "pods": "1",
+        "effect": 2.28,
+        "reason": "not worse than tolerance",
+    }
     assert rows["gpu-02"]["flag"] == "0" and rows["gpu-02"]["pods"] == "0" and rows["gpu-02"]["effect"] == 0.858
     assert rows["gpu-03"]["holdout"] and rows["gpu-03"]["pods"] == "-" and rows["gpu-03"]["effect"] is None
-    assert rows["gpu-04"]["flag"] == "1" and rows["gpu-04"]["pods"] == "1 x1, 0 x1, ? x1"  # a mix with counts; unlabelled as ?
+    assert (
+        rows["gpu-04"]["flag"] == "1" and rows["gpu-04"]["pods"] == "1 x1, 0 x1, ? x1"
+    )  # a mix with counts; unlabelled as ?
     assert views.status_rows(ROLLOUT, [], PODS)[0]["flag"] == "-"  # a node without the operator's label
 
 
@@ -82,9 +109,11 @@ def test_status_reads_node_records_beyond_the_status():
     body = with_status(rollout(), phase="Complete", nodes={})
     mine, other, broken = gpu_node("gpu-10"), gpu_node("gpu-11"), gpu_node("gpu-12")
     mine["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = json.dumps(
-        {"rollout": f"{SERVING_NS}/kimi", **record("Promoted", "not worse than tolerance", effect=2.1)})
+        {"rollout": f"{SERVING_NS}/kimi", **record("Promoted", "not worse than tolerance", effect=2.1)}
+    )
     other["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = json.dumps(
-        {"rollout": "elsewhere/other", **record("Promoted", "theirs")})
+        {"rollout": "elsewhere/other", **record("Promoted", "theirs")}
+    )
     broken["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = "{not json"
     rows = views.status_rows(body, [mine, other, broken], [])
     assert [(r["node"], r["state"], r["effect"]) for r in rows] == [("gpu-10", "Promoted", 2.1)]
@@ -108,7 +137,7 @@ def test_status_text_has_a_header_and_aligned_columns():
     assert lines[0] == f"GluonRollout {SERVING_NS}/kimi: Progressing (1 Promoted, 1 Analyzing, 1 RolledBack)"
     assert "waiting for approval of 'canary'" in lines[1]
     header = next(line for line in lines if line.startswith("NODE"))
-    body = lines[lines.index(header) + 1:]
+    body = lines[lines.index(header) + 1 :]
     reason_at = header.index("REASON")
     assert [line[:6] for line in body] == ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
     assert body[1][reason_at:] == "decode speed worse than tolerance" and "x0.858" in body[1]
@@ -140,8 +169,8 @@ def test_table_columns_start_at_the_same_offset(rows):
     for line, row in zip(lines[1:], rows):
         padded = line.ljust(sum(widths) + 6)  # trailing blanks are trimmed, as kubectl does
         assert padded[: len(row[0])] == row[0]
-        assert padded[widths[0] + 3: widths[0] + 3 + len(row[1])] == row[1]
-        assert padded[widths[0] + widths[1] + 6:].rstrip() == row[2].rstrip()
+        assert padded[widths[0] + 3 : widths[0] + 3 + len(row[1])] == row[1]
+        assert padded[widths[0] + widths[1] + 6 :].rstrip() == row[2].rstrip()
 
 
 # ---------------------------------------------------------------- explain
@@ -191,7 +220,8 @@ def test_explain_shows_the_rollback_record_and_node_conditions():
     node = gpu_node("gpu-02")
     fp = json.loads(node["metadata"]["annotations"][contract.ANNOTATION_REPORT])["fingerprint"]
     node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = json.dumps(
-        {"fingerprint": fp, "at": NOW - 30, "reason": "effect x0.858 below x0.95", "numbers": {"effect": 0.858}})
+        {"fingerprint": fp, "at": NOW - 30, "reason": "effect x0.858 below x0.95", "numbers": {"effect": 0.858}}
+    )
     rec = explained(node)
     assert rec["rollback"]["reason"] == "effect x0.858 below x0.95" and rec["rollbackProblem"] is None
     assert not rec["eligibility"]["eligible"] and "rolled back for fingerprint" in rec["eligibility"]["reason"]
@@ -207,7 +237,10 @@ def test_explain_shows_the_rollback_record_and_node_conditions():
     node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = "[]"
     assert "the rollback record annotation" in views.render_explain(explained(node))  # a bad record says so
     assert "effect: 0.858" in text and "ci_low: 0.839" in text
-    assert views.number_text("at", NOW) == views.when(NOW) == "2033-05-18T03:33:20Z" and views.number_text("x", None) == "-"
+    assert (
+        views.number_text("at", NOW) == views.when(NOW) == "2033-05-18T03:33:20Z"
+        and views.number_text("x", None) == "-"
+    )
 
 
 def test_explain_a_node_without_report_or_record():
@@ -235,30 +268,44 @@ def test_pause_and_resume_patches():
     assert controls.resume(ROLLOUT) == {"spec": {"paused": False}}
     aborted = rollout()
     aborted["metadata"]["annotations"] = {contract.ANNOTATION_ROLLOUT_ABORT: "why"}
-    assert controls.resume(aborted) == {"spec": {"paused": False},
-                                        "metadata": {"annotations": {contract.ANNOTATION_ROLLOUT_ABORT: None}}}
+    assert controls.resume(aborted) == {
+        "spec": {"paused": False},
+        "metadata": {"annotations": {contract.ANNOTATION_ROLLOUT_ABORT: None}},
+    }
 
 
 def test_promote_grants_exactly_the_waiting_gate_at_the_version_read():
     waiting = with_status(rollout(), phase="Progressing", approval={"waitingFor": "batch zone-b"})
-    assert controls.promote(waiting) == {"metadata": {"resourceVersion": "42",
-                                                      "annotations": {contract.ANNOTATION_ROLLOUT_APPROVE: "batch zone-b"}}}
+    assert controls.promote(waiting) == {
+        "metadata": {"resourceVersion": "42", "annotations": {contract.ANNOTATION_ROLLOUT_APPROVE: "batch zone-b"}}
+    }
 
 
-@pytest.mark.parametrize("status", [{}, {"phase": "Complete"}, {"phase": "Progressing", "approval": {"waitingFor": None}}])
+@pytest.mark.parametrize(
+    "status", [{}, {"phase": "Complete"}, {"phase": "Progressing", "approval": {"waitingFor": None}}]
+)
 def test_promote_with_nothing_waiting_names_the_rollout(status):
-    with pytest.raises(PluginError, match=f"GluonRollout 'kimi' in namespace '{SERVING_NS}' is not waiting for approval"):
+    with pytest.raises(
+        PluginError, match=f"GluonRollout 'kimi' in namespace '{SERVING_NS}' is not waiting for approval"
+    ):
         controls.promote(with_status(rollout(), **status))
 
 
 def test_abort_records_a_reason():
-    assert controls.abort(ROLLOUT, "driver 6.12 hangs") == {"metadata": {"annotations": {contract.ANNOTATION_ROLLOUT_ABORT: "driver 6.12 hangs"}}}
-    assert controls.abort(ROLLOUT, "  ")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT] == controls.DEFAULT_ABORT_REASON
+    assert controls.abort(ROLLOUT, "driver 6.12 hangs") == {
+        "metadata": {"annotations": {contract.ANNOTATION_ROLLOUT_ABORT: "driver 6.12 hangs"}}
+    }
+    assert (
+        controls.abort(ROLLOUT, "  ")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT]
+        == controls.DEFAULT_ABORT_REASON
+    )
 
 
 def test_retry_clears_the_rollback_record_and_refuses_without_one():
     node = gpu_node("gpu-02")
-    with pytest.raises(PluginError, match="node 'gpu-02' has no rollback record.*its state in GluonRollout 'kimi'.* is RolledBack"):
+    with pytest.raises(
+        PluginError, match="node 'gpu-02' has no rollback record.*its state in GluonRollout 'kimi'.* is RolledBack"
+    ):
         controls.retry(ROLLOUT, node)
     with pytest.raises(PluginError, match="node 'gpu-02' has no rollback record"):
         controls.retry(None, node)
@@ -278,12 +325,23 @@ def test_rollout_selection_by_count():
     assert cli.only_rollout([rollout("a")], "ml")["metadata"]["name"] == "a"
 
 
-@pytest.mark.parametrize("status,body,wording", [
-    (404, json.dumps({"message": 'gluonrollouts.gluonrollout.io "x" not found'}), "GluonRollout 'x' in namespace 'ml' not found"),
-    (403, json.dumps({"message": "user cannot get"}), "forbidden: GluonRollout 'x' in namespace 'ml': user cannot get"),
-    (409, json.dumps({"message": "the object has been modified"}), "run the command again"),
-    (500, "boom", "the API server answered 500: boom"),
-])
+@pytest.mark.parametrize(
+    "status,body,wording",
+    [
+        (
+            404,
+            json.dumps({"message": 'gluonrollouts.gluonrollout.io "x" not found'}),
+            "GluonRollout 'x' in namespace 'ml' not found",
+        ),
+        (
+            403,
+            json.dumps({"message": "user cannot get"}),
+            "forbidden: GluonRollout 'x' in namespace 'ml': user cannot get",
+        ),
+        (409, json.dumps({"message": "the object has been modified"}), "run the command again"),
+        (500, "boom", "the API server answered 500: boom"),
+    ],
+)
 def test_api_errors_name_the_object(status, body, wording):
     assert wording in cli.api_problem("GluonRollout 'x' in namespace 'ml'", status, body)
 
@@ -310,12 +368,21 @@ def test_usage_errors_exit_2_and_config_errors_exit_1(tmp_path, capsys):
 
 def test_context_namespace_as_kubectl(tmp_path):
     config = tmp_path / "config"
-    config.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "a",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u", "namespace": "ml"}},
-                     {"name": "b", "context": {"cluster": "c", "user": "u"}}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "a",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "a", "context": {"cluster": "c", "user": "u", "namespace": "ml"}},
+                    {"name": "b", "context": {"cluster": "c", "user": "u"}},
+                ],
+            }
+        )
+    )
     assert cli.context_namespace(str(config), None) == "ml"
     assert cli.context_namespace(str(config), "b") == "default"
     with pytest.raises(PluginError, match="context 'nope' is not in the kubeconfig"):
@@ -327,6 +394,7 @@ def test_installed_as_the_kubectl_plugin_console_script():
     module, _, attr = scripts["kubectl-gluon"].partition(":")
     assert module == "gluon_operator.kubectl_plugin" and attr == "main"
     from gluon_operator import kubectl_plugin
+
     assert kubectl_plugin.main is cli.main
 
 
@@ -335,18 +403,33 @@ def test_installed_as_the_kubectl_plugin_console_script():
 
 def test_plan_text_lists_each_part_in_execution_order():
     record = json.dumps({"state": "Enabling", "reason": "chosen by the rollout strategy", "numbers": {}, "x": "y" * 80})
-    plan = {"dryRun": False,
-            "transitions": [{"node": "gpu-01", "old": "Eligible", "new": "Enabling", "rollback": None},
-                            {"node": "gpu-02", "old": "Analyzing", "new": "RolledBack", "rollback": "analysis"}],
-            "status": {"phase": "Progressing", "aborted": None},
-            "nodeWrites": [{"node": "gpu-01", "labels": {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Enabling"},
-                            "annotations": {contract.ANNOTATION_ROLLBACK: None, "record": record}}],
-            "restarts": [{"namespace": SERVING_NS, "node": "gpu-02", "pods": ["sglang-a", "sglang-b"], "why": "old"}],
-            "podLabels": [{"namespace": SERVING_NS, "name": "sglang-c", "flag": "1"}],
-            "events": [{"type": "Warning", "reason": "RolledBack", "message": "gpu-02: effect x0.858"}]}
+    plan = {
+        "dryRun": False,
+        "transitions": [
+            {"node": "gpu-01", "old": "Eligible", "new": "Enabling", "rollback": None},
+            {"node": "gpu-02", "old": "Analyzing", "new": "RolledBack", "rollback": "analysis"},
+        ],
+        "status": {"phase": "Progressing", "aborted": None},
+        "nodeWrites": [
+            {
+                "node": "gpu-01",
+                "labels": {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Enabling"},
+                "annotations": {contract.ANNOTATION_ROLLBACK: None, "record": record},
+            }
+        ],
+        "restarts": [{"namespace": SERVING_NS, "node": "gpu-02", "pods": ["sglang-a", "sglang-b"], "why": "old"}],
+        "podLabels": [{"namespace": SERVING_NS, "name": "sglang-c", "flag": "1"}],
+        "events": [{"type": "Warning", "reason": "RolledBack", "message": "gpu-02: effect x0.858"}],
+    }
     text = views.render_plan(plan)
-    order = ["node transitions:", "status keys written:", "node writes, in order:", "pod restarts, in order:",
-             "pod flag labels:", "events:"]
+    order = [
+        "node transitions:",
+        "status keys written:",
+        "node writes, in order:",
+        "pod restarts, in order:",
+        "pod flag labels:",
+        "events:",
+    ]
     assert [text.index(title) for title in order] == sorted(text.index(title) for title in order)
     assert "nothing has been written" in text.splitlines()[0]
     assert f"{contract.LABEL_ENABLED}=true" in text and f"{contract.ANNOTATION_ROLLBACK}-" in text
@@ -357,7 +440,15 @@ def test_plan_text_lists_each_part_in_execution_order():
 
 
 def test_an_empty_plan_says_nothing_changes():
-    empty = {"dryRun": False, "transitions": [], "status": {}, "nodeWrites": [], "restarts": [], "podLabels": [], "events": []}
+    empty = {
+        "dryRun": False,
+        "transitions": [],
+        "status": {},
+        "nodeWrites": [],
+        "restarts": [],
+        "podLabels": [],
+        "events": [],
+    }
     assert "nothing to do" in views.render_plan(empty)
 
 
@@ -387,8 +478,14 @@ def live(control_plane, installed):
         installed.agent_pod(name)
     operator = start_operator(installed, reconcile_seconds=0.5)
     try:
-        yield SimpleNamespace(cp=control_plane, core=core, custom=client.CustomObjectsApi(control_plane.admin_client()),
-                              namespace=namespace, operator=operator, kubeconfig=str(control_plane.kubeconfig))
+        yield SimpleNamespace(
+            cp=control_plane,
+            core=core,
+            custom=client.CustomObjectsApi(control_plane.admin_client()),
+            namespace=namespace,
+            operator=operator,
+            kubeconfig=str(control_plane.kubeconfig),
+        )
     finally:
         operator.stop()
         for name in E2E_NODES:
@@ -421,7 +518,9 @@ def create_rollout(live):
     made: list[str] = []
 
     def create(name: str, **spec) -> dict:
-        body = fleet.rollout(name, live.namespace, nodeSelector={"matchLabels": {"gluon-plugin-e2e": live.namespace}}, **spec)
+        body = fleet.rollout(
+            name, live.namespace, nodeSelector={"matchLabels": {"gluon-plugin-e2e": live.namespace}}, **spec
+        )
         created = live.custom.create_namespaced_custom_object(GROUP, VERSION, live.namespace, PLURAL, body)
         made.append(name)
         return created
@@ -446,10 +545,13 @@ def until(live, capsys, name: str, check, what: str, timeout: float = 60):
     def seen():
         last["view"] = gluon_json(live, capsys, "status", name)
         return last["view"] if check(last["view"]) else None
+
     try:
         return wait_for(seen, timeout=timeout, interval=0.5, what=what)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; last status: {json.dumps(last.get('view'))[:3000]}\noperator log:\n{live.operator.tail()}") from None
+        raise AssertionError(
+            f"{exc}; last status: {json.dumps(last.get('view'))[:3000]}\noperator log:\n{live.operator.tail()}"
+        ) from None
 
 
 def states(view) -> dict[str, str]:
@@ -471,8 +573,16 @@ def test_e2e_missing_rollout_and_node_are_named(live, capsys, create_rollout):
 def test_e2e_every_command_against_the_operator(live, capsys, create_rollout):
     create_rollout("kimi", strategy={"canaryNodes": 0, "maxParallel": 2, "approval": "AfterCanary"})
     # status: the operator judged every node; two are eligible and wait for a person at the canary gate
-    view = until(live, capsys, "kimi", lambda v: (v.get("approval") or {}).get("waitingFor") == "canary"
-                 and states(v) == {"plug-a": "Eligible", "plug-b": "Eligible", "plug-c": "Ineligible"}, "the canary gate")
+    view = until(
+        live,
+        capsys,
+        "kimi",
+        lambda v: (
+            (v.get("approval") or {}).get("waitingFor") == "canary"
+            and states(v) == {"plug-a": "Eligible", "plug-b": "Eligible", "plug-c": "Ineligible"}
+        ),
+        "the canary gate",
+    )
     failing = next(r for r in view["nodes"] if r["node"] == "plug-c")
     assert "fallback fail" in failing["reason"] and failing["flag"] == "0"
     rc, text, _ = gluon(live, capsys, "status")  # the only rollout in the namespace
@@ -501,9 +611,17 @@ def test_e2e_every_command_against_the_operator(live, capsys, create_rollout):
     assert rc == 0 and "promoted" in text
     assert read_rollout(live, "kimi")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_APPROVE] == "canary"
     # the node rows come from the Nodes, written before the rollout's status that records the grant
-    view = until(live, capsys, "kimi", lambda v: {states(v)["plug-a"], states(v)["plug-b"]} <= {"Enabling", "Analyzing"}
-                 and all(r["flag"] == "1" for r in v["nodes"] if r["node"] != "plug-c")
-                 and (v.get("approval") or {}).get("granted"), "the canary enabled and its grant recorded")
+    view = until(
+        live,
+        capsys,
+        "kimi",
+        lambda v: (
+            {states(v)["plug-a"], states(v)["plug-b"]} <= {"Enabling", "Analyzing"}
+            and all(r["flag"] == "1" for r in v["nodes"] if r["node"] != "plug-c")
+            and (v.get("approval") or {}).get("granted")
+        ),
+        "the canary enabled and its grant recorded",
+    )
     assert [g["gate"] for g in view["approval"]["granted"]] == ["canary"]
     assert live.core.read_node("plug-a").metadata.labels[contract.LABEL_ENABLED] == "true"
     rc, _, err = gluon(live, capsys, "promote")
@@ -518,10 +636,23 @@ def test_e2e_every_command_against_the_operator(live, capsys, create_rollout):
 
     # abort: flag-on nodes are disabled; resume lifts it
     rc, _, _ = gluon(live, capsys, "abort", "--reason", "plugin e2e")
-    assert rc == 0 and read_rollout(live, "kimi")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT] == "plugin e2e"
+    assert (
+        rc == 0
+        and read_rollout(live, "kimi")["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT] == "plugin e2e"
+    )
     # (without serving pods a Disabled node has nothing to restart and is Eligible again at once)
-    view = until(live, capsys, "kimi", lambda v: v["phase"] == "Aborted" and all(
-        r["flag"] == "0" and r["state"] in ("Disabled", "Eligible") for r in v["nodes"] if r["node"] != "plug-c"), "aborted")
+    view = until(
+        live,
+        capsys,
+        "kimi",
+        lambda v: (
+            v["phase"] == "Aborted"
+            and all(
+                r["flag"] == "0" and r["state"] in ("Disabled", "Eligible") for r in v["nodes"] if r["node"] != "plug-c"
+            )
+        ),
+        "aborted",
+    )
     assert f"aborted: {contract.ANNOTATION_ROLLOUT_ABORT}: plugin e2e" in views.render_status(view)
     assert live.core.read_node("plug-a").metadata.labels[contract.LABEL_ENABLED] == "false"
     assert gluon(live, capsys, "resume")[0] == 0
@@ -534,12 +665,20 @@ def test_e2e_retry_clears_a_rollback_so_the_node_is_judged_again(live, capsys, c
     until(live, capsys, "retry", lambda v: states(v).get("plug-a") in ("Enabling", "Analyzing"), "plug-a enabled")
     # The operator's rollback record for plug-a's fingerprint, as its executor writes one
     report = json.loads(live.core.read_node("plug-a").metadata.annotations[contract.ANNOTATION_REPORT])
-    record = {"rollout": "retry", "fingerprint": report["fingerprint"], "at": time.time(), "reason": "effect x0.80 below x0.95",
-              "numbers": {"effect": 0.8}}
+    record = {
+        "rollout": "retry",
+        "fingerprint": report["fingerprint"],
+        "at": time.time(),
+        "reason": "effect x0.80 below x0.95",
+        "numbers": {"effect": 0.8},
+    }
     live.core.patch_node("plug-a", {"metadata": {"annotations": {contract.ANNOTATION_ROLLBACK: json.dumps(record)}}})
     until(live, capsys, "retry", lambda v: states(v)["plug-a"] == "RolledBack", "plug-a rolled back")
     explained_now = gluon_json(live, capsys, "explain", "plug-a", "-r", "retry")
-    assert explained_now["rollback"]["reason"] == "effect x0.80 below x0.95" and not explained_now["eligibility"]["eligible"]
+    assert (
+        explained_now["rollback"]["reason"] == "effect x0.80 below x0.95"
+        and not explained_now["eligibility"]["eligible"]
+    )
     rc, text, _ = gluon(live, capsys, "retry", "plug-a", "-r", "retry")
     assert rc == 0 and "rollback record cleared (was: effect x0.80 below x0.95)" in text
     assert contract.ANNOTATION_ROLLBACK not in (live.core.read_node("plug-a").metadata.annotations or {})
@@ -556,13 +695,21 @@ def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp
 
     create_rollout("viakubectl", paused=True)
     shim = tmp_path / "kubectl-gluon"
-    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m gluon_operator.kubectl_plugin \"$@\"\n")
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m gluon_operator.kubectl_plugin "$@"\n')
     shim.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster"))}
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster")),
+    }
     kubectl = binary("kubectl")
-    run = lambda *args: subprocess.run([kubectl, "gluon", *args, "--kubeconfig", live.kubeconfig, "-n", live.namespace],  # noqa: E731
-                                       capture_output=True, text=True, env=env, timeout=60)
+    run = lambda *args: subprocess.run(
+        [kubectl, "gluon", *args, "--kubeconfig", live.kubeconfig, "-n", live.namespace],  # noqa: E731
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     shown = run("status", "viakubectl")
     assert shown.returncode == 0, shown.stderr
     assert f"GluonRollout {live.namespace}/viakubectl" in shown.stdout and "paused" in shown.stdout

@@ -36,7 +36,11 @@ def test_pods_switching_late_a_regression_is_rolled_back_never_promoted(tmp_path
                 break
             time.sleep(0.5)
         node = cluster.status()["nodes"]["gpu-02"]
-        promoted = [e.get("message") for e in cluster.events() if "gpu-02" in (e.get("message") or "") and "-> Promoted" in e["message"]]
+        promoted = [
+            e.get("message")
+            for e in cluster.events()
+            if "gpu-02" in (e.get("message") or "") and "-> Promoted" in e["message"]
+        ]
         assert node["state"] == "RolledBack" and "Promoted" not in states and promoted == [], (node, promoted)
         numbers = node["numbers"]
         assert 0.78 < numbers["effect"] < 0.92 and "by the flag their pods ran" in numbers["method"]

@@ -19,12 +19,27 @@ from gluon_localcluster import fleet
 from gluon_localcluster.controlplane import free_port
 from gluon_localcluster.faultproxy import Rule
 from gluon_operator.spec import GROUP, PLURAL, VERSION
-from tests.clusterkit import (MERGE, Nodes, PreflightReporter, create_rollout, evictions, events, kopf_operator, pods,
-                              proxy_for, ready, rollout_status, serve)
+from tests.clusterkit import (
+    MERGE,
+    Nodes,
+    PreflightReporter,
+    create_rollout,
+    events,
+    evictions,
+    kopf_operator,
+    pods,
+    proxy_for,
+    ready,
+    rollout_status,
+    serve,
+)
 from tests.helpers import wait_for
 
 FLEET = {
-    "n1": {}, "n2": {}, "n3": {}, "n4": {},
+    "n1": {},
+    "n2": {},
+    "n3": {},
+    "n4": {},
     "n5": {"capable": False},
     "n6": {"fallback": "fail"},
     "n7": {"stale": True},
@@ -94,14 +109,22 @@ def serving_on(admin, namespace, short):
 
 def test_gating_canary_labels_status_and_events(operator, admin, namespace, nodes, proxy):
     create_rollout(admin, rollout(namespace, nodes, strategy={"holdoutNodes": 1}))
-    wait_for(lambda: rollout_status(admin, namespace).get("counts", {}).get("Analyzing") == 1, timeout=45, what="canary analyzing")
+    wait_for(
+        lambda: rollout_status(admin, namespace).get("counts", {}).get("Analyzing") == 1,
+        timeout=45,
+        what="canary analyzing",
+    )
     status = rollout_status(admin, namespace)
     states = status["nodes"]
     assert set(states) == {n(s) for s in FLEET}, "the rollout saw nodes outside its nodeSelector"
     reasons = {name: s["reason"] for name, s in states.items()}
-    assert states[n("n5")]["state"] == "Ineligible" and "not capable" in reasons[n("n5")] and "gfx950" in reasons[n("n5")]
+    assert (
+        states[n("n5")]["state"] == "Ineligible" and "not capable" in reasons[n("n5")] and "gfx950" in reasons[n("n5")]
+    )
     assert states[n("n6")]["state"] == "Ineligible" and "fallback fail" in reasons[n("n6")]
-    assert states[n("n7")]["state"] == "Ineligible" and "self-test is for fingerprint 0ldf1ngerpr1nt00" in reasons[n("n7")]
+    assert (
+        states[n("n7")]["state"] == "Ineligible" and "self-test is for fingerprint 0ldf1ngerpr1nt00" in reasons[n("n7")]
+    )
     assert states[n("n8")]["state"] == "Ineligible" and "no running, ready agent" in reasons[n("n8")]
     holdouts = [name for name, s in states.items() if s["holdout"]]
     assert len(holdouts) == 1 and states[holdouts[0]]["state"] == "Eligible"
@@ -113,20 +136,37 @@ def test_gating_canary_labels_status_and_events(operator, admin, namespace, node
     evicted = evicted_names(proxy)
     assert len(evicted) == 2 and all(pod.startswith(f"sglang-{canary[0]}-") for pod in evicted), evicted
     short = canary[0].removeprefix("op-")
-    wait_for(lambda: (running := serving_on(admin, namespace, short)) and len(running) == 2 and
-             all(p["metadata"]["labels"].get(contract.LABEL_POD_FLAG) == "1" for p in running), timeout=15,
-             what="the canary's 2 new pods labelled flag=1")
-    assert not set(evicted) & {p["metadata"]["name"] for p in serving_on(admin, namespace, short)}  # replacements, made by the ReplicaSet
+    wait_for(
+        lambda: (
+            (running := serving_on(admin, namespace, short))
+            and len(running) == 2
+            and all(p["metadata"]["labels"].get(contract.LABEL_POD_FLAG) == "1" for p in running)
+        ),
+        timeout=15,
+        what="the canary's 2 new pods labelled flag=1",
+    )
+    assert not set(evicted) & {
+        p["metadata"]["name"] for p in serving_on(admin, namespace, short)
+    }  # replacements, made by the ReplicaSet
     for short in ("n5", "n6", "n7", "n8"):
         labels = nodes.labels(n(short))
         assert labels[contract.LABEL_ENABLED] == "false" and labels[contract.LABEL_STATE] == "Ineligible"
     assert status["phase"] == "Progressing" and status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Ready": "False", "Progressing": "True", "Degraded": "False", "Invalid": "False", "ServingConfigResolved": "True",
-        "RollbackUnsafe": "False"}
-    assert status["serving"]["sources"]["verifyQLens"] == "default" and status["serving"]["pods"] > 0  # read from the serving pods
+        "Ready": "False",
+        "Progressing": "True",
+        "Degraded": "False",
+        "Invalid": "False",
+        "ServingConfigResolved": "True",
+        "RollbackUnsafe": "False",
+    }
+    assert (
+        status["serving"]["sources"]["verifyQLens"] == "default" and status["serving"]["pods"] > 0
+    )  # read from the serving pods
     messages = events(admin, namespace)
-    assert any(m.startswith(f"node {canary[0]}: ") and "-> Enabling: chosen by the rollout strategy" in m for m in messages)
+    assert any(
+        m.startswith(f"node {canary[0]}: ") and "-> Enabling: chosen by the rollout strategy" in m for m in messages
+    )
     assert any(f"node {canary[0]}: Enabling -> Analyzing" in m for m in messages)
     time.sleep(1.0)
     assert len(evictions(proxy)) == 2, "a node was restarted twice"
@@ -137,43 +177,83 @@ def test_pause_and_resume(operator, admin, namespace, nodes, proxy):
     wait_for(lambda: rollout_status(admin, namespace).get("phase") == "Paused", timeout=30, what="paused")
     time.sleep(1.0)
     assert not evictions(proxy) and rollout_status(admin, namespace)["counts"]["Eligible"] == 4
-    client.CustomObjectsApi(admin).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "kimi", {"spec": {"paused": False}},
-                                                                  _content_type=MERGE)  # a person resumes it
-    wait_for(lambda: rollout_status(admin, namespace).get("counts", {}).get("Analyzing") == 1, timeout=45, what="resumed canary")
+    client.CustomObjectsApi(admin).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "kimi", {"spec": {"paused": False}}, _content_type=MERGE
+    )  # a person resumes it
+    wait_for(
+        lambda: rollout_status(admin, namespace).get("counts", {}).get("Analyzing") == 1,
+        timeout=45,
+        what="resumed canary",
+    )
     assert rollout_status(admin, namespace)["phase"] == "Progressing"
 
 
 def test_eviction_blocked_by_disruption_budget_waits(operator, admin, namespace, nodes, proxy):
     """A real PodDisruptionBudget: the API server answers the evictions 429 and the node waits in Enabling."""
     policy = client.PolicyV1Api(admin)
-    policy.create_namespaced_pod_disruption_budget(namespace, {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep-n1"},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"serving": f"sglang-{n('n1')}"}}}})
+    policy.create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "keep-n1"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"serving": f"sglang-{n('n1')}"}}},
+        },
+    )
     create_rollout(admin, rollout(namespace, nodes, nodeSelector=only("n1", nodes)))
-    wait_for(lambda: len([r for r in evictions(proxy) if r.status == 429]) >= 2, timeout=30, what="evictions refused and retried")
+    wait_for(
+        lambda: len([r for r in evictions(proxy) if r.status == 429]) >= 2,
+        timeout=30,
+        what="evictions refused and retried",
+    )
     assert node_state(admin, namespace, "n1") == "Enabling"
     assert len(serving_on(admin, namespace, "n1")) == 2 and not [r for r in evictions(proxy) if r.status < 300]
     policy.delete_namespaced_pod_disruption_budget("keep-n1", namespace)
-    wait_for(lambda: node_state(admin, namespace, "n1") == "Analyzing", timeout=45, what="n1 analyzing once the budget is gone")
+    wait_for(
+        lambda: node_state(admin, namespace, "n1") == "Analyzing",
+        timeout=45,
+        what="n1 analyzing once the budget is gone",
+    )
     assert len([r for r in evictions(proxy) if r.status < 300]) == 2
 
 
-def test_a_rollout_deleted_mid_reconcile_goes_in_seconds_and_leaves_its_nodes_clean(operator, admin, namespace, nodes, proxy):
+def test_a_rollout_deleted_mid_reconcile_goes_in_seconds_and_leaves_its_nodes_clean(
+    operator, admin, namespace, nodes, proxy
+):
     """Every node write held 1 s (a slow API server): the rollout is deleted while its first reconcile
     still writes nodes. The cleanup waits for that reconcile's writes, then takes every key off every node;
     the finalizer goes in seconds (kopf's default re-check of a busy timer is a minute)."""
     proxy.rules.append(Rule(lambda method, path, _: method == "PATCH" and path.startswith("/api/v1/nodes/"), delay=1.0))
     create_rollout(admin, rollout(namespace, nodes))
     keys = (contract.LABEL_STATE, contract.LABEL_ENABLED)
-    wait_for(lambda: any(k in nodes.labels(name) for name in nodes.bodies for k in keys), timeout=30, what="a first node written")
+    wait_for(
+        lambda: any(k in nodes.labels(name) for name in nodes.bodies for k in keys),
+        timeout=30,
+        what="a first node written",
+    )
     started = time.monotonic()
     client.CustomObjectsApi(admin).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "kimi")
-    wait_for(lambda: not rollout_status(admin, namespace) and not client.CustomObjectsApi(admin).list_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL)["items"], timeout=40, interval=0.2, what="the rollout gone")
+    wait_for(
+        lambda: (
+            not rollout_status(admin, namespace)
+            and not client.CustomObjectsApi(admin).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
+                "items"
+            ]
+        ),
+        timeout=40,
+        interval=0.2,
+        what="the rollout gone",
+    )
     seconds = time.monotonic() - started
-    left = {name: [k for k in keys if k in nodes.labels(name)] + [a for a in (contract.ANNOTATION_NODE_RECORD, contract.ANNOTATION_SERVING_CONFIG)
-                                                                      if a in nodes.annotations(name)]
-            for name in nodes.bodies}
+    left = {
+        name: [k for k in keys if k in nodes.labels(name)]
+        + [
+            a
+            for a in (contract.ANNOTATION_NODE_RECORD, contract.ANNOTATION_SERVING_CONFIG)
+            if a in nodes.annotations(name)
+        ]
+        for name in nodes.bodies
+    }
     assert not any(left.values()), (left, seconds)
 
 
@@ -186,8 +266,12 @@ def webhook_unreachable(admin, installed, namespace):
     url = registration.read_mutating_webhook_configuration(name).webhooks[0].client_config.url
     core = client.CoreV1Api(admin)
     probe = fleet.serving_deployment("probe")["spec"]["template"]
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "probe-", "labels": probe["metadata"]["labels"]},
-            "spec": probe["spec"]}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "probe-", "labels": probe["metadata"]["labels"]},
+        "spec": probe["spec"],
+    }
 
     def injected() -> bool:
         created = core.create_namespaced_pod(namespace, body, dry_run="All")
@@ -195,7 +279,8 @@ def webhook_unreachable(admin, installed, namespace):
 
     def point(target: str, expect_injected: bool) -> None:
         registration.patch_mutating_webhook_configuration(
-            name, [{"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": target}])
+            name, [{"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": target}]
+        )
         wait_for(lambda: injected() is expect_injected, timeout=20, interval=0.2, what=f"admission through {target}")
 
     point(f"https://127.0.0.1:{free_port()}/inject", False)
@@ -212,14 +297,24 @@ def test_pod_admitted_without_the_webhook_is_restarted(operator, admin, installe
     old = {p["metadata"]["name"] for p in serving_on(admin, namespace, "n1")}
     # The restarts of the pods admitted without the webhook are held 5 s in the proxy (a slow API server),
     # time enough to make the webhook reachable again before their replacements are created.
-    proxy.rules.append(Rule(lambda method, path, _: method == "POST" and path.endswith("/eviction") and path.split("/")[-2] not in old,
-                            delay=5.0))
+    proxy.rules.append(
+        Rule(
+            lambda method, path, _: method == "POST" and path.endswith("/eviction") and path.split("/")[-2] not in old,
+            delay=5.0,
+        )
+    )
     with webhook_unreachable(admin, installed, namespace):
         create_rollout(admin, rollout(namespace, nodes, nodeSelector=only("n1", nodes)))
-        strays = wait_for(lambda: (running := [p for p in serving_on(admin, namespace, "n1") if p["metadata"]["name"] not in old])
-                          and len(running) == 2 and all(ready(p) and not p["spec"].get("initContainers") for p in running)
-                          and {p["metadata"]["name"] for p in running}, timeout=30,
-                          what="the 2 replacements admitted without the webhook")
+        strays = wait_for(
+            lambda: (
+                (running := [p for p in serving_on(admin, namespace, "n1") if p["metadata"]["name"] not in old])
+                and len(running) == 2
+                and all(ready(p) and not p["spec"].get("initContainers") for p in running)
+                and {p["metadata"]["name"] for p in running}
+            ),
+            timeout=30,
+            what="the 2 replacements admitted without the webhook",
+        )
     wait_for(lambda: node_state(admin, namespace, "n1") == "Analyzing", timeout=45, what="n1 analyzing")
     evicted = evicted_names(proxy)
     # Its 2 old pods, then the 2 admitted without injection; on a slow machine the webhook may come back only
@@ -227,7 +322,9 @@ def test_pod_admitted_without_the_webhook_is_restarted(operator, admin, installe
     assert set(evicted[:2]) == old and strays <= set(evicted) and len(evicted) in (4, 6), evicted
     running = serving_on(admin, namespace, "n1")
     assert len(running) == 2 and not {p["metadata"]["name"] for p in running} & set(evicted)
-    assert all([c["name"] for c in p["spec"]["initContainers"]] == ["gluon-install", "gluon-preflight"] for p in running)
+    assert all(
+        [c["name"] for c in p["spec"]["initContainers"]] == ["gluon-install", "gluon-preflight"] for p in running
+    )
 
 
 def test_preflight_refusal_rolls_back_sticky(operator, cluster, admin, namespace, nodes):
@@ -252,7 +349,9 @@ def test_invalid_spec_is_a_condition_not_a_crash(operator, admin, namespace, nod
     with pytest.raises(client.ApiException) as refused:
         create_rollout(admin, rollout(namespace, nodes, name="worse", strategy={"maxParallel": 0}))
     assert refused.value.status == 422 and "spec.strategy.maxParallel" in json.loads(refused.value.body)["message"]
-    wait_for(lambda: rollout_status(admin, namespace, "bad").get("phase") == "Invalid", timeout=30, what="bad is Invalid")
+    wait_for(
+        lambda: rollout_status(admin, namespace, "bad").get("phase") == "Invalid", timeout=30, what="bad is Invalid"
+    )
     status = rollout_status(admin, namespace, "bad")
     assert "spec.analysis.windowSeconds (60) must be >= spec.analysis.intervalSeconds (300)" in status["invalid"]
     invalid = [c for c in status["conditions"] if c["type"] == "Invalid"][0]
@@ -266,11 +365,30 @@ def test_a_pod_selector_the_api_server_refuses_is_invalid_not_a_silent_stall(ope
     characters, which only the operator checks), but the API server refuses in a labelSelector query: the
     pod cache never fills, and the reconcile used to wait for it without a word."""
     prefix = ".".join(["a" * 63] * 3 + ["a" * 62])  # 254 characters
-    create_rollout(admin, rollout(namespace, nodes, name="refused", podSelector={"matchExpressions": [{"key": f"{prefix}/model", "operator": "Exists"}]}))
-    wait_for(lambda: rollout_status(admin, namespace, "refused").get("phase") == "Invalid", timeout=30, what="refused is Invalid")
+    create_rollout(
+        admin,
+        rollout(
+            namespace,
+            nodes,
+            name="refused",
+            podSelector={"matchExpressions": [{"key": f"{prefix}/model", "operator": "Exists"}]},
+        ),
+    )
+    wait_for(
+        lambda: rollout_status(admin, namespace, "refused").get("phase") == "Invalid",
+        timeout=30,
+        what="refused is Invalid",
+    )
     status = rollout_status(admin, namespace, "refused")
-    assert "spec.podSelector.matchExpressions[0].key" in status["invalid"] and "no more than 253 characters" in status["invalid"]
+    assert (
+        "spec.podSelector.matchExpressions[0].key" in status["invalid"]
+        and "no more than 253 characters" in status["invalid"]
+    )
     invalid = [c for c in status["conditions"] if c["type"] == "Invalid"][0]
     assert invalid["status"] == "True" and "253" in invalid["message"]
-    wait_for(lambda: any("no more than 253 characters" in m for m in events(admin, namespace)), timeout=15, what="the InvalidSpec Event")
+    wait_for(
+        lambda: any("no more than 253 characters" in m for m in events(admin, namespace)),
+        timeout=15,
+        what="the InvalidSpec Event",
+    )
     assert not [r for r in proxy.requests("PATCH", r"^/api/v1/nodes/") if re.search(r"/op-", r.path)]

@@ -15,10 +15,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gluon_agent import contract
-from gluon_operator import plan as planner
 from gluon_operator import gating, records, world
-from gluon_operator.gating import ANALYZING, DISABLED, ELIGIBLE, ENABLING, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, Verdict
+from gluon_operator import plan as planner
 from gluon_operator.analysis import Judgement
+from gluon_operator.gating import (
+    ANALYZING,
+    DISABLED,
+    ELIGIBLE,
+    ENABLING,
+    IN_PROGRESS,
+    INELIGIBLE,
+    PROMOTED,
+    ROLLED_BACK,
+    Verdict,
+)
 from gluon_operator.spec import parse_spec, resolve
 from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout
 
@@ -48,21 +58,35 @@ class Fleet:
         self.serial += 1
         status: dict[str, Any] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
         if flag is not None:
-            message = json.dumps({"flag": flag, "reason": "simulated", "agent": {"current": True, "enabled": flag == "1"}})
-            status["initContainerStatuses"] = [{"name": "gluon-preflight", "state": {"terminated": {"message": message}}}]
+            message = json.dumps(
+                {"flag": flag, "reason": "simulated", "agent": {"current": True, "enabled": flag == "1"}}
+            )
+            status["initContainerStatuses"] = [
+                {"name": "gluon-preflight", "state": {"terminated": {"message": message}}}
+            ]
         name = f"sglang-{node}-{self.serial}"
-        self.pods[name] = {"metadata": {"name": name, "namespace": SERVING_NS, "labels": dict(SERVING_LABELS),
-                                        "creationTimestamp": planner.iso(created),
-                                        "ownerReferences": [{"kind": "ReplicaSet", "name": "sglang", "controller": True}]},
-                           "spec": {"nodeName": node}, "status": status}
+        self.pods[name] = {
+            "metadata": {
+                "name": name,
+                "namespace": SERVING_NS,
+                "labels": dict(SERVING_LABELS),
+                "creationTimestamp": planner.iso(created),
+                "ownerReferences": [{"kind": "ReplicaSet", "name": "sglang", "controller": True}],
+            },
+            "spec": {"nodeName": node},
+            "status": status,
+        }
 
     def label(self, node: str, key: str, value: str | None) -> None:
         labels = self.nodes[node]["metadata"]["labels"]
         labels.pop(key, None) if value is None else labels.__setitem__(key, value)
 
     def world(self) -> planner.World:
-        return world.world_from_objects(list(self.nodes.values()), self.agents + list(self.pods.values()),
-                                        [planner.claim_of(planner.rollout_view(self.rollout))])
+        return world.world_from_objects(
+            list(self.nodes.values()),
+            self.agents + list(self.pods.values()),
+            [planner.claim_of(planner.rollout_view(self.rollout))],
+        )
 
     def plan(self, verdicts: dict[str, Verdict] | None = None) -> planner.Plan:
         return planner.plan(planner.rollout_view(self.rollout), self.world(), verdicts or {}, None, self.now)
@@ -135,7 +159,10 @@ def test_a_write_that_frees_a_slot_comes_before_one_that_takes_it():
     run_until(fleet, lambda: fleet.states().get("n1") == ANALYZING)
     fleet.label("n0", contract.LABEL_SKIP, None)
     p = fleet.step({"n1": Verdict("pass", "x1.9", {"effect": 1.9})})
-    assert [(w.node, w.labels[contract.LABEL_STATE], w.starts) for w in p.node_writes] == [("n1", PROMOTED, False), ("n0", ENABLING, True)]
+    assert [(w.node, w.labels[contract.LABEL_STATE], w.starts) for w in p.node_writes] == [
+        ("n1", PROMOTED, False),
+        ("n0", ENABLING, True),
+    ]
 
 
 def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
@@ -154,13 +181,18 @@ def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
 
     async def write_status(*args):
         return {}
+
     monkeypatch.setattr(executor, "patch_node", patch_node)
     monkeypatch.setattr(executor, "write_status", write_status)
     monkeypatch.setattr(executor.kopf, "info", lambda *a, **k: None)
-    writes = [planner.NodeWrite("n1", {contract.LABEL_STATE: PROMOTED}, {}),
-              planner.NodeWrite("n2", {contract.LABEL_STATE: ROLLED_BACK}, {}),
-              planner.NodeWrite("n0", {contract.LABEL_STATE: ENABLING}, {}, starts=True)]
-    asyncio.run(executor.execute(planner.Plan(node_writes=writes), SERVING_NS, "kimi", "uid", {}, {}, logging.getLogger("t")))
+    writes = [
+        planner.NodeWrite("n1", {contract.LABEL_STATE: PROMOTED}, {}),
+        planner.NodeWrite("n2", {contract.LABEL_STATE: ROLLED_BACK}, {}),
+        planner.NodeWrite("n0", {contract.LABEL_STATE: ENABLING}, {}, starts=True),
+    ]
+    asyncio.run(
+        executor.execute(planner.Plan(node_writes=writes), SERVING_NS, "kimi", "uid", {}, {}, logging.getLogger("t"))
+    )
     assert written == ["n2"]  # n0's slot may still be n1's
 
 
@@ -190,7 +222,9 @@ def test_a_state_change_costs_one_node_write_and_reasons_alone_none():
 
 def test_preview_is_json_and_matches_the_plan():
     fleet = Fleet(3)
-    out = planner.preview(fleet.rollout, list(fleet.nodes.values()), fleet.agents + list(fleet.pods.values()), fleet.now)
+    out = planner.preview(
+        fleet.rollout, list(fleet.nodes.values()), fleet.agents + list(fleet.pods.values()), fleet.now
+    )
     assert json.loads(json.dumps(out)) == out
     assert [w["node"] for w in out["nodeWrites"] if w["labels"][contract.LABEL_ENABLED] == "true"] == ["n0"]
     assert out["status"]["nodes"]["n0"]["state"] == ENABLING and out["status"]["counts"][ELIGIBLE] == 2
@@ -198,12 +232,25 @@ def test_preview_is_json_and_matches_the_plan():
 
 def works(states: dict[str, str], holdout=(), held=()) -> dict[str, planner.NodeWork]:
     empty = gating.PodSummary([], {}, True, [])
-    return {n: planner.NodeWork(planner.NodeView(n, {}, {}), planner.FLEET, planner.NodeStatus(s), None, [], empty,
-                                "cordoned" if n in held else None, planner.NodeStatus(s, holdout=n in holdout)) for n, s in states.items()}
+    return {
+        n: planner.NodeWork(
+            planner.NodeView(n, {}, {}),
+            planner.FLEET,
+            planner.NodeStatus(s),
+            None,
+            [],
+            empty,
+            "cordoned" if n in held else None,
+            planner.NodeStatus(s, holdout=n in holdout),
+        )
+        for n, s in states.items()
+    }
 
 
 def choose(states, canary=1, parallel=3, paused=False, aborted=False, **kw):
-    spec, problems = parse_spec({"podSelector": SELECTOR, "strategy": {"canaryNodes": canary, "maxParallel": parallel}, "paused": paused})
+    spec, problems = parse_spec(
+        {"podSelector": SELECTOR, "strategy": {"canaryNodes": canary, "maxParallel": parallel}, "paused": paused}
+    )
     assert not problems
     approval = planner.approvals(planner.RolloutView("ns", "r", {}), spec, T0)
     return planner.choose_enables(spec, works(states, **kw), approval, aborted)[0]
@@ -222,8 +269,13 @@ def test_choose_canary_then_parallel():
     assert choose(fleet, canary=0, parallel=2) == ["n0", "n1"]
 
 
-@given(states=st.lists(st.sampled_from(contract.NODE_STATES), min_size=1, max_size=30), canary=st.sampled_from([0, 1, 3, "10%", "50%"]),
-       parallel=st.sampled_from([1, 2, 5, "10%", "100%"]), holdouts=st.integers(0, 3), held=st.sets(st.integers(0, 29), max_size=5))
+@given(
+    states=st.lists(st.sampled_from(contract.NODE_STATES), min_size=1, max_size=30),
+    canary=st.sampled_from([0, 1, 3, "10%", "50%"]),
+    parallel=st.sampled_from([1, 2, 5, "10%", "100%"]),
+    holdouts=st.integers(0, 3),
+    held=st.sets(st.integers(0, 29), max_size=5),
+)
 def test_choose_never_exceeds_limits(states, canary, parallel, holdouts, held):
     statuses = {f"n{i}": planner.NodeStatus(s) for i, s in enumerate(states)}
     chosen_holdouts = set(gating.choose_holdouts(statuses, holdouts))
@@ -250,7 +302,9 @@ def test_dry_run_reports_the_plan_and_writes_nothing():
     assert [e.reason for e in p.events] == ["DryRun"] and "n0: enable" in p.events[0].message
     assert all(contract.ANNOTATION_NODE_RECORD not in n["metadata"]["annotations"] for n in fleet.nodes.values())
     again = fleet.step()
-    assert again.events == [] and {k: v for k, v in again.status.items() if v is not None} == fleet.rollout["status"]  # idle: same status
+    assert (
+        again.events == [] and {k: v for k, v in again.status.items() if v is not None} == fleet.rollout["status"]
+    )  # idle: same status
     fleet.rollout["spec"]["dryRun"] = False  # the would-be states in status are not taken as durable
     real = fleet.step()
     assert sorted(w.node for w in real.node_writes if w.labels[contract.LABEL_ENABLED] == "true") == ["n0", "n1"]
@@ -263,7 +317,9 @@ def test_dry_run_of_a_rollback_names_it_and_restarts_nothing():
     p = fleet.step({"n0": Verdict("fail", "decode -15% (p=0.001)", {"effect": 0.85})})
     assert p.writes() == 0
     assert [(e["node"], e["action"], e["reason"]) for e in p.status["dryRun"]["plan"]] == [
-        ("n0", "roll back", "decode -15% (p=0.001)"), ("n1", "enable", "chosen by the rollout strategy")]  # the next canary
+        ("n0", "roll back", "decode -15% (p=0.001)"),
+        ("n1", "enable", "chosen by the rollout strategy"),
+    ]  # the next canary
     assert fleet.record("n0")["state"] == ANALYZING  # nothing changed on the node
 
 
@@ -280,7 +336,9 @@ def test_after_canary_waits_for_the_gate_then_the_grant_is_recorded():
     assert fleet.step().status["approval"]["waitingFor"] == "canary"
     fleet.rollout["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_APPROVE] = "canary"
     granted = fleet.step()
-    assert [g["gate"] for g in granted.status["approval"]["granted"]] == ["canary"] and granted.status["approval"]["waitingFor"] is None
+    assert [g["gate"] for g in granted.status["approval"]["granted"]] == ["canary"] and granted.status["approval"][
+        "waitingFor"
+    ] is None
     assert any(e.reason == "Approved" and "'canary'" in e.message for e in granted.events)
     assert sum(1 for s in granted.statuses.values() if s.state == ENABLING) == 3
     assert not any(e.reason == "Approved" for e in fleet.step().events)  # recorded once
@@ -297,7 +355,9 @@ def test_a_grant_whose_status_write_was_lost_is_recorded_by_the_next_reconcile()
     assert [g["gate"] for g in fleet.step().status["approval"]["granted"]] == ["canary"]  # the Nodes are written...
     fleet.rollout["status"] = before  # ... and the status write is lost
     again = fleet.step()
-    assert [g["gate"] for g in again.status["approval"]["granted"]] == ["canary"] and again.status["approval"]["waitingFor"] is None
+    assert [g["gate"] for g in again.status["approval"]["granted"]] == ["canary"] and again.status["approval"][
+        "waitingFor"
+    ] is None
     assert sum(1 for s in again.statuses.values() if s.state in (ENABLING, ANALYZING)) == 3
     fleet.rollout["metadata"]["annotations"].pop(contract.ANNOTATION_ROLLOUT_APPROVE)
     assert [g["gate"] for g in fleet.step().status["approval"]["granted"]] == ["canary"]  # kept once recorded
@@ -308,10 +368,17 @@ def test_abort_annotation_disables_flag_on_nodes_while_present():
     run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
     fleet.rollout["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT] = "bad numbers on the dashboard"
     p = fleet.step()
-    assert p.status["phase"] == "Aborted" and fleet.states()["n0"] == DISABLED and "bad numbers on the dashboard" in p.status["aborted"]["reason"]
+    assert (
+        p.status["phase"] == "Aborted"
+        and fleet.states()["n0"] == DISABLED
+        and "bad numbers on the dashboard" in p.status["aborted"]["reason"]
+    )
     assert not any(s.state == ENABLING for s in p.statuses.values())
     del fleet.rollout["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT]
-    run_until(fleet, lambda: fleet.rollout["status"].get("phase") == "Progressing" and "aborted" not in fleet.rollout["status"])
+    run_until(
+        fleet,
+        lambda: fleet.rollout["status"].get("phase") == "Progressing" and "aborted" not in fleet.rollout["status"],
+    )
 
 
 # ---------------------------------------------------------------- per-node overrides
@@ -326,7 +393,9 @@ def test_skip_label_never_enables_and_disables_a_flag_on_node():
     run_until(fleet, lambda: fleet.states()["n1"] == PROMOTED, verdicts=promote_all)
     fleet.label("n1", contract.LABEL_SKIP, "true")
     fleet.step()
-    assert fleet.states()["n1"] == DISABLED and fleet.nodes["n1"]["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
+    assert (
+        fleet.states()["n1"] == DISABLED and fleet.nodes["n1"]["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
+    )
     after = fleet.step()
     assert [r.node for r in after.restarts if r.why == "old"] == ["n1"]  # back to flag 0
 
@@ -342,15 +411,21 @@ def test_cordoned_or_notready_nodes_are_not_enabled_their_pods_left_alone_and_do
             fleet.nodes[node]["spec"] = {"unschedulable": True}
         else:
             fleet.nodes[node]["status"] = {"conditions": [{"type": "Ready", "status": "False"}]}
+
     apply("n0")
     apply("n2")
     p = fleet.step()
     assert not [r for r in p.restarts if r.node == "n0"]  # its pods are not evicted while held
-    assert fleet.states()["n2"] == INELIGIBLE and ("cordoned" if hold == "cordon" else "NotReady") in fleet.rollout["status"]["nodes"]["n2"]["reason"]
+    assert (
+        fleet.states()["n2"] == INELIGIBLE
+        and ("cordoned" if hold == "cordon" else "NotReady") in fleet.rollout["status"]["nodes"]["n2"]["reason"]
+    )
     assert fleet.states()["n1"] == ENABLING  # the held canary does not block the fleet
     for _ in range(5):
         fleet.step()
-        assert fleet.states()["n2"] == INELIGIBLE and not any(r.node in ("n0", "n2") for r in fleet.history[-1].restarts)
+        assert fleet.states()["n2"] == INELIGIBLE and not any(
+            r.node in ("n0", "n2") for r in fleet.history[-1].restarts
+        )
 
 
 def test_held_flag_on_node_that_turns_ineligible_is_disabled_without_evictions():
@@ -366,10 +441,19 @@ def test_held_flag_on_node_that_turns_ineligible_is_disabled_without_evictions()
 # ---------------------------------------------------------------- counts, percentages, batches
 
 
-@pytest.mark.parametrize("value,total,up,expected", [
-    (3, 10, True, 3), ("10%", 5, True, 1), ("10%", 5, False, 0), ("25%", 8, True, 2), ("33%", 10, True, 4), ("33%", 10, False, 3),
-    ("0%", 10, True, 0), ("100%", 7, False, 7),
-])
+@pytest.mark.parametrize(
+    "value,total,up,expected",
+    [
+        (3, 10, True, 3),
+        ("10%", 5, True, 1),
+        ("10%", 5, False, 0),
+        ("25%", 8, True, 2),
+        ("33%", 10, True, 4),
+        ("33%", 10, False, 3),
+        ("0%", 10, True, 0),
+        ("100%", 7, False, 7),
+    ],
+)
 def test_percentages_round_as_kubernetes_does(value, total, up, expected):
     assert resolve(value, total, up) == expected
 
@@ -389,8 +473,15 @@ def zoned(fleet: Fleet, zones: dict[str, str]) -> None:
 
 
 def test_batches_in_order_each_with_its_canary_and_outsiders_left_alone():
-    fleet = Fleet(5, pods_per_node=0, strategy={"canaryNodes": 1, "maxParallel": 5,
-                                                "batches": {"nodeLabel": "topology.kubernetes.io/zone", "order": ["b", "a"]}})
+    fleet = Fleet(
+        5,
+        pods_per_node=0,
+        strategy={
+            "canaryNodes": 1,
+            "maxParallel": 5,
+            "batches": {"nodeLabel": "topology.kubernetes.io/zone", "order": ["b", "a"]},
+        },
+    )
     zoned(fleet, {"n0": "a", "n1": "a", "n2": "b", "n3": "b", "n4": "c"})
     fleet.step()
     assert [n for n, s in fleet.states().items() if s == ENABLING] == ["n2"]  # batch b first, its canary alone
@@ -398,14 +489,24 @@ def test_batches_in_order_each_with_its_canary_and_outsiders_left_alone():
     run_until(fleet, lambda: fleet.states()["n3"] != ELIGIBLE, verdicts=promote_all)
     assert fleet.states()["n0"] == fleet.states()["n1"] == ELIGIBLE  # batch a waits for b
     run_until(fleet, lambda: fleet.states()["n3"] == PROMOTED, verdicts=promote_all)
-    assert [n for n, s in fleet.states().items() if s in IN_PROGRESS] == ["n0"] and fleet.states()["n1"] == ELIGIBLE  # a's own canary
+    assert [n for n, s in fleet.states().items() if s in IN_PROGRESS] == ["n0"] and fleet.states()[
+        "n1"
+    ] == ELIGIBLE  # a's own canary
     run_until(fleet, lambda: all(fleet.states()[n] == PROMOTED for n in ("n0", "n1", "n2", "n3")), verdicts=promote_all)
     assert fleet.states()["n4"] == INELIGIBLE
 
 
 def test_each_batch_approval_gates_every_later_batch():
-    fleet = Fleet(4, pods_per_node=0, strategy={"canaryNodes": 1, "maxParallel": 2, "approval": "EachBatch",
-                                                "batches": {"nodeLabel": "topology.kubernetes.io/zone", "order": ["a", "b"]}})
+    fleet = Fleet(
+        4,
+        pods_per_node=0,
+        strategy={
+            "canaryNodes": 1,
+            "maxParallel": 2,
+            "approval": "EachBatch",
+            "batches": {"nodeLabel": "topology.kubernetes.io/zone", "order": ["a", "b"]},
+        },
+    )
     zoned(fleet, {"n0": "a", "n1": "a", "n2": "b", "n3": "b"})
     run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
     assert fleet.step().status["approval"]["waitingFor"] == "canary"
@@ -419,14 +520,24 @@ def test_each_batch_approval_gates_every_later_batch():
 
 
 def test_a_batch_whose_failures_pass_the_limit_aborts_the_rest():
-    fleet = Fleet(4, pods_per_node=0, strategy={"canaryNodes": 2, "maxParallel": 2,
-                                                "batches": {"nodeLabel": "topology.kubernetes.io/zone", "order": ["a", "b"]}},
-                  abort={"maxFailedNodes": "50%"})
+    fleet = Fleet(
+        4,
+        pods_per_node=0,
+        strategy={
+            "canaryNodes": 2,
+            "maxParallel": 2,
+            "batches": {"nodeLabel": "topology.kubernetes.io/zone", "order": ["a", "b"]},
+        },
+        abort={"maxFailedNodes": "50%"},
+    )
     zoned(fleet, {"n0": "a", "n1": "a", "n2": "b", "n3": "b"})
     run_until(fleet, lambda: fleet.states()["n0"] == fleet.states()["n1"] == ANALYZING)
     fail = {n: Verdict("fail", "decode -15%", {"effect": 0.85}) for n in ("n0", "n1")}
     p = fleet.step(fail)
-    assert p.status["phase"] == "Aborted" and "batch a: 2 nodes rolled back > maxFailedNodes 1" in p.status["aborted"]["reason"]
+    assert (
+        p.status["phase"] == "Aborted"
+        and "batch a: 2 nodes rolled back > maxFailedNodes 1" in p.status["aborted"]["reason"]
+    )
     for _ in range(3):
         fleet.step()
     assert fleet.states()["n2"] == fleet.states()["n3"] == ELIGIBLE  # batch b never starts
@@ -435,9 +546,14 @@ def test_a_batch_whose_failures_pass_the_limit_aborts_the_rest():
 # ---------------------------------------------------------------- hostile input and overlaps
 
 
-@pytest.mark.parametrize("report,field", [
-    ({"probe": "x"}, "probe"), ({"selftest": {"gpus": ["x"]}}, "selftest.gpus.0"), ({"probe": {"capable": "yes"}}, "probe.capable"),
-])
+@pytest.mark.parametrize(
+    "report,field",
+    [
+        ({"probe": "x"}, "probe"),
+        ({"selftest": {"gpus": ["x"]}}, "selftest.gpus.0"),
+        ({"probe": {"capable": "yes"}}, "probe.capable"),
+    ],
+)
 def test_a_malformed_report_makes_that_node_alone_ineligible_naming_the_field(report, field):
     fleet = Fleet(3, strategy={"canaryNodes": 3})
     fleet.nodes["n1"]["metadata"]["annotations"][contract.ANNOTATION_REPORT] = json.dumps(report)
@@ -450,12 +566,22 @@ def test_a_malformed_rollback_record_makes_that_node_ineligible():
     fleet = Fleet(2, strategy={"canaryNodes": 2})
     fleet.nodes["n0"]["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = json.dumps({"at": "x"})
     p = fleet.step()
-    assert fleet.states() == {"n0": INELIGIBLE, "n1": ENABLING} and "rollback record annotation field at:" in p.status["nodes"]["n0"]["reason"]
+    assert (
+        fleet.states() == {"n0": INELIGIBLE, "n1": ENABLING}
+        and "rollback record annotation field at:" in p.status["nodes"]["n0"]["reason"]
+    )
 
 
 def test_an_unreadable_preflight_message_is_one_pod_not_a_failure():
-    pod = {"metadata": {"name": "p", "namespace": "x", "creationTimestamp": "2026-12-01T00:00:00Z"}, "spec": {"nodeName": "n1"},
-           "status": {"initContainerStatuses": [{"name": "gluon-preflight", "state": {"terminated": {"message": '{"agent": "x"}'}}}]}}
+    pod = {
+        "metadata": {"name": "p", "namespace": "x", "creationTimestamp": "2026-12-01T00:00:00Z"},
+        "spec": {"nodeName": "n1"},
+        "status": {
+            "initContainerStatuses": [
+                {"name": "gluon-preflight", "state": {"terminated": {"message": '{"agent": "x"}'}}}
+            ]
+        },
+    }
     view = world.pod_view(pod)
     assert view is not None and view.flag is None and "agent" in view.preflight_reason and view.injected
 
@@ -467,7 +593,9 @@ def test_a_flag_on_node_whose_selftest_fails_is_disabled_with_a_poisoned_node_an
     fleet.nodes["n2"]["metadata"]["annotations"][contract.ANNOTATION_REPORT] = '{"selftest": {"gpus": ["x"]}}'
     fleet.label("n0", contract.LABEL_SELFTEST, "fail")
     p = fleet.step(verdicts={})
-    assert fleet.states()["n0"] == DISABLED and fleet.nodes["n0"]["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
+    assert (
+        fleet.states()["n0"] == DISABLED and fleet.nodes["n0"]["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
+    )
     assert "self-test not passed" in p.status["nodes"]["n0"]["reason"] and fleet.states()["n2"] == INELIGIBLE
 
 
@@ -483,7 +611,11 @@ def test_overlapping_rollouts_the_older_owns_the_younger_reports_a_conflict():
     assert sorted(older_plan.statuses) == ["n0", "n1", "n2"]
     assert younger_plan.statuses == {} and younger_plan.node_writes == []
     conflict = [c for c in younger_plan.status["conditions"] if c["type"] == "Conflict"][0]
-    assert conflict["status"] == "True" and "n1" in conflict["message"] and younger_plan.status["conflicts"] == {"nodes": ["n1"], "count": 1}
+    assert (
+        conflict["status"] == "True"
+        and "n1" in conflict["message"]
+        and younger_plan.status["conflicts"] == {"nodes": ["n1"], "count": 1}
+    )
 
 
 def indexed(*rollouts: dict) -> dict[str, list[dict]]:
@@ -493,8 +625,9 @@ def indexed(*rollouts: dict) -> dict[str, list[dict]]:
     index: dict[str, list[dict]] = {}
     for r in rollouts:
         meta = r["metadata"]
-        for namespace, entry in handlers.rollout_index(namespace=meta["namespace"], name=meta["name"], spec=r["spec"], meta=meta,
-                                                        body=r).items():
+        for namespace, entry in handlers.rollout_index(
+            namespace=meta["namespace"], name=meta["name"], spec=r["spec"], meta=meta, body=r
+        ).items():
             index.setdefault(namespace, []).append(entry)
     return index
 
@@ -583,17 +716,22 @@ def test_a_deep_report_on_one_node_does_not_stop_the_disable_of_a_skipped_one():
     fleet.nodes["n2"]["metadata"]["annotations"][contract.ANNOTATION_REPORT] = DEEP
     fleet.label("n0", contract.LABEL_SKIP, "true")
     p = fleet.step()
-    assert fleet.states()["n0"] == DISABLED and fleet.nodes["n0"]["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
+    assert (
+        fleet.states()["n0"] == DISABLED and fleet.nodes["n0"]["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
+    )
     assert fleet.states()["n2"] == INELIGIBLE and "nested deeper than 64 levels" in p.status["nodes"]["n2"]["reason"]
     assert_finite(p)
 
 
-@pytest.mark.parametrize("edit", [
-    lambda record: record.replace('"changedAt":', '"changedAt":NaN,"was":'),
-    lambda record: record.replace('"numbers":{', '"numbers":{"restartedPods":"x",'),
-    lambda record: record.replace('"numbers":{', '"numbers":{"restartedPods":1e999,'),
-    lambda record: record.replace('"since":', '"since":Infinity,"was":'),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda record: record.replace('"changedAt":', '"changedAt":NaN,"was":'),
+        lambda record: record.replace('"numbers":{', '"numbers":{"restartedPods":"x",'),
+        lambda record: record.replace('"numbers":{', '"numbers":{"restartedPods":1e999,'),
+        lambda record: record.replace('"since":', '"since":Infinity,"was":'),
+    ],
+)
 def test_a_node_record_with_junk_numbers_never_stalls_the_rollout(edit):
     fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 1})
     run_until(fleet, lambda: fleet.states()["n0"] == ENABLING)
@@ -610,10 +748,14 @@ def test_a_rollback_record_with_a_nan_time_is_never_copied():
     run_until(fleet, lambda: fleet.states()["n0"] == ANALYZING)
     fingerprint = fleet.record("n0")["fingerprint"]
     fleet.nodes["n0"]["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = json.dumps(
-        {"rollout": "kimi", "fingerprint": fingerprint, "at": math.nan, "reason": "x"})
+        {"rollout": "kimi", "fingerprint": fingerprint, "at": math.nan, "reason": "x"}
+    )
     p = fleet.step()
     assert_finite(p)
-    assert fleet.states()["n0"] == DISABLED and "rollback record annotation is unreadable" in p.status["nodes"]["n0"]["reason"]
+    assert (
+        fleet.states()["n0"] == DISABLED
+        and "rollback record annotation is unreadable" in p.status["nodes"]["n0"]["reason"]
+    )
     assert math.isfinite(fleet.record("n0")["changedAt"])
 
 
@@ -633,11 +775,27 @@ def test_non_finite_verdict_numbers_are_written_as_null():
 def test_a_promoted_5000_node_rollout_fits_etcd_and_each_node_keeps_its_record():
     """issue 18: status.nodes of every node would be ~3.2 MB; etcd's request limit is 1.5 MiB."""
     nodes = 5000
-    judged = Judgement("pass", "decode tokens/s x1.931 vs controls (95% CI 1.881..1.980), p_not_worse 0.0001 < 0.05", 1.931234, 1.881123,
-                       1.980456, 0.95, 10, 40, 3, 0.999912, 0.000123, "log-ratio t-test").to_dict()
+    judged = Judgement(
+        "pass",
+        "decode tokens/s x1.931 vs controls (95% CI 1.881..1.980), p_not_worse 0.0001 < 0.05",
+        1.931234,
+        1.881123,
+        1.980456,
+        0.95,
+        10,
+        40,
+        3,
+        0.999912,
+        0.000123,
+        "log-ratio t-test",
+    ).to_dict()
     numbers = judged | {"failStreak": 0, "inconclusiveSince": None, "at": T0}
-    statuses = {f"gpu-{i:05d}": planner.NodeStatus(PROMOTED, judged["reason"], T0 + i, "c79a21455327bc05", T0 - 600 + i, False, numbers)
-                for i in range(nodes)}
+    statuses = {
+        f"gpu-{i:05d}": planner.NodeStatus(
+            PROMOTED, judged["reason"], T0 + i, "c79a21455327bc05", T0 - 600 + i, False, numbers
+        )
+        for i in range(nodes)
+    }
     every = len(json.dumps({n: s.to_dict() for n, s in statuses.items()}).encode())
     assert every > 1.5 * 2**20  # what status.nodes of every node would weigh
     listed, omitted = planner.status_nodes(statuses, False)
@@ -645,7 +803,9 @@ def test_a_promoted_5000_node_rollout_fits_etcd_and_each_node_keeps_its_record()
     record = json.dumps(statuses["gpu-00001"].record("serving/kimi"), sort_keys=True, separators=(",", ":")).encode()
     assert len(record) < 1024  # one annotation on each Node, far below its 256 KiB annotations limit
     for i in range(0, nodes, 10):  # the worst case: 500 nodes needing attention, capped
-        statuses[f"gpu-{i:05d}"] = replace(statuses[f"gpu-{i:05d}"], state=ROLLED_BACK, reason="2 consecutive failing evaluations")
+        statuses[f"gpu-{i:05d}"] = replace(
+            statuses[f"gpu-{i:05d}"], state=ROLLED_BACK, reason="2 consecutive failing evaluations"
+        )
     listed, omitted = planner.status_nodes(statuses, False)
     assert len(listed) == planner.ATTENTION_CAP and omitted == nodes - planner.ATTENTION_CAP
     assert all(s["state"] == ROLLED_BACK for s in listed.values())
@@ -657,15 +817,24 @@ def test_a_promoted_5000_node_rollout_fits_etcd_and_each_node_keeps_its_record()
 # ---------------------------------------------------------------- properties over random histories
 
 
-EVENTS = st.sampled_from(["none", "skip", "unskip", "cordon", "uncordon", "notready", "fail", "pass", "verdict-pass", "verdict-fail"])
+EVENTS = st.sampled_from(
+    ["none", "skip", "unskip", "cordon", "uncordon", "notready", "fail", "pass", "verdict-pass", "verdict-fail"]
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 6), canary=st.sampled_from([0, 1, 2, "50%"]), parallel=st.sampled_from([1, 2, "34%", "100%"]),
-       approval=st.sampled_from(["Automatic", "AfterCanary"]), dry=st.booleans(),
-       history=st.lists(st.tuples(st.integers(0, 5), EVENTS), min_size=1, max_size=20))
+@given(
+    n=st.integers(1, 6),
+    canary=st.sampled_from([0, 1, 2, "50%"]),
+    parallel=st.sampled_from([1, 2, "34%", "100%"]),
+    approval=st.sampled_from(["Automatic", "AfterCanary"]),
+    dry=st.booleans(),
+    history=st.lists(st.tuples(st.integers(0, 5), EVENTS), min_size=1, max_size=20),
+)
 def test_random_histories_keep_the_invariants(n, canary, parallel, approval, dry, history):
-    fleet = Fleet(n, pods_per_node=1, strategy={"canaryNodes": canary, "maxParallel": parallel, "approval": approval}, dryRun=dry)
+    fleet = Fleet(
+        n, pods_per_node=1, strategy={"canaryNodes": canary, "maxParallel": parallel, "approval": approval}, dryRun=dry
+    )
     for node_no, event in history:
         node = f"n{node_no % n}"
         verdicts: dict[str, Verdict] = {}
@@ -708,14 +877,17 @@ def test_random_histories_keep_the_invariants(n, canary, parallel, approval, dry
                 assert v.labels.get(contract.LABEL_SELFTEST) == "pass"
         for r in p.restarts:  # only of pods older than a change already persisted on the node, never of a held node
             before_ = recorded[r.node]
-            assert before_ is not None and before_.changed_at is not None and not planner.held_reason(world_before.nodes[r.node])
+            assert (
+                before_ is not None
+                and before_.changed_at is not None
+                and not planner.held_reason(world_before.nodes[r.node])
+            )
             assert (before_.state, before_.changed_at) == (p.statuses[r.node].state, p.statuses[r.node].changed_at)
             created = {name: c for _, name, c in fleet.restarted}
             for pod in r.pods:
                 assert (created[pod] < math.ceil(before_.changed_at)) == (r.why == "old")
     restarted = [pod for _, pod, _ in fleet.restarted]
     assert len(restarted) == len(set(restarted))
-
 
 
 # ---------------------------------------------------------------- the reconcile's own status writes (issue 34)

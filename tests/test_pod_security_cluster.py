@@ -18,10 +18,20 @@ LEVELS = ("privileged", "baseline", "restricted")
 # The PodSecurity checks each mode fails, by level (the names the API server gives them in its denial).
 # Every mode fails baseline on the hostPort the preflight needs; only the opt-in adds "privileged".
 VIOLATIONS = {
-    "hostDevices": {"baseline": {"hostPort", "hostPath volumes"}, "restricted": {"hostPort", "restricted volume types"}},
-    "privileged": {"baseline": {"privileged", "hostPort", "hostPath volumes"},
-                   "restricted": {"privileged", "hostPort", "restricted volume types", "allowPrivilegeEscalation != false",
-                                  "unrestricted capabilities"}},
+    "hostDevices": {
+        "baseline": {"hostPort", "hostPath volumes"},
+        "restricted": {"hostPort", "restricted volume types"},
+    },
+    "privileged": {
+        "baseline": {"privileged", "hostPort", "hostPath volumes"},
+        "restricted": {
+            "privileged",
+            "hostPort",
+            "restricted volume types",
+            "allowPrivilegeEscalation != false",
+            "unrestricted capabilities",
+        },
+    },
     "resource": {"baseline": {"hostPort"}, "restricted": {"hostPort"}},
 }
 
@@ -32,8 +42,17 @@ def levels(control_plane):
     names = {}
     for level in LEVELS:
         name = f"psa-{level}-{uuid.uuid4().hex[:5]}"
-        core.create_namespace({"metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": level,
-                                                                      "pod-security.kubernetes.io/enforce-version": "latest"}}})
+        core.create_namespace(
+            {
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        "pod-security.kubernetes.io/enforce": level,
+                        "pod-security.kubernetes.io/enforce-version": "latest",
+                    },
+                }
+            }
+        )
         names[level] = name
     yield names
     for name in names.values():
@@ -46,7 +65,12 @@ def agent_pod(mode: str) -> dict:
     spec.pop("serviceAccountName")  # the chart's account lives in the release namespace; this is about the pod
     for container in spec["containers"]:  # quantities as strings, as the client's model wants them
         container["resources"] = {k: {r: str(q) for r, q in v.items()} for k, v in container["resources"].items()}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "agent-", "labels": template["metadata"]["labels"]}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "agent-", "labels": template["metadata"]["labels"]},
+        "spec": spec,
+    }
 
 
 def verdict(core: client.CoreV1Api, namespace: str, pod: dict) -> set[str]:

@@ -16,8 +16,8 @@ from kubernetes import client
 
 from gluon_agent import contract
 from gluon_agent.preflight import FLAG_FILE_NAME, flag_line, install
-from tests.clusterkit import MERGE, Nodes, api_for
 from gluon_localcluster.fakes.stacks import AITER_STACK, TORCH_GFX950, TRITON_36, write_tree
+from tests.clusterkit import MERGE, Nodes, api_for
 from tests.helpers import free_port, http_json, running_agent, wait_for
 
 
@@ -40,8 +40,19 @@ def run_preflight(python, shared, agent_url, stack_paths=(), extra_env=None):
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([str(shared / "lib"), *map(str, stack_paths)])}
     env.update(extra_env or {})
     termination = shared / "termination-log"
-    argv = [python, "-m", "gluon_agent.preflight", "--flag-dir", str(shared), "--termination-log", str(termination),
-            "--agent-timeout", "2", "--probe-timeout", "20"]
+    argv = [
+        python,
+        "-m",
+        "gluon_agent.preflight",
+        "--flag-dir",
+        str(shared),
+        "--termination-log",
+        str(termination),
+        "--agent-timeout",
+        "2",
+        "--probe-timeout",
+        "20",
+    ]
     if agent_url:
         argv += ["--agent-url", agent_url]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
@@ -51,8 +62,12 @@ def run_preflight(python, shared, agent_url, stack_paths=(), extra_env=None):
 
 def test_install_through_the_console_command(tmp_path):
     """Exactly the install init container's command line (webhook.INSTALL_CONTAINER)."""
-    done = subprocess.run([sys.executable, "-m", "gluon_agent", "preflight", "--install", str(tmp_path / "g")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gluon_agent", "preflight", "--install", str(tmp_path / "g")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "g" / FLAG_FILE_NAME).read_text() == flag_line("0")
 
@@ -81,7 +96,10 @@ def enabled_agent(node, installed, tmp_path):
     name = node.name("n1")
     node.reset()
     client.CoreV1Api(api_for(installed.operator_kubeconfig())).patch_node(
-        name, {"metadata": {"labels": {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Enabling"}}}, _content_type=MERGE)
+        name,
+        {"metadata": {"labels": {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Enabling"}}},
+        _content_type=MERGE,
+    )
     sim = tmp_path / "sim.json"
     sim.write_text(json.dumps(simulated_node()))
     with running_agent(installed.agent_kubeconfig(name), name, sim) as agent:
@@ -131,10 +149,11 @@ PYTHON37 = "/root/.pyenv/versions/3.7.16/bin/python3.7"
 
 # Triton 3.7's Gluon API as far as the probe looks (cga_layout on PaddedSharedLayout), in plain Python so
 # any interpreter imports it (the venv's real Triton is built for this venv's Python only).
-TRITON_37 = {**TRITON_36,
-             "triton/__init__.py": "__version__ = '3.7.0'\n",
-             "triton/experimental/gluon/language/__init__.py":
-                 "class PaddedSharedLayout:\n    def __init__(self, interval_padding_pairs, order, shape, cga_layout=None):\n        pass\n"}
+TRITON_37 = {
+    **TRITON_36,
+    "triton/__init__.py": "__version__ = '3.7.0'\n",
+    "triton/experimental/gluon/language/__init__.py": "class PaddedSharedLayout:\n    def __init__(self, interval_padding_pairs, order, shape, cga_layout=None):\n        pass\n",
+}
 # The same ROCm torch as seen from an init container: the device plugin gives it no GPU.
 TORCH_NO_GPU = {"torch/__init__.py": TORCH_GFX950["torch/__init__.py"].replace("return True", "return False")}
 assert TORCH_NO_GPU["torch/__init__.py"].count("return False") == 1  # is_available(), nothing else
@@ -147,7 +166,11 @@ def interpreter(path: str) -> str:
 
 
 def capable_stack(tmp_path) -> list[str]:
-    return [str(AITER_STACK), str(write_tree(tmp_path / "torch", TORCH_NO_GPU)), str(write_tree(tmp_path / "triton", TRITON_37))]
+    return [
+        str(AITER_STACK),
+        str(write_tree(tmp_path / "torch", TORCH_NO_GPU)),
+        str(write_tree(tmp_path / "triton", TRITON_37)),
+    ]
 
 
 def test_portable_modules_parse_as_python_3_8():
@@ -166,8 +189,14 @@ def run_script(shared, env, shell="sh", deadline_s=60, timeout=90):
     """The preflight container's command (webhook.preflight_script) on our emptyDir, as a serving image's
     shell runs it: `env` stands for the image's ENV (its PATH, its PYTHONPATH)."""
     started = time.monotonic()
-    done = subprocess.run([shell, "-c", webhook_script(shared, deadline_s)], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=shared)
+    done = subprocess.run(
+        [shell, "-c", webhook_script(shared, deadline_s)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=shared,
+    )
     assert done.returncode == 0, done.stderr
     verdict = json.loads((shared / "termination-log").read_text())
     return (shared / FLAG_FILE_NAME).read_text(), verdict, time.monotonic() - started
@@ -202,7 +231,9 @@ def test_python_below_the_floor_is_refused_finally(shared, tmp_path):
     flag, verdict, _ = run_script(shared, env)
     assert flag == f"{contract.FLAG_ENV}='0'\n"
     assert verdict["final"] is True and verdict["agent"] == {"asked": False}
-    assert verdict["reason"] == "the serving image's python (Python 3.7.16) is older than 3.8, which the preflight needs"
+    assert (
+        verdict["reason"] == "the serving image's python (Python 3.7.16) is older than 3.8, which the preflight needs"
+    )
     assert not operator_reads(verdict)["transient"]  # the operator rolls back instead of restarting the pod
 
 
@@ -212,18 +243,31 @@ def operator_reads(verdict: dict) -> dict:
 
     from gluon_operator import webhook, world
 
-    pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "n1"},
-           "status": {"initContainerStatuses": [{"name": webhook.PREFLIGHT_CONTAINER,
-                                                 "state": {"terminated": {"message": json.dumps(verdict)}}}]}}
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"nodeName": "n1"},
+        "status": {
+            "initContainerStatuses": [
+                {"name": webhook.PREFLIGHT_CONTAINER, "state": {"terminated": {"message": json.dumps(verdict)}}}
+            ]
+        },
+    }
     return dataclasses.asdict(world.pod_view(pod))
 
 
 def test_an_image_without_python_is_refused_finally(shared, tmp_path):
     env = {"PATH": str(tmp_path)}  # nothing on PATH: printf, [ and kill are the shell's builtins
-    done = subprocess.run(["/bin/dash", "-c", webhook_script(shared)], env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["/bin/dash", "-c", webhook_script(shared)], env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     verdict = json.loads((shared / "termination-log").read_text())
-    assert verdict == {"flag": "0", "final": True, "agent": {"asked": False}, "reason": "the serving image has no python3 on PATH"}
+    assert verdict == {
+        "flag": "0",
+        "final": True,
+        "agent": {"asked": False},
+        "reason": "the serving image has no python3 on PATH",
+    }
 
 
 def webhook_script(shared, deadline_s=60):
@@ -283,10 +327,24 @@ class TricklingAgent:
 def timed_preflight(shared, agent_url: str, options: list[str], stack=()) -> tuple[dict, float]:
     """The preflight's Python alone (no shell watchdog): its verdict and how long it took."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "gluon_agent.preflight", "--flag-dir", str(shared),
-                           "--termination-log", str(shared / "termination-log"), "--agent-url", agent_url, *options],
-                          env={"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([str(shared / "lib"), *map(str, stack)])},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gluon_agent.preflight",
+            "--flag-dir",
+            str(shared),
+            "--termination-log",
+            str(shared / "termination-log"),
+            "--agent-url",
+            agent_url,
+            *options,
+        ],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([str(shared / "lib"), *map(str, stack)])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads((shared / "termination-log").read_text()), time.monotonic() - started
 
@@ -346,12 +404,18 @@ class DecisionAgent:
         self.server.server_close()
 
 
-@pytest.mark.parametrize("env,url", [
-    ({"HOST_IP": "10.0.0.7"}, f"http://10.0.0.7:{contract.AGENT_PORT}{contract.DECISION_PATH}"),
-    ({"HOST_IP": "fd00::7"}, f"http://[fd00::7]:{contract.AGENT_PORT}{contract.DECISION_PATH}"),
-    ({"HOST_IP": "10.0.0.7", contract.ENV_PREFLIGHT_AGENT_URL: "http://10.0.0.7:9999/v1/decision"}, "http://10.0.0.7:9999/v1/decision"),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "env,url",
+    [
+        ({"HOST_IP": "10.0.0.7"}, f"http://10.0.0.7:{contract.AGENT_PORT}{contract.DECISION_PATH}"),
+        ({"HOST_IP": "fd00::7"}, f"http://[fd00::7]:{contract.AGENT_PORT}{contract.DECISION_PATH}"),
+        (
+            {"HOST_IP": "10.0.0.7", contract.ENV_PREFLIGHT_AGENT_URL: "http://10.0.0.7:9999/v1/decision"},
+            "http://10.0.0.7:9999/v1/decision",
+        ),
+        ({}, None),
+    ],
+)
 def test_the_agent_address(env, url, monkeypatch):
     from gluon_agent.preflight import default_agent_url
 
@@ -371,38 +435,56 @@ def test_the_preflight_asks_the_agent_on_the_port_the_webhook_gives(shared, tmp_
         port = agent.server.server_address[1]
         env = {**image_env(tmp_path, sys.executable, ""), "HOST_IP": "127.0.0.1"}
         del env[contract.ENV_PREFLIGHT_AGENT_URL]
-        script = webhook.preflight_script(30, mount=str(shared), termination_log=str(shared / "termination-log"), agent_port=port)
+        script = webhook.preflight_script(
+            30, mount=str(shared), termination_log=str(shared / "termination-log"), agent_port=port
+        )
         done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60, cwd=shared)
         assert done.returncode == 0, done.stderr
         verdict = json.loads((shared / "termination-log").read_text())
     finally:
         agent.close()
-    assert verdict["agent"]["reason"] == "held back for the test" and verdict["reason"] == "agent says 0: held back for the test", verdict
+    assert (
+        verdict["agent"]["reason"] == "held back for the test"
+        and verdict["reason"] == "agent says 0: held back for the test"
+    ), verdict
 
 
 # ---------------------------------------------------------------- the termination message's bound (issue 34)
 
 
 LONG_REFUSAL = {
-    "flag": "0", "seconds": 1.2,
-    "agent": {"flag": "1", "reason": "enabled by rollout serving/kimi", "state": "Enabling", "node": "n1", "fingerprint": "fp",
-              "current": True, "enabled": True},
+    "flag": "0",
+    "seconds": 1.2,
+    "agent": {
+        "flag": "1",
+        "reason": "enabled by rollout serving/kimi",
+        "state": "Enabling",
+        "node": "n1",
+        "fingerprint": "fp",
+        "current": True,
+        "enabled": True,
+    },
     "probe": {"capable": False, "summary": "aiter import failed", "missing_for_capable": ["aiter import"]},
-    "reason": "this image's stack is not capable: aiter Gluon import: RuntimeError: " + "triton < 3.6 \u00e9\"\\ " * 400,
+    "reason": "this image's stack is not capable: aiter Gluon import: RuntimeError: " + 'triton < 3.6 \u00e9"\\ ' * 400,
 }
 
 
-@pytest.mark.parametrize("verdict", [
-    LONG_REFUSAL,
-    {**LONG_REFUSAL, "final": True, "agent": {"asked": False}},
-    {**LONG_REFUSAL, "agent": {**LONG_REFUSAL["agent"], "reason": "r" * 6000}, "reason": "short"},
-])
+@pytest.mark.parametrize(
+    "verdict",
+    [
+        LONG_REFUSAL,
+        {**LONG_REFUSAL, "final": True, "agent": {"asked": False}},
+        {**LONG_REFUSAL, "agent": {**LONG_REFUSAL["agent"], "reason": "r" * 6000}, "reason": "short"},
+    ],
+)
 def test_a_long_refusal_keeps_flag_final_and_agent_and_cuts_the_reason(verdict):
     from gluon_agent.preflight import TERMINATION_LIMIT, termination_message
 
     text = termination_message(verdict)
     assert len(json.dumps(verdict)) > TERMINATION_LIMIT >= len(text.encode())
-    assert len(text) > TERMINATION_LIMIT - 16 or verdict["reason"] == "short"  # the reason is cut only as far as it must be
+    assert (
+        len(text) > TERMINATION_LIMIT - 16 or verdict["reason"] == "short"
+    )  # the reason is cut only as far as it must be
     kept = json.loads(text)
     assert kept["flag"] == "0" and kept["truncated"] is True and kept.get("final") == verdict.get("final")
     assert kept["agent"] == {k: v for k, v in verdict["agent"].items() if k in ("current", "enabled", "asked", "flag")}
@@ -415,10 +497,25 @@ def test_the_operator_reads_a_long_stack_refusal_as_a_refusal_not_as_transient()
     from gluon_agent.preflight import termination_message
     from gluon_operator import world
 
-    for verdict, transient in ((LONG_REFUSAL, False), ({**LONG_REFUSAL, "agent": {**LONG_REFUSAL["agent"], "current": False}}, True),
-                               ({**LONG_REFUSAL, "agent": None}, True), ({**LONG_REFUSAL, "final": True, "agent": {"asked": False}}, False)):
-        status = {"initContainerStatuses": [{"name": "gluon-preflight", "state": {"terminated": {"message": termination_message(verdict)}}}]}
-        pod = {"metadata": {"name": "p", "namespace": "x", "creationTimestamp": "2026-12-01T00:00:00Z"}, "spec": {"nodeName": "n1"},
-               "status": status}
+    for verdict, transient in (
+        (LONG_REFUSAL, False),
+        ({**LONG_REFUSAL, "agent": {**LONG_REFUSAL["agent"], "current": False}}, True),
+        ({**LONG_REFUSAL, "agent": None}, True),
+        ({**LONG_REFUSAL, "final": True, "agent": {"asked": False}}, False),
+    ):
+        status = {
+            "initContainerStatuses": [
+                {"name": "gluon-preflight", "state": {"terminated": {"message": termination_message(verdict)}}}
+            ]
+        }
+        pod = {
+            "metadata": {"name": "p", "namespace": "x", "creationTimestamp": "2026-12-01T00:00:00Z"},
+            "spec": {"nodeName": "n1"},
+            "status": status,
+        }
         view = world.pod_view(pod)
-        assert view.flag == "0" and view.transient is transient and view.preflight_reason.startswith("this image's stack is not capable")
+        assert (
+            view.flag == "0"
+            and view.transient is transient
+            and view.preflight_reason.startswith("this image's stack is not capable")
+        )

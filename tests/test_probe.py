@@ -51,9 +51,11 @@ def test_verdict_exhaustive(enabled, import_ok, cga_ok, archs, fp8):
 def test_no_gpu_names_a_denied_kfd_and_the_chart_values_that_grant_it(access):
     missing = decide(Facts(True, True, "3.7.0", True, (), True, kfd_access=access)).missing_for_capable
     if access == "denied (EPERM)":
-        assert missing == ["GPU arch gfx950 (no GPU visible: opening /dev/kfd was denied (EPERM); on a standard container runtime "
-                           "only a privileged container or a device plugin's allocation may open it: the chart's agent.privileged "
-                           "or agent.gpuAccess=resource)"]
+        assert missing == [
+            "GPU arch gfx950 (no GPU visible: opening /dev/kfd was denied (EPERM); on a standard container runtime "
+            "only a privileged container or a device plugin's allocation may open it: the chart's agent.privileged "
+            "or agent.gpuAccess=resource)"
+        ]
     else:
         assert missing == ["GPU arch gfx950 (no GPU visible)"]
     assert decide(Facts(True, True, "3.7.0", True, ("gfx950",), True, kfd_access=access)).capable

@@ -5,7 +5,6 @@ and nothing the operator writes holds a non-finite number."""
 from __future__ import annotations
 
 import ast
-import json
 import math
 from pathlib import Path
 
@@ -15,27 +14,38 @@ from hypothesis import strategies as st
 
 from gluon_agent import contract
 from gluon_operator import gating, records, world
-from gluon_operator.records import AgentReport, NodeRecord, PreflightVerdict, RollbackRecord, UnreadableJSON, loads, read_json
+from gluon_operator.records import (
+    AgentReport,
+    NodeRecord,
+    PreflightVerdict,
+    RollbackRecord,
+    UnreadableJSON,
+    loads,
+    read_json,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEEP = "[" * 2000 + "]" * 2000  # 4 KB nested 2000 deep: json.loads raises RecursionError
 
 
-@pytest.mark.parametrize("raw,why", [
-    (DEEP, "nested deeper than 64 levels"),
-    ('{"a": ' * 2000 + "1" + "}" * 2000, "nested deeper than 64 levels"),
-    ("[" * 65 + "]" * 65, "nested deeper than 64 levels"),  # deep, but not deep enough to reach RecursionError
-    ('{"at": NaN}', "holds NaN, which is not a finite number"),
-    ('{"at": Infinity}', "holds Infinity"),
-    ('[-Infinity]', "holds -Infinity"),
-    ('{"at": 1e999}', "holds inf, which is not a finite number"),
-    ("1e999", "holds inf"),
-    ('{"n": ' + "9" * 400 + "}", "integer past the range of finite numbers"),
-    ('{"n": ' + "9" * 5000 + "}", "not JSON"),  # past Python's digit limit
-    ('{"a": "' + "x" * records.JSON_BYTES_LIMIT + '"}', f"more than the {records.JSON_BYTES_LIMIT} read"),
-    ("{nope", "not JSON"),
-    (b"\xff\xfe", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "raw,why",
+    [
+        (DEEP, "nested deeper than 64 levels"),
+        ('{"a": ' * 2000 + "1" + "}" * 2000, "nested deeper than 64 levels"),
+        ("[" * 65 + "]" * 65, "nested deeper than 64 levels"),  # deep, but not deep enough to reach RecursionError
+        ('{"at": NaN}', "holds NaN, which is not a finite number"),
+        ('{"at": Infinity}', "holds Infinity"),
+        ("[-Infinity]", "holds -Infinity"),
+        ('{"at": 1e999}', "holds inf, which is not a finite number"),
+        ("1e999", "holds inf"),
+        ('{"n": ' + "9" * 400 + "}", "integer past the range of finite numbers"),
+        ('{"n": ' + "9" * 5000 + "}", "not JSON"),  # past Python's digit limit
+        ('{"a": "' + "x" * records.JSON_BYTES_LIMIT + '"}', f"more than the {records.JSON_BYTES_LIMIT} read"),
+        ("{nope", "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+    ],
+)
 def test_the_reader_refuses_with_a_reason_and_raises_nothing_else(raw, why):
     with pytest.raises(UnreadableJSON, match=why.replace("(", r"\(")):
         loads(raw)
@@ -65,9 +75,13 @@ def test_a_deeply_nested_record_is_unreadable_not_a_recursion_error(model, raw):
 
 @pytest.mark.parametrize("field", ["NaN", "Infinity", '"NaN"', '"inf"', '"-Infinity"', "1e999"])
 def test_a_record_with_a_non_finite_time_is_refused_naming_the_field(field):
-    rollback, why = read_json(RollbackRecord, f'{{"fingerprint": "fp", "at": {field}}}', "the rollback record annotation")
+    rollback, why = read_json(
+        RollbackRecord, f'{{"fingerprint": "fp", "at": {field}}}', "the rollback record annotation"
+    )
     assert rollback is None and why.startswith("the rollback record annotation"), why
-    node, why = read_json(NodeRecord, f'{{"rollout": "a/b", "state": "Enabling", "changedAt": {field}}}', "the node record")
+    node, why = read_json(
+        NodeRecord, f'{{"rollout": "a/b", "state": "Enabling", "changedAt": {field}}}', "the node record"
+    )
     assert node is None and why.startswith("the node record"), why
     if field.startswith('"'):  # read as JSON it is a string: the record's own check names the field
         assert "changedAt" in why
@@ -92,7 +106,11 @@ def test_every_json_the_operator_reads_goes_through_the_one_reader():
         if path.name == "records.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in ("loads", "load") and getattr(node.value, "id", None) == "json":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("loads", "load")
+                and getattr(node.value, "id", None) == "json"
+            ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
 
@@ -104,15 +122,22 @@ def test_a_deep_preflight_message_is_one_unreadable_pod_not_a_dropped_one():
     status = {"initContainerStatuses": [{"name": "gluon-preflight", "state": {"terminated": {"message": DEEP}}}]}
     verdict, why = world.preflight_verdict(status)
     assert verdict is None and "nested deeper than 64 levels" in why
-    pod = {"metadata": {"name": "p", "namespace": "x", "creationTimestamp": "2026-12-01T00:00:00Z"}, "spec": {"nodeName": "n1"},
-           "status": status}
+    pod = {
+        "metadata": {"name": "p", "namespace": "x", "creationTimestamp": "2026-12-01T00:00:00Z"},
+        "spec": {"nodeName": "n1"},
+        "status": status,
+    }
     view = world.pod_view(pod)
     assert view is not None and view.flag is None and view.injected and "nested deeper" in view.preflight_reason
 
 
 def test_a_deep_or_non_finite_report_makes_its_node_ineligible():
     for raw in (DEEP, '{"fingerprint": "fp", "probe": {"capable": true}, "x": NaN}'):
-        facts = gating.NodeFacts("n1", {contract.LABEL_CAPABLE: "true", contract.LABEL_SELFTEST: "pass"},
-                                 {contract.ANNOTATION_REPORT: raw}, True)
+        facts = gating.NodeFacts(
+            "n1",
+            {contract.LABEL_CAPABLE: "true", contract.LABEL_SELFTEST: "pass"},
+            {contract.ANNOTATION_REPORT: raw},
+            True,
+        )
         el = gating.eligibility(facts, 1.0, None)
         assert not el.eligible and el.reason.startswith("the agent report annotation is unreadable: it "), el.reason

@@ -30,13 +30,20 @@ def counting(monkeypatch: Any, calls: Counter, module: Any, name: str) -> None:
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls[name] += 1
         return original(*args, **kwargs)
+
     monkeypatch.setattr(module, name, counted)
 
 
 def counted_plan(monkeypatch: Any, fleet: Fleet, verdicts: dict[str, Verdict] | None = None) -> Counter:
     calls: Counter = Counter()
-    for module, name in ((planner, "plan"), (planner, "node_work"), (planner, "node_plan"), (planner, "selects_node"),
-                         (gating, "eligibility"), (records, "_read_json")):
+    for module, name in (
+        (planner, "plan"),
+        (planner, "node_work"),
+        (planner, "node_plan"),
+        (planner, "selects_node"),
+        (gating, "eligibility"),
+        (records, "_read_json"),
+    ):
         counting(monkeypatch, calls, module, name)
     fleet.execute(planner.plan(planner.rollout_view(fleet.rollout), fleet.world(), verdicts or {}, None, fleet.now))
     fleet.now += 10

@@ -89,17 +89,20 @@ def test_split_count_from_capacity_keeps_answers_right(capacity):
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
-@pytest.mark.parametrize("batch, max_kv_len, splits", [
-    (1, 131072, 256),  # the length floor (512 tokens a split) binds before one wave (264)
-    (4, 32768, 64),
-    (32, 8192, 8),  # one wave: 256 programs of 264 resident, never 288 (a second wave of 24)
-    (32, 65536, 8),
-    (128, 8192, 2),
-    (264, 8192, 1),
-    (1000, 8192, 1),  # more sequences than resident programs: one split each
-    (1, 1, 1),
-    (8, 1023, 1),
-])
+@pytest.mark.parametrize(
+    "batch, max_kv_len, splits",
+    [
+        (1, 131072, 256),  # the length floor (512 tokens a split) binds before one wave (264)
+        (4, 32768, 64),
+        (32, 8192, 8),  # one wave: 256 programs of 264 resident, never 288 (a second wave of 24)
+        (32, 65536, 8),
+        (128, 8192, 2),
+        (264, 8192, 1),
+        (1000, 8192, 1),  # more sequences than resident programs: one split each
+        (1, 1, 1),
+        (8, 1023, 1),
+    ],
+)
 def test_split_count_fills_one_wave_of_resident_programs(batch, max_kv_len, splits, monkeypatch):
     from gluon_agent.selftest import triton_mla
 
@@ -108,15 +111,18 @@ def test_split_count_fills_one_wave_of_resident_programs(batch, max_kv_len, spli
     assert batch * splits <= max(batch, triton_mla.DEFAULT_CONFIG.ctas_per_sm * 132)
 
 
-@pytest.mark.parametrize("rows, splits, tile", [
-    (12, 256, (32, 256)),  # one 128K sequence: all its splits in one step
-    (48, 64, (32, 64)),
-    (12, 129, (32, 256)),
-    (12, 128, (32, 64)),
-    (263, 1, (32, 64)),
-    (264, 8, (512, 16)),  # enough rows for two programs per SM: whole rows
-    (1536, 2, (512, 16)),
-])
+@pytest.mark.parametrize(
+    "rows, splits, tile",
+    [
+        (12, 256, (32, 256)),  # one 128K sequence: all its splits in one step
+        (48, 64, (32, 64)),
+        (12, 129, (32, 256)),
+        (12, 128, (32, 64)),
+        (263, 1, (32, 64)),
+        (264, 8, (512, 16)),  # enough rows for two programs per SM: whole rows
+        (1536, 2, (512, 16)),
+    ],
+)
 def test_reduce_tile_by_rows_and_splits(rows, splits, tile, monkeypatch):
     from gluon_agent.selftest import triton_mla
 
@@ -278,9 +284,14 @@ def test_backend_choice():
 def test_crash_hang_and_garbage_are_reported_per_device_and_path(clean_env):
     env = child_env(clean_env, AITER_STACK)
     env["FAKE_AITER_MODE"] = "1:abort:mla_gluon,2:hang:mla_decode_fwd,3:garbage:mla_gluon"
-    report = runner.run_selftest(dict(CAPABLE_PROBE, sglang={"version": "0.5.20", "flag0_route": "persistent",
-                                                               "mtp_through_gluon": True}),
-                                 cpu_interpret=True, cpu_devices=4, timeout=40, env=env, seed=5)
+    report = runner.run_selftest(
+        dict(CAPABLE_PROBE, sglang={"version": "0.5.20", "flag0_route": "persistent", "mtp_through_gluon": True}),
+        cpu_interpret=True,
+        cpu_devices=4,
+        timeout=40,
+        env=env,
+        seed=5,
+    )
     gpus = report["gpus"]
     assert report["backend_set"] == "aiter"
     assert [g["result"] for g in gpus] == [
@@ -303,7 +314,9 @@ def test_crash_hang_and_garbage_are_reported_per_device_and_path(clean_env):
 
 
 def run_cli(*args, env):
-    return subprocess.run([sys.executable, "-m", "gluon_agent", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gluon_agent", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_cli_cpu_interpret_json(clean_env):
@@ -345,13 +358,19 @@ def slow_probe(seconds: float, report: dict):
     def probe():
         time.sleep(seconds)
         return report
+
     return probe
 
 
 def test_children_import_while_the_probe_runs(clean_env):
     """The probe as a callable: the children exist (importing) while it runs; results are unchanged."""
-    report = runner.run_selftest(slow_probe(4.0, {"capable": False, "gpus": []}), cpu_interpret=True,
-                                 env=child_env(clean_env), seed=3, mtp_q_lens=())
+    report = runner.run_selftest(
+        slow_probe(4.0, {"capable": False, "gpus": []}),
+        cpu_interpret=True,
+        env=child_env(clean_env),
+        seed=3,
+        mtp_q_lens=(),
+    )
     (gpu,) = report["gpus"]
     assert report["result"] == "pass" and gpu["result"] == {"accelerated": "pass", "fallback": "pass"}
     assert gpu["paths"]["accelerated"]["child_seconds"] > 4.0  # started before the probe's 4 s were over
@@ -360,8 +379,13 @@ def test_children_import_while_the_probe_runs(clean_env):
 
 def test_a_wrong_device_guess_cancels_the_early_children(clean_env, monkeypatch):
     monkeypatch.setattr(runner, "guess_devices", lambda cpu_interpret, cpu_devices: ["cpu", "cpu", "cpu"])
-    report = runner.run_selftest(slow_probe(0.5, {"capable": False, "gpus": []}), cpu_interpret=True,
-                                 env=child_env(clean_env), seed=4, mtp_q_lens=())
+    report = runner.run_selftest(
+        slow_probe(0.5, {"capable": False, "gpus": []}),
+        cpu_interpret=True,
+        env=child_env(clean_env),
+        seed=4,
+        mtp_q_lens=(),
+    )
     assert len(report["gpus"]) == 1 and report["result"] == "pass"
     assert not isolation._live_groups  # no child left behind
 
@@ -370,6 +394,7 @@ def test_a_probe_that_raises_leaves_no_child(clean_env):
     def broken():
         time.sleep(0.5)
         raise RuntimeError("probe broke")
+
     with pytest.raises(RuntimeError, match="probe broke"):
         runner.run_selftest(broken, cpu_interpret=True, env=clean_env)
     assert not isolation._live_groups
@@ -377,8 +402,11 @@ def test_a_probe_that_raises_leaves_no_child(clean_env):
 
 def test_cancelled_child_is_killed_before_its_input():
     started = time.monotonic()
-    outcome = isolation.run_isolated([sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(60)"], timeout=5,
-                                     stdin_text=lambda: None)
+    outcome = isolation.run_isolated(
+        [sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(60)"],
+        timeout=5,
+        stdin_text=lambda: None,
+    )
     assert outcome.status == "cancelled" and time.monotonic() - started < 5 and not isolation._live_groups
 
 
@@ -403,7 +431,9 @@ def test_capture_guard_does_not_import_dynamo_and_still_names_an_allocation():
         "    y = x + 1\n"
         "print('torch._dynamo' in sys.modules, len(guard.violations), guard.violations[0].split(' at ')[0])\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(runner_source()), os.environ.get("PYTHONPATH", "")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(runner_source()), os.environ.get("PYTHONPATH", "")]))
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "1", "allocation", "aten.add.Tensor"]
@@ -432,7 +462,9 @@ def test_a_worker_on_the_aiter_paths_does_not_import_triton():
     """Triton is the portable kernel's; a child running aiter's paths imports it only if it is that
     path's backend (it was a few tenths of a second of each child's imports)."""
     code = "import sys, gluon_agent.selftest.worker\nprint('triton' in sys.modules)\n"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(runner_source()), os.environ.get("PYTHONPATH", "")])))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(runner_source()), os.environ.get("PYTHONPATH", "")]))
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False"]

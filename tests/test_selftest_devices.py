@@ -12,8 +12,13 @@ from gluon_agent import contract, isolation
 from gluon_agent.selftest import plan, runner, worker
 from gluon_localcluster.fakes.stacks import AITER_STACK, child_env
 
-CAPABLE = {"capable": True, "gpus": [], "torch_version": "t", "triton_version": "x",
-           "sglang": {"version": "0.5.19", "flag0_route": "persistent", "mtp_through_gluon": False}}
+CAPABLE = {
+    "capable": True,
+    "gpus": [],
+    "torch_version": "t",
+    "triton_version": "x",
+    "sglang": {"version": "0.5.19", "flag0_route": "persistent", "mtp_through_gluon": False},
+}
 DEVICES = 8
 TIMEOUT = 45.0
 
@@ -23,8 +28,9 @@ def eight_gpus(clean_env_module):
     env = child_env(clean_env_module, AITER_STACK)
     env[contract.ENV_SELFTEST_FAKE_FAULT] = "1:crash:accelerated,2:hang:fallback"
     env[contract.ENV_SELFTEST_FAKE_FREE_GIB] = "3:1.5"
-    report = runner.run_selftest(CAPABLE, cpu_interpret=True, cpu_devices=DEVICES, timeout=TIMEOUT, env=env, seed=21,
-                                 mtp_q_lens=())
+    report = runner.run_selftest(
+        CAPABLE, cpu_interpret=True, cpu_devices=DEVICES, timeout=TIMEOUT, env=env, seed=21, mtp_q_lens=()
+    )
     assert not isolation._live_groups  # the hung child was killed with its group
     return report
 
@@ -49,11 +55,17 @@ def test_the_other_gpus_results_stand(eight_gpus):
 def test_the_report_says_which_gpu_failed_and_why(eight_gpus):
     failures = {(f["gpu"], f["path"]): f for f in eight_gpus["failures"]}
     assert set(failures) == {(1, "accelerated"), (2, "fallback"), (3, "accelerated"), (3, "fallback")}
-    assert failures[(1, "accelerated")]["reason"].startswith("child killed by SIGABRT during case single-token (aiter-gluon)")
-    assert failures[(2, "fallback")]["reason"].startswith(f"child timed out after {TIMEOUT:g} s (killed) during case single-token")
+    assert failures[(1, "accelerated")]["reason"].startswith(
+        "child killed by SIGABRT during case single-token (aiter-gluon)"
+    )
+    assert failures[(2, "fallback")]["reason"].startswith(
+        f"child timed out after {TIMEOUT:g} s (killed) during case single-token"
+    )
     assert failures[(3, "fallback")]["reason"] == "cpu: 1.5 GiB free of 192.0 GiB, the self-test needs 4.0 GiB"
     table = runner.format_table(eight_gpus)
-    assert "GPU 1 (cpu) accelerated error: child killed by SIGABRT" in table and "GPU 3 (cpu) fallback deferred" in table
+    assert (
+        "GPU 1 (cpu) accelerated error: child killed by SIGABRT" in table and "GPU 3 (cpu) fallback deferred" in table
+    )
 
 
 def test_devices_run_at_once(eight_gpus):
@@ -61,7 +73,9 @@ def test_devices_run_at_once(eight_gpus):
     run took about one hang, not one per device."""
     hung = eight_gpus["gpus"][2]["paths"]["fallback"]["child_seconds"]
     assert hung >= TIMEOUT
-    others = [g["paths"][p]["child_seconds"] for g in eight_gpus["gpus"] if g["index"] in (0, 4, 5, 6, 7) for p in g["paths"]]
+    others = [
+        g["paths"][p]["child_seconds"] for g in eight_gpus["gpus"] if g["index"] in (0, 4, 5, 6, 7) for p in g["paths"]
+    ]
     assert max(others) < TIMEOUT
     assert eight_gpus["seconds"] < hung + TIMEOUT  # serial devices would add every device's time
 
@@ -70,8 +84,10 @@ def test_a_busy_fake_device_defers_like_a_busy_gpu(monkeypatch):
     """The same check and wording as a GPU's mem_get_info, for a fake device a test gives 2 GiB."""
     monkeypatch.setenv(contract.ENV_SELFTEST_DEVICE_INDEX, "5")
     monkeypatch.setenv(contract.ENV_SELFTEST_FAKE_FREE_GIB, "5:2,6:100")
-    assert worker.prepare_device(torch.device("cpu"), plan.MEMORY_LIMIT_BYTES) == \
-        "cpu: 2.0 GiB free of 192.0 GiB, the self-test needs 4.0 GiB"
+    assert (
+        worker.prepare_device(torch.device("cpu"), plan.MEMORY_LIMIT_BYTES)
+        == "cpu: 2.0 GiB free of 192.0 GiB, the self-test needs 4.0 GiB"
+    )
     monkeypatch.setenv(contract.ENV_SELFTEST_DEVICE_INDEX, "6")
     assert worker.prepare_device(torch.device("cpu"), plan.MEMORY_LIMIT_BYTES) is None
     monkeypatch.delenv(contract.ENV_SELFTEST_FAKE_FREE_GIB)
@@ -88,10 +104,20 @@ def test_fault_switches_never_touch_a_real_gpu(monkeypatch):
 
 
 def test_gpu_failures_lists_every_path_that_did_not_pass():
-    gpus = [{"index": 0, "device": "cuda:0", "result": {"accelerated": "pass", "fallback": "fail"},
-             "paths": {"accelerated": {"reasons": []}, "fallback": {"reasons": ["a", "b"]}}},
-            {"index": 1, "device": "cuda:1", "result": {"accelerated": "deferred", "fallback": "pass"},
-             "paths": {"accelerated": {"reasons": []}, "fallback": {"reasons": []}}}]
+    gpus = [
+        {
+            "index": 0,
+            "device": "cuda:0",
+            "result": {"accelerated": "pass", "fallback": "fail"},
+            "paths": {"accelerated": {"reasons": []}, "fallback": {"reasons": ["a", "b"]}},
+        },
+        {
+            "index": 1,
+            "device": "cuda:1",
+            "result": {"accelerated": "deferred", "fallback": "pass"},
+            "paths": {"accelerated": {"reasons": []}, "fallback": {"reasons": []}},
+        },
+    ]
     assert plan.gpu_failures(gpus) == [
         {"gpu": 0, "device": "cuda:0", "path": "fallback", "result": "fail", "reason": "a"},
         {"gpu": 1, "device": "cuda:1", "path": "accelerated", "result": "deferred", "reason": ""},

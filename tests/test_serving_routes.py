@@ -25,27 +25,46 @@ def kernels(routes, flag):
 
 
 # (SGLang, config) -> flag 1 and flag 0 routes per q_len: (kernel, persistent, known to abort)
-@pytest.mark.parametrize("sglang, config, flag1, flag0", [
-    (NEW, ServingConfig(), {"1": ("mla_gluon", False, False)}, {"1": ("mla_decode_fwd", True, False)}),
-    (NEW, ServingConfig(verify_q_lens=(4,)), {"1": ("mla_gluon", False, False), "4": ("mla_gluon", False, False)},
-     {"1": ("mla_decode_fwd", True, False), "4": ("mla_decode_fwd", True, False)}),
-    # DSpark block 7 verifies q_len 8: no flag-0 kernel pads that far
-    (NEW, ServingConfig(verify_q_lens=(8,)), {"1": ("mla_gluon", False, False), "8": ("mla_gluon", False, False)},
-     {"1": ("mla_decode_fwd", True, False), "8": ("mla_decode_fwd", True, True)}),
-    # without #37601 flag 1 turns persistent off and verify runs non-persistent mla_decode_fwd: aborts
-    (NO_MTP, ServingConfig(verify_q_lens=(2,)), {"1": ("mla_gluon", False, False), "2": ("mla_decode_fwd", False, True)},
-     {"1": ("mla_decode_fwd", True, False), "2": ("mla_decode_fwd", True, False)}),
-    # #34647 without #37438: flag 0 is non-persistent: aborts
-    (OLD, ServingConfig(), {"1": ("mla_gluon", False, False)}, {"1": ("mla_decode_fwd", False, True)}),
-    (NEW, ServingConfig(persist=False), {"1": ("mla_gluon", False, False)}, {"1": ("mla_decode_fwd", False, True)}),
-    # DCP: decode always uses Gluon; flag 0 is refused by SGLang itself
-    (NEW, ServingConfig(dcp_size=2), {"1": ("mla_gluon", False, False)}, {"1": ("refused", False, True)}),
-    (NEW, ServingConfig(dcp_size=2, dcp_decode_backend="asm"), {"1": ("mla_decode_fwd", True, False)},
-     {"1": ("mla_decode_fwd", True, False)}),
-    # before #34647 the flag does nothing
-    (PRE, ServingConfig(), {"1": ("mla_decode_fwd", True, False)}, {"1": ("mla_decode_fwd", True, False)}),
-    (None, ServingConfig(page_size=64), {"1": ("mla_gluon", False, False)}, {"1": ("mla_decode_fwd", True, False)}),
-])
+@pytest.mark.parametrize(
+    "sglang, config, flag1, flag0",
+    [
+        (NEW, ServingConfig(), {"1": ("mla_gluon", False, False)}, {"1": ("mla_decode_fwd", True, False)}),
+        (
+            NEW,
+            ServingConfig(verify_q_lens=(4,)),
+            {"1": ("mla_gluon", False, False), "4": ("mla_gluon", False, False)},
+            {"1": ("mla_decode_fwd", True, False), "4": ("mla_decode_fwd", True, False)},
+        ),
+        # DSpark block 7 verifies q_len 8: no flag-0 kernel pads that far
+        (
+            NEW,
+            ServingConfig(verify_q_lens=(8,)),
+            {"1": ("mla_gluon", False, False), "8": ("mla_gluon", False, False)},
+            {"1": ("mla_decode_fwd", True, False), "8": ("mla_decode_fwd", True, True)},
+        ),
+        # without #37601 flag 1 turns persistent off and verify runs non-persistent mla_decode_fwd: aborts
+        (
+            NO_MTP,
+            ServingConfig(verify_q_lens=(2,)),
+            {"1": ("mla_gluon", False, False), "2": ("mla_decode_fwd", False, True)},
+            {"1": ("mla_decode_fwd", True, False), "2": ("mla_decode_fwd", True, False)},
+        ),
+        # #34647 without #37438: flag 0 is non-persistent: aborts
+        (OLD, ServingConfig(), {"1": ("mla_gluon", False, False)}, {"1": ("mla_decode_fwd", False, True)}),
+        (NEW, ServingConfig(persist=False), {"1": ("mla_gluon", False, False)}, {"1": ("mla_decode_fwd", False, True)}),
+        # DCP: decode always uses Gluon; flag 0 is refused by SGLang itself
+        (NEW, ServingConfig(dcp_size=2), {"1": ("mla_gluon", False, False)}, {"1": ("refused", False, True)}),
+        (
+            NEW,
+            ServingConfig(dcp_size=2, dcp_decode_backend="asm"),
+            {"1": ("mla_decode_fwd", True, False)},
+            {"1": ("mla_decode_fwd", True, False)},
+        ),
+        # before #34647 the flag does nothing
+        (PRE, ServingConfig(), {"1": ("mla_decode_fwd", True, False)}, {"1": ("mla_decode_fwd", True, False)}),
+        (None, ServingConfig(page_size=64), {"1": ("mla_gluon", False, False)}, {"1": ("mla_decode_fwd", True, False)}),
+    ],
+)
 def test_route_table(sglang, config, flag1, flag0):
     routes = flag_routes(sglang, config)
     assert kernels(routes, "1") == flag1 and kernels(routes, "0") == flag0
@@ -58,7 +77,10 @@ def test_route_evidence_names_the_pull_requests():
     assert "#34432" in flag_routes(NEW, ServingConfig(dcp_size=4))["0"]["1"]["evidence"]
     assert "current upstream" in flag_routes(None, ServingConfig())["0"]["1"]["evidence"]
     asm = flag_routes(NEW, ServingConfig(dcp_size=8, dcp_decode_backend="asm", verify_q_lens=(4,)))
-    assert "q quantized to fp8 over the 96 gathered heads" in asm["0"]["1"]["evidence"] and "in its place" in asm["1"]["1"]["evidence"]
+    assert (
+        "q quantized to fp8 over the 96 gathered heads" in asm["0"]["1"]["evidence"]
+        and "in its place" in asm["1"]["1"]["evidence"]
+    )
     assert asm["0"]["4"]["refusal"]  # #40750 is decode only: target verify under DCP stays on Gluon, flag 0 has none
 
 
@@ -69,16 +91,19 @@ def test_serving_config_round_trip_and_digest():
     assert config.q_lens == (1, 8)
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"verifyQLens": [1]}, "verifyQLens: at most 8 integers from 2 to 16"),
-    ({"verifyQLens": "8"}, "verifyQLens"),
-    ({"dcpSize": 0}, "dcpSize: must be an integer from 1 to 64"),
-    ({"dcpDecodeBackend": "flash"}, "dcpDecodeBackend: must be 'gluon' or 'asm'"),
-    ({"pageSize": 48}, "pageSize: must be a power of 2"),
-    ({"persist": "yes"}, "persist: must be true or false"),
-    ({"draftTokens": 4}, "unknown field"),
-    ([], "must be an object"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"verifyQLens": [1]}, "verifyQLens: at most 8 integers from 2 to 16"),
+        ({"verifyQLens": "8"}, "verifyQLens"),
+        ({"dcpSize": 0}, "dcpSize: must be an integer from 1 to 64"),
+        ({"dcpDecodeBackend": "flash"}, "dcpDecodeBackend: must be 'gluon' or 'asm'"),
+        ({"pageSize": 48}, "pageSize: must be a power of 2"),
+        ({"persist": "yes"}, "persist: must be true or false"),
+        ({"draftTokens": 4}, "unknown field"),
+        ([], "must be an object"),
+    ],
+)
 def test_serving_config_refuses(data, message):
     with pytest.raises(ValueError, match=message):
         ServingConfig.from_dict(data, "spec.serving")
@@ -95,28 +120,51 @@ def fake_aiter(monkeypatch):
 def metadata(p, heads=16, **overrides):
     from aiter import get_mla_metadata_info_v1, get_mla_metadata_v1
 
-    sizes = get_mla_metadata_info_v1(p.batch, p.q_len, 16, p.kv.dtype, p.kv.dtype, False, fast_mode=False,
-                                     num_kv_splits=64, intra_batch_mode=True)
+    sizes = get_mla_metadata_info_v1(
+        p.batch, p.q_len, 16, p.kv.dtype, p.kv.dtype, False, fast_mode=False, num_kv_splits=64, intra_batch_mode=True
+    )
     buffers = [torch.empty(size, dtype=dtype) for size, dtype in sizes]
     qo = torch.arange(p.batch + 1, dtype=torch.int32) * p.q_len
-    args = dict(kv_granularity=16, max_seqlen_qo=p.q_len, uni_seqlen_qo=p.q_len, fast_mode=False, max_split_per_batch=64,
-                intra_batch_mode=True)
+    args = dict(
+        kv_granularity=16,
+        max_seqlen_qo=p.q_len,
+        uni_seqlen_qo=p.q_len,
+        fast_mode=False,
+        max_split_per_batch=64,
+        intra_batch_mode=True,
+    )
     args.update(overrides)
     truncate = args.pop("truncate_partial_map", False)
     if truncate:
         buffers[5] = buffers[5][:1]
-    get_mla_metadata_v1(qo, p.kv_indptr, torch.ones(p.batch, dtype=torch.int32), heads, 1, False, buffers[0], buffers[2],
-                        buffers[1], buffers[3], buffers[4], buffers[5], **args)
+    get_mla_metadata_v1(
+        qo,
+        p.kv_indptr,
+        torch.ones(p.batch, dtype=torch.int32),
+        heads,
+        1,
+        False,
+        buffers[0],
+        buffers[2],
+        buffers[1],
+        buffers[3],
+        buffers[4],
+        buffers[5],
+        **args,
+    )
     return buffers
 
 
-@pytest.mark.parametrize("heads, overrides, message", [
-    (12, {}, "only supports #heads in \\[16, 128\\]"),  # v1_0_device.cuh's head check
-    (16, {"max_split_per_batch": -1}, "max_split_per_batch must be >= 1"),
-    (16, {"uni_seqlen_qo": -1}, "uni_seqlen_qo must be >= 1"),
-    (16, {"kv_granularity": 24}, "kv_granularity must be a power of 2"),
-    (16, {"truncate_partial_map": True}, "reduce_partial_map holds 1 entries"),
-])
+@pytest.mark.parametrize(
+    "heads, overrides, message",
+    [
+        (12, {}, "only supports #heads in \\[16, 128\\]"),  # v1_0_device.cuh's head check
+        (16, {"max_split_per_batch": -1}, "max_split_per_batch must be >= 1"),
+        (16, {"uni_seqlen_qo": -1}, "uni_seqlen_qo must be >= 1"),
+        (16, {"kv_granularity": 24}, "kv_granularity must be a power of 2"),
+        (16, {"truncate_partial_map": True}, "reduce_partial_map holds 1 entries"),
+    ],
+)
 def test_metadata_refuses_what_aiter_refuses(fake_aiter, heads, overrides, message):
     with pytest.raises(RuntimeError, match=message):
         metadata(make_problem([300, 500]), heads, **overrides)
@@ -129,13 +177,31 @@ def fallback_call(p, **overrides):
     q16 = torch.zeros(p.batch * p.q_len, 16, D_QK, dtype=torch.bfloat16)
     q16[:, :12] = p.q
     o = torch.empty(p.batch * p.q_len, 16, 512, dtype=torch.bfloat16)
-    args = dict(work_meta_data=meta[0], work_indptr=meta[1], work_info_set=meta[2], reduce_indptr=meta[3],
-                reduce_final_map=meta[4], reduce_partial_map=meta[5], sm_scale=p.sm_scale,
-                q_scale=torch.tensor([p.kv_scale]), kv_scale=torch.tensor([p.kv_scale]), num_kv_splits=64)
+    args = dict(
+        work_meta_data=meta[0],
+        work_indptr=meta[1],
+        work_info_set=meta[2],
+        reduce_indptr=meta[3],
+        reduce_final_map=meta[4],
+        reduce_partial_map=meta[5],
+        sm_scale=p.sm_scale,
+        q_scale=torch.tensor([p.kv_scale]),
+        kv_scale=torch.tensor([p.kv_scale]),
+        num_kv_splits=64,
+    )
     indices = overrides.pop("kv_indices", p.kv_indices)
     args.update(overrides)
-    mla_decode_fwd(q16, p.kv.view(-1, 1, 1, D_QK), o, torch.arange(p.batch + 1, dtype=torch.int32) * p.q_len, p.kv_indptr,
-                   indices, torch.ones(p.batch, dtype=torch.int32), p.q_len, **args)
+    mla_decode_fwd(
+        q16,
+        p.kv.view(-1, 1, 1, D_QK),
+        o,
+        torch.arange(p.batch + 1, dtype=torch.int32) * p.q_len,
+        p.kv_indptr,
+        indices,
+        torch.ones(p.batch, dtype=torch.int32),
+        p.q_len,
+        **args,
+    )
     ref = mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, p.q_len)
     return float((o[:, :12].double() - ref.double()).norm() / ref.double().norm())
 
@@ -148,10 +214,13 @@ def test_split_metadata_is_read_back(fake_aiter):
     assert ZERO_SPLIT_BATCHES == [17]  # the one under 196: v1_0 computes 0 splits there
 
 
-@pytest.mark.parametrize("overrides", [
-    lambda p: {"kv_indices": p.kv_indices.long()},  # raw int32 pointer reads the int64 halves
-    lambda p: {"kv_scale": torch.tensor([p.kv_scale], dtype=torch.bfloat16)},  # read as float32 bits
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        lambda p: {"kv_indices": p.kv_indices.long()},  # raw int32 pointer reads the int64 halves
+        lambda p: {"kv_scale": torch.tensor([p.kv_scale], dtype=torch.bfloat16)},  # read as float32 bits
+    ],
+)
 def test_raw_pointer_misreads_give_wrong_answers(fake_aiter, overrides):
     p = make_problem([300, 500])
     assert not fallback_call(p, **overrides(p)) < 1e-2
@@ -174,8 +243,13 @@ def test_non_uniform_q_rows_are_served(fake_aiter):
     p = make_problem([40, 60], q_len=2)
     works = Works(torch.tensor([0, 1]), torch.tensor([0, 2]), torch.tensor([2, 2]), p.kv_indptr[:-1], p.kv_indptr[1:])
     out = p.new_output()
-    finish(work_partials(p.q, p.kv, p.kv_indices, sequences(p.kv_indptr), p.kv_scale, p.sm_scale, 2, works), out, 12, 2,
-           works.qo_start)
+    finish(
+        work_partials(p.q, p.kv, p.kv_indices, sequences(p.kv_indptr), p.kv_scale, p.sm_scale, 2, works),
+        out,
+        12,
+        2,
+        works.qo_start,
+    )
     ref = mla_decode_reference(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, 2)
     assert float((out.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
 
@@ -186,13 +260,31 @@ def test_mla_gluon_takes_an_int_scale_and_the_2d_view(fake_aiter):
     p = make_problem([20, 20])
     q_nope, q_pe = torch.split(p.q, [512, 64], -1)
     o = p.new_output()
-    mla_gluon(q_nope, q_pe, p.kv, o, p.kv_indices.view(2, 20), torch.tensor([20, 20], dtype=torch.int32), p.sm_scale,
-              use_2d_view=True, kv_scale=1)
+    mla_gluon(
+        q_nope,
+        q_pe,
+        p.kv,
+        o,
+        p.kv_indices.view(2, 20),
+        torch.tensor([20, 20], dtype=torch.int32),
+        p.sm_scale,
+        use_2d_view=True,
+        kv_scale=1,
+    )
     ref = mla_decode_reference(p.q, p.kv, 1.0, p.kv_indptr, p.kv_indices, p.sm_scale)
     assert float((o.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
     with pytest.raises(AssertionError, match="kv_scale is a Python number"):
-        mla_gluon(q_nope, q_pe, p.kv, o, p.kv_indices, p.kv_indptr, p.sm_scale, use_2d_view=False,
-                  kv_scale=torch.tensor([1.0]))
+        mla_gluon(
+            q_nope,
+            q_pe,
+            p.kv,
+            o,
+            p.kv_indices,
+            p.kv_indptr,
+            p.sm_scale,
+            use_2d_view=False,
+            kv_scale=torch.tensor([1.0]),
+        )
 
 
 def test_dp_attention_recomputes_the_split_cap(fake_aiter):
@@ -207,8 +299,9 @@ def test_dp_attention_recomputes_the_split_cap(fake_aiter):
 def test_refused_route_raises_sglangs_message(fake_aiter):
     route = flag_routes(NEW, ServingConfig(dcp_size=2))["0"]["1"]
     with pytest.raises(RuntimeError, match="AITER Gluon MLA is required for DCP"):
-        BACKEND_SETS["aiter"]["fallback"].run(make_problem([9]), make_problem([9]).new_output(), Call(max_kv_len=9),
-                                              Serving(route=route))
+        BACKEND_SETS["aiter"]["fallback"].run(
+            make_problem([9]), make_problem([9]).new_output(), Call(max_kv_len=9), Serving(route=route)
+        )
 
 
 def test_capture_guard_names_our_allocations_and_host_copies_not_aiters(fake_aiter):

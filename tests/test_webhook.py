@@ -20,12 +20,26 @@ ROLLOUTS_HERE = {SERVING_NS: [{"name": "kimi", "podSelector": {"matchLabels": {"
 
 
 def sglang_pod(labels=None, env=None, command=None) -> dict:
-    container = {"name": "sglang", "image": "lmsysorg/sglang:v0.5-rocm", "env": env or [{"name": "HF_HOME", "value": "/models"}]}
+    container = {
+        "name": "sglang",
+        "image": "lmsysorg/sglang:v0.5-rocm",
+        "env": env or [{"name": "HF_HOME", "value": "/models"}],
+    }
     if command:
         container["command"] = command
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": "sglang-", "namespace": SERVING_NS, "labels": labels if labels is not None else {"app": "sglang"}},
-            "spec": {"containers": [container, {"name": "sidecar", "image": "busybox"}], "volumes": [{"name": "models", "emptyDir": {}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "sglang-",
+            "namespace": SERVING_NS,
+            "labels": labels if labels is not None else {"app": "sglang"},
+        },
+        "spec": {
+            "containers": [container, {"name": "sidecar", "image": "busybox"}],
+            "volumes": [{"name": "models", "emptyDir": {}}],
+        },
+    }
 
 
 def apply(pod: dict, changes: dict | None) -> dict:
@@ -44,15 +58,31 @@ def test_mutation_injects_and_is_idempotent():
     spec = mutated["spec"]
     assert [v["name"] for v in spec["volumes"]] == ["models", webhook.VOLUME]
     install, preflight = spec["initContainers"]
-    assert install["image"] == CONFIG.agent_image and install["command"] == ["gluon-agent", "preflight", "--install", "/gluon"]
+    assert install["image"] == CONFIG.agent_image and install["command"] == [
+        "gluon-agent",
+        "preflight",
+        "--install",
+        "/gluon",
+    ]
     assert preflight["image"] == "lmsysorg/sglang:v0.5-rocm"  # the serving container's own image
     assert preflight["command"] == ["/bin/sh", "-c", webhook.preflight_script(CONFIG.deadline_s)]
     # the serving container's env reaches the preflight (less the flag); ours comes last
     assert [e["name"] for e in preflight["env"]] == ["HF_HOME", "HOST_IP", "NODE_NAME"]
     serving, sidecar = spec["containers"]
     flags = [e for e in serving["env"] if e["name"] == contract.FLAG_ENV]
-    assert flags == [{"name": contract.FLAG_ENV, "valueFrom": {"fileKeyRef": {
-        "volumeName": webhook.VOLUME, "path": "flag.env", "key": contract.FLAG_ENV, "optional": False}}}]
+    assert flags == [
+        {
+            "name": contract.FLAG_ENV,
+            "valueFrom": {
+                "fileKeyRef": {
+                    "volumeName": webhook.VOLUME,
+                    "path": "flag.env",
+                    "key": contract.FLAG_ENV,
+                    "optional": False,
+                }
+            },
+        }
+    ]
     assert sidecar == pod["spec"]["containers"][1]  # another image: the preflight did not check it
     assert {"name": "HF_HOME", "value": "/m"} in spec["containers"][0]["env"]  # the user's other env stays
     assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
@@ -69,7 +99,9 @@ def test_the_agent_port_is_passed_to_the_preflight_only_when_not_the_default():
     assert preflight["command"] == ["/bin/sh", "-c", webhook.preflight_script(moved.deadline_s, agent_port=9555)]
     assert " --agent-port 9555 &\n" in preflight["command"][2]
     default = apply(pod, webhook.mutation(pod, "kimi", CONFIG))["spec"]["initContainers"][1]
-    assert "--agent-port" not in default["command"][2]  # an agent image older than the option still serves a default install
+    assert (
+        "--agent-port" not in default["command"][2]
+    )  # an agent image older than the option still serves a default install
     assert agent_port(None) == agent_port("") == contract.AGENT_PORT and agent_port("9555") == 9555
     for bad in ("0", "65536", "http", "-1"):
         with pytest.raises(ValueError, match="GLUON_AGENT_PORT=.*is not a TCP port"):
@@ -91,15 +123,18 @@ def test_shell_mode_wraps_the_command_and_round_trips():
         webhook.mutation(without_command, "kimi", shell)
 
 
-@pytest.mark.parametrize("selector,labels,matches", [
-    ({"matchLabels": {"app": "sglang"}}, {"app": "sglang", "x": "y"}, True),
-    ({"matchLabels": {"app": "sglang"}}, {"app": "vllm"}, False),
-    ({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}, {"tier": "b"}, True),
-    ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, {"tier": "a"}, False),
-    ({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, {}, False),
-    ({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {}, True),
-    ({}, {"app": "sglang"}, False),
-])
+@pytest.mark.parametrize(
+    "selector,labels,matches",
+    [
+        ({"matchLabels": {"app": "sglang"}}, {"app": "sglang", "x": "y"}, True),
+        ({"matchLabels": {"app": "sglang"}}, {"app": "vllm"}, False),
+        ({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}, {"tier": "b"}, True),
+        ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, {"tier": "a"}, False),
+        ({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, {}, False),
+        ({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {}, True),
+        ({}, {"app": "sglang"}, False),
+    ],
+)
 def test_selector_semantics(selector, labels, matches):
     assert webhook.selector_matches(selector, labels) is matches
 
@@ -118,16 +153,28 @@ def test_env_null_is_read_as_empty_and_injected():
     assert [e["name"] for e in serving["env"]] == [contract.FLAG_ENV]
 
 
-@pytest.mark.parametrize("spoil,why", [
-    (lambda pod: pod["spec"]["containers"][0].pop("image"), "the serving container 'sglang' has no image to run the preflight in"),
-    (lambda pod: pod["spec"]["containers"][0].update(env="HF_HOME=/m"), "spec.containers[0].env is not a list of objects"),
-    (lambda pod: pod["spec"]["containers"][0].update(command="python3 -m sglang"), "spec.containers[0].command is not a list of strings"),
-    (lambda pod: pod["spec"].update(containers=None), "the pod has no containers"),
-    (lambda pod: pod["spec"].update(containers=["sglang"]), "spec.containers is not a list of objects"),
-    (lambda pod: pod["spec"].update(volumes={"name": "x"}), "spec.volumes is not a list of objects"),
-    (lambda pod: pod["metadata"].update(annotations=["x"]), "metadata.annotations is not an object"),
-    (lambda pod: pod.pop("spec"), "the pod has no spec"),
-])
+@pytest.mark.parametrize(
+    "spoil,why",
+    [
+        (
+            lambda pod: pod["spec"]["containers"][0].pop("image"),
+            "the serving container 'sglang' has no image to run the preflight in",
+        ),
+        (
+            lambda pod: pod["spec"]["containers"][0].update(env="HF_HOME=/m"),
+            "spec.containers[0].env is not a list of objects",
+        ),
+        (
+            lambda pod: pod["spec"]["containers"][0].update(command="python3 -m sglang"),
+            "spec.containers[0].command is not a list of strings",
+        ),
+        (lambda pod: pod["spec"].update(containers=None), "the pod has no containers"),
+        (lambda pod: pod["spec"].update(containers=["sglang"]), "spec.containers is not a list of objects"),
+        (lambda pod: pod["spec"].update(volumes={"name": "x"}), "spec.volumes is not a list of objects"),
+        (lambda pod: pod["metadata"].update(annotations=["x"]), "metadata.annotations is not an object"),
+        (lambda pod: pod.pop("spec"), "the pod has no spec"),
+    ],
+)
 def test_odd_pods_are_admitted_unchanged_with_a_warning(spoil, why):
     pod = sglang_pod()
     spoil(pod)
@@ -140,24 +187,44 @@ def test_an_internal_error_is_admitted_with_a_warning():
     broken = {SERVING_NS: [{"name": "kimi", "podSelector": {"matchExpressions": [{"operator": "In"}]}}]}  # no key
     answer = webhook.admit(sglang_pod(), SERVING_NS, broken, CONFIG)
     assert answer.outcome == "error" and answer.changes is None
-    assert answer.warnings[0].startswith("gluon-rollout did not inject (internal error, pod admitted as it is): KeyError")
+    assert answer.warnings[0].startswith(
+        "gluon-rollout did not inject (internal error, pod admitted as it is): KeyError"
+    )
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-                    max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
 
 
 def pod_fields():
     """Pods whose every field the webhook reads may hold any JSON value."""
-    container = st.fixed_dictionaries({"name": st.sampled_from(["sglang", "istio-proxy"]) | JSON},
-                                      optional={k: JSON | st.just([]) for k in ("image", "env", "envFrom", "volumeMounts", "command")})
-    spec = st.fixed_dictionaries({"containers": st.lists(container | JSON, max_size=3) | JSON},
-                                 optional={"initContainers": JSON, "volumes": JSON})
-    meta = st.fixed_dictionaries({"labels": st.just({"app": "sglang"}) | JSON},
-                                 optional={"annotations": st.dictionaries(st.sampled_from([
-                                     contract.ANNOTATION_POD_INJECTED, contract.ANNOTATION_POD_SERVING_CONTAINER,
-                                     contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER]), JSON) | JSON})
+    container = st.fixed_dictionaries(
+        {"name": st.sampled_from(["sglang", "istio-proxy"]) | JSON},
+        optional={k: JSON | st.just([]) for k in ("image", "env", "envFrom", "volumeMounts", "command")},
+    )
+    spec = st.fixed_dictionaries(
+        {"containers": st.lists(container | JSON, max_size=3) | JSON},
+        optional={"initContainers": JSON, "volumes": JSON},
+    )
+    meta = st.fixed_dictionaries(
+        {"labels": st.just({"app": "sglang"}) | JSON},
+        optional={
+            "annotations": st.dictionaries(
+                st.sampled_from(
+                    [
+                        contract.ANNOTATION_POD_INJECTED,
+                        contract.ANNOTATION_POD_SERVING_CONTAINER,
+                        contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER,
+                    ]
+                ),
+                JSON,
+            )
+            | JSON
+        },
+    )
     return st.fixed_dictionaries({"metadata": meta}, optional={"spec": spec | JSON})
 
 
@@ -179,7 +246,9 @@ def test_admit_never_raises_and_never_denies(pod, shell):
 def test_a_user_object_with_our_name_is_kept_and_warned_about(where):
     pod = sglang_pod()
     name = webhook.PREFLIGHT_CONTAINER if where == "initContainers" else webhook.VOLUME
-    pod["spec"][where] = pod["spec"].get(where, []) + [{"name": name, "image": "mine"} if where == "initContainers" else {"name": name, "emptyDir": {}}]
+    pod["spec"][where] = pod["spec"].get(where, []) + [
+        {"name": name, "image": "mine"} if where == "initContainers" else {"name": name, "emptyDir": {}}
+    ]
     answer = admit(pod)
     assert answer.outcome == "not-injected" and answer.changes is None  # never removed, never reused
     assert name in answer.warnings[0] and "a name the injection uses" in answer.warnings[0]
@@ -195,7 +264,9 @@ def test_a_regular_container_with_our_name_is_left_alone_so_the_api_server_accep
         pod["metadata"]["annotations"] = {contract.ANNOTATION_POD_INJECTED: "kimi"}
     answer = admit(pod)
     assert answer.outcome == "not-injected" and answer.changes is None
-    assert answer.warnings == (f"gluon-rollout did not inject: the pod already has a container named {name!r} (a name the injection uses)",)
+    assert answer.warnings == (
+        f"gluon-rollout did not inject: the pod already has a container named {name!r} (a name the injection uses)",
+    )
 
 
 def test_our_own_earlier_injection_is_no_clash():
@@ -216,13 +287,16 @@ SGLANG = {"name": "sglang", "image": "lmsysorg/sglang:v0.5-rocm", "command": ["p
 TOOLS = {"name": "tools", "image": "busybox"}
 
 
-@pytest.mark.parametrize("containers,annotations,serving", [
-    ([PROXY, SGLANG], {}, "sglang"),  # Istio's proxy first (holdApplicationUntilProxyStarts)
-    ([TOOLS, SGLANG], {contract.ANNOTATION_POD_SERVING_CONTAINER: "sglang"}, "sglang"),
-    ([TOOLS, SGLANG], {contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER: "sglang"}, "sglang"),
-    ([TOOLS, SGLANG], {contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER: "gone"}, "tools"),  # kubectl's: a hint only
-    ([SGLANG, TOOLS], {}, "sglang"),
-])
+@pytest.mark.parametrize(
+    "containers,annotations,serving",
+    [
+        ([PROXY, SGLANG], {}, "sglang"),  # Istio's proxy first (holdApplicationUntilProxyStarts)
+        ([TOOLS, SGLANG], {contract.ANNOTATION_POD_SERVING_CONTAINER: "sglang"}, "sglang"),
+        ([TOOLS, SGLANG], {contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER: "sglang"}, "sglang"),
+        ([TOOLS, SGLANG], {contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER: "gone"}, "tools"),  # kubectl's: a hint only
+        ([SGLANG, TOOLS], {}, "sglang"),
+    ],
+)
 def test_the_serving_container_is_found_by_name(containers, annotations, serving):
     pod = pod_with(containers, annotations)
     spec = apply(pod, admit(pod).changes)["spec"]
@@ -254,18 +328,26 @@ def test_shell_mode_leaves_a_sidecar_without_a_command_alone():
 
 
 def test_the_preflight_sees_the_serving_containers_env_and_mounts():
-    serving = {**SGLANG, "env": [{"name": "PYTHONPATH", "value": "/models/code"}, {"name": "HOST_IP", "value": "spoofed"},
-                                 {"name": contract.FLAG_ENV, "value": "1"}],
-               "envFrom": [{"configMapRef": {"name": "serving-env"}}],
-               "volumeMounts": [{"name": "models", "mountPath": "/models", "mountPropagation": "HostToContainer"}]}
+    serving = {
+        **SGLANG,
+        "env": [
+            {"name": "PYTHONPATH", "value": "/models/code"},
+            {"name": "HOST_IP", "value": "spoofed"},
+            {"name": contract.FLAG_ENV, "value": "1"},
+        ],
+        "envFrom": [{"configMapRef": {"name": "serving-env"}}],
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "mountPropagation": "HostToContainer"}],
+    }
     pod = pod_with([serving])
     preflight = apply(pod, admit(pod).changes)["spec"]["initContainers"][1]
     assert preflight["env"][0] == {"name": "PYTHONPATH", "value": "/models/code"}
     assert [e["name"] for e in preflight["env"]] == ["PYTHONPATH", "HOST_IP", "NODE_NAME"]
     assert preflight["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"  # ours, not the spoof
     assert preflight["envFrom"] == serving["envFrom"]
-    assert preflight["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True},
-                                         {"name": webhook.VOLUME, "mountPath": webhook.MOUNT}]
+    assert preflight["volumeMounts"] == [
+        {"name": "models", "mountPath": "/models", "readOnly": True},
+        {"name": webhook.VOLUME, "mountPath": webhook.MOUNT},
+    ]
 
 
 # ---------------------------------------------------------------- the admission server's body limit (kopf + aiohttp, no API server)
@@ -285,10 +367,16 @@ def test_reviews_over_aiohttps_1_mib_default_are_read():
 
     async def fn(review, **_):
         seen.append(len(json.dumps(review)))
-        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": review["request"]["uid"], "allowed": True}}
+        return {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": review["request"]["uid"], "allowed": True},
+        }
 
     def too_large() -> float:
-        return METRICS.registry.get_sample_value(contract.M_ROLLOUT_WEBHOOK_REVIEWS + "_total", {"outcome": webhook.TOO_LARGE})
+        return METRICS.registry.get_sample_value(
+            contract.M_ROLLOUT_WEBHOOK_REVIEWS + "_total", {"outcome": webhook.TOO_LARGE}
+        )
 
     async def main():
         server = AdmissionServer(addr="127.0.0.1", port=free_port(), insecure=True)
@@ -311,9 +399,19 @@ def test_reviews_over_aiohttps_1_mib_default_are_read():
     assert seen and seen[0] > 3 * 1024 * 1024
 
 
-REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-    "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "resource": {"group": "", "version": "v1", "resource": "pods"},
-    "operation": "CREATE", "userInfo": {"username": "x"}, "object": {"metadata": {}}, "oldObject": None}}
+REVIEW = {
+    "apiVersion": "admission.k8s.io/v1",
+    "kind": "AdmissionReview",
+    "request": {
+        "uid": "u1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "userInfo": {"username": "x"},
+        "object": {"metadata": {}},
+        "oldObject": None,
+    },
+}
 
 
 def spoiled(path: str, value) -> dict:
@@ -329,24 +427,30 @@ def spoiled(path: str, value) -> dict:
     return review
 
 
-@pytest.mark.parametrize("body,why", [
-    (b"[1, 2]", "the body is a JSON list, not an AdmissionReview object"),
-    (b'"x"', "the body is a JSON str"),
-    (b"{}", "the body is not an AdmissionReview: apiVersion 'None', kind 'None'"),
-    (json.dumps({**REVIEW, "kind": "Pod"}).encode(), "kind 'Pod'"),
-    (json.dumps(spoiled("request", "x")).encode(), "the AdmissionReview has no request object"),
-    (json.dumps(spoiled("request.uid", KeyError)).encode(), "request.uid is missing or not a string"),
-    (json.dumps(spoiled("request.operation", 7)).encode(), "request.operation is missing or not a string"),
-    (json.dumps(spoiled("request.resource", {"group": ""})).encode(), "request.resource is missing or not an object of strings"),
-    (json.dumps(spoiled("request.kind", None)).encode(), "request.kind is missing"),
-    (json.dumps(spoiled("request.userInfo", KeyError)).encode(), "request.userInfo is missing or not an object"),
-    (json.dumps(spoiled("request.object", [1])).encode(), "request.object is not an object"),
-    (json.dumps(spoiled("request.object", None)).encode(), "the request carries neither object nor oldObject"),
-    (json.dumps(spoiled("request.subResource", 1)).encode(), "request.subResource is not a string"),
-    (b'{"apiVersion": ' * 3000, "the body is unreadable: it is"),
-    (b"[" * 5000 + b"]" * 5000, "the body is unreadable: it is nested deeper than 64 levels"),
-    (b"\xff", "the body is unreadable: it is not JSON"),
-])
+@pytest.mark.parametrize(
+    "body,why",
+    [
+        (b"[1, 2]", "the body is a JSON list, not an AdmissionReview object"),
+        (b'"x"', "the body is a JSON str"),
+        (b"{}", "the body is not an AdmissionReview: apiVersion 'None', kind 'None'"),
+        (json.dumps({**REVIEW, "kind": "Pod"}).encode(), "kind 'Pod'"),
+        (json.dumps(spoiled("request", "x")).encode(), "the AdmissionReview has no request object"),
+        (json.dumps(spoiled("request.uid", KeyError)).encode(), "request.uid is missing or not a string"),
+        (json.dumps(spoiled("request.operation", 7)).encode(), "request.operation is missing or not a string"),
+        (
+            json.dumps(spoiled("request.resource", {"group": ""})).encode(),
+            "request.resource is missing or not an object of strings",
+        ),
+        (json.dumps(spoiled("request.kind", None)).encode(), "request.kind is missing"),
+        (json.dumps(spoiled("request.userInfo", KeyError)).encode(), "request.userInfo is missing or not an object"),
+        (json.dumps(spoiled("request.object", [1])).encode(), "request.object is not an object"),
+        (json.dumps(spoiled("request.object", None)).encode(), "the request carries neither object nor oldObject"),
+        (json.dumps(spoiled("request.subResource", 1)).encode(), "request.subResource is not a string"),
+        (b'{"apiVersion": ' * 3000, "the body is unreadable: it is"),
+        (b"[" * 5000 + b"]" * 5000, "the body is unreadable: it is nested deeper than 64 levels"),
+        (b"\xff", "the body is unreadable: it is not JSON"),
+    ],
+)
 def test_a_body_that_is_not_an_admission_review_is_answered_400_with_why(body, why):
     """Before, kopf's KeyError or AttributeError on such a body was a 500 with a traceback in the log."""
     import asyncio
@@ -360,10 +464,16 @@ def test_a_body_that_is_not_an_admission_review_is_answered_400_with_why(body, w
 
     async def fn(review, **_):
         called.append(review)
-        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {"uid": review["request"]["uid"], "allowed": True}}
+        return {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": review["request"]["uid"], "allowed": True},
+        }
 
     def refused() -> float:
-        return METRICS.registry.get_sample_value(contract.M_ROLLOUT_WEBHOOK_REVIEWS + "_total", {"outcome": webhook.NOT_A_REVIEW})
+        return METRICS.registry.get_sample_value(
+            contract.M_ROLLOUT_WEBHOOK_REVIEWS + "_total", {"outcome": webhook.NOT_A_REVIEW}
+        )
 
     async def main():
         server = AdmissionServer(addr="127.0.0.1", port=free_port(), insecure=True)

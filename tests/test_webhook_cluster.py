@@ -23,24 +23,49 @@ from tests.helpers import wait_for
 
 
 def sglang_pod(namespace: str, labels=None, env=None) -> dict:
-    container = {"name": "sglang", "image": "lmsysorg/sglang:v0.5-rocm", "env": env or [{"name": "HF_HOME", "value": "/models"}]}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": "sglang-", "namespace": namespace, "labels": labels if labels is not None else dict(fleet.SERVING_POD_LABELS)},
-            "spec": {"containers": [container, {"name": "sidecar", "image": "busybox"}], "volumes": [{"name": "models", "emptyDir": {}}]}}
+    container = {
+        "name": "sglang",
+        "image": "lmsysorg/sglang:v0.5-rocm",
+        "env": env or [{"name": "HF_HOME", "value": "/models"}],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "sglang-",
+            "namespace": namespace,
+            "labels": labels if labels is not None else dict(fleet.SERVING_POD_LABELS),
+        },
+        "spec": {
+            "containers": [container, {"name": "sidecar", "image": "busybox"}],
+            "volumes": [{"name": "models", "emptyDir": {}}],
+        },
+    }
 
 
 def review(url: str, context: ssl.SSLContext, pod: dict, probe: bool = False) -> dict:
     """POST an AdmissionReview exactly as the API server sends one for a pod CREATE."""
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "namespace": pod["metadata"]["namespace"], "operation": "CREATE",
-        "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller", "groups": ["system:serviceaccounts"]},
-        "object": pod, "oldObject": None, "dryRun": False,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-    }}
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": pod["metadata"]["namespace"],
+            "operation": "CREATE",
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "groups": ["system:serviceaccounts"],
+            },
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, context=context, timeout=5) as response:
@@ -66,8 +91,16 @@ def webhook_url(monkeypatch, installed, namespace, admin):
     with kopf_operator(monkeypatch, installed, namespace, webhook=True):
         url = f"https://127.0.0.1:{installed.webhook_port}/inject"
         context = ssl.create_default_context(cafile=str(installed.cp.pki.ca.cert))  # the caBundle the chart was given
-        wait_for(lambda: review(url, context, sglang_pod(namespace, labels={"app": "x"}), probe=True), timeout=30, what="webhook up")
-        wait_for(lambda: review(url, context, sglang_pod(namespace))["response"].get("patch"), timeout=30, what="rollout indexed")
+        wait_for(
+            lambda: review(url, context, sglang_pod(namespace, labels={"app": "x"}), probe=True),
+            timeout=30,
+            what="webhook up",
+        )
+        wait_for(
+            lambda: review(url, context, sglang_pod(namespace))["response"].get("patch"),
+            timeout=30,
+            what="rollout indexed",
+        )
         yield url, context
 
 
@@ -78,7 +111,10 @@ def test_webhook_over_tls(webhook_url, namespace):
     assert answer["kind"] == "AdmissionReview" and answer["response"]["uid"]
     mutated = patched(pod, answer)
     assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
-    assert [c["name"] for c in mutated["spec"]["initContainers"]] == [webhook.INSTALL_CONTAINER, webhook.PREFLIGHT_CONTAINER]
+    assert [c["name"] for c in mutated["spec"]["initContainers"]] == [
+        webhook.INSTALL_CONTAINER,
+        webhook.PREFLIGHT_CONTAINER,
+    ]
     env = mutated["spec"]["containers"][0]["env"]
     assert [e for e in env if e["name"] == contract.FLAG_ENV][0]["valueFrom"]["fileKeyRef"]["path"] == "flag.env"
     assert len([e for e in env if e["name"] == contract.FLAG_ENV]) == 1  # the template's value replaced
@@ -99,17 +135,25 @@ def test_api_server_applies_the_webhook_patch(webhook_url, namespace, admin):
     expected = patched(pod, review(url, context, pod))
     created = client.ApiClient().sanitize_for_serialization(core.create_namespaced_pod(namespace, pod, dry_run="All"))
     assert created["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
-    assert [c["name"] for c in created["spec"]["initContainers"]] == [c["name"] for c in expected["spec"]["initContainers"]]
+    assert [c["name"] for c in created["spec"]["initContainers"]] == [
+        c["name"] for c in expected["spec"]["initContainers"]
+    ]
     assert {v["name"] for v in expected["spec"]["volumes"]} <= {v["name"] for v in created["spec"]["volumes"]}
     for got, want in zip(created["spec"]["containers"], expected["spec"]["containers"]):
-        assert [e for e in got.get("env", []) if e["name"] == contract.FLAG_ENV] == [e for e in want.get("env", []) if e["name"] == contract.FLAG_ENV]
+        assert [e for e in got.get("env", []) if e["name"] == contract.FLAG_ENV] == [
+            e for e in want.get("env", []) if e["name"] == contract.FLAG_ENV
+        ]
     other = core.create_namespaced_pod(namespace, sglang_pod(namespace, labels={"app": "vllm"}), dry_run="All")
     assert not other.spec.init_containers and contract.ANNOTATION_POD_INJECTED not in (other.metadata.annotations or {})
     # a regular container named like our init containers: left as it is, so the API server accepts it (not 422 Duplicate value)
     clash = sglang_pod(namespace)
     clash["spec"]["containers"].append({"name": webhook.PREFLIGHT_CONTAINER, "image": "busybox"})
     kept = core.create_namespaced_pod(namespace, clash, dry_run="All")
-    assert not kept.spec.init_containers and [c.name for c in kept.spec.containers] == ["sglang", "sidecar", webhook.PREFLIGHT_CONTAINER]
+    assert not kept.spec.init_containers and [c.name for c in kept.spec.containers] == [
+        "sglang",
+        "sidecar",
+        webhook.PREFLIGHT_CONTAINER,
+    ]
 
 
 def test_odd_and_large_pods_are_allowed_over_tls(webhook_url, namespace):
@@ -119,12 +163,18 @@ def test_odd_and_large_pods_are_allowed_over_tls(webhook_url, namespace):
     no_image["spec"]["containers"][0].pop("image")
     answer = review(url, context, no_image)["response"]
     assert answer["allowed"] is True and "patch" not in answer and "status" not in answer
-    assert answer["warnings"] == ["gluon-rollout did not inject: the serving container 'sglang' has no image to run the preflight in"]
+    assert answer["warnings"] == [
+        "gluon-rollout did not inject: the serving container 'sglang' has no image to run the preflight in"
+    ]
     large = sglang_pod(namespace)
     large["metadata"]["annotations"] = {"example.com/blob": "x" * (1536 * 1024)}  # etcd's 1.5 MiB object limit
     mutated = patched(large, review(url, context, large))
     assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
-    for body in (b"[]", b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "u"}}', b"[" * 5000):
+    for body in (
+        b"[]",
+        b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "u"}}',
+        b"[" * 5000,
+    ):
         request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, context=context, timeout=5)
@@ -135,11 +185,22 @@ def test_the_api_server_passes_on_the_warning_for_a_pod_whose_flag_0_has_no_rout
     """A DCP pod (PR #34432's `--dcp-size 8`) whose template carries SGLANG_AITER_MLA_GLUON=0: admitted and
     injected, and the API server hands the webhook's warning to the client (the `Warning` header)."""
     pod = sglang_pod(namespace, env=[{"name": contract.FLAG_ENV, "value": "0"}])
-    pod["spec"]["containers"][0]["command"] = ["python3", "-m", "sglang.launch_server", "--tp-size", "8", "--dcp-size", "8"]
+    pod["spec"]["containers"][0]["command"] = [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--tp-size",
+        "8",
+        "--dcp-size",
+        "8",
+    ]
     created, _, headers = client.CoreV1Api(admin).create_namespaced_pod_with_http_info(namespace, pod, dry_run="All")
     assert created.metadata.annotations[contract.ANNOTATION_POD_INJECTED] == "kimi"
     warning = headers.get("Warning") or ""
-    assert "no working route at SGLANG_AITER_MLA_GLUON=0" in warning and "the template's SGLANG_AITER_MLA_GLUON=0 would crash serving" in warning
+    assert (
+        "no working route at SGLANG_AITER_MLA_GLUON=0" in warning
+        and "the template's SGLANG_AITER_MLA_GLUON=0 would crash serving" in warning
+    )
     plain = sglang_pod(namespace)
     _, _, quiet = client.CoreV1Api(admin).create_namespaced_pod_with_http_info(namespace, plain, dry_run="All")
     assert "no working route" not in (quiet.get("Warning") or "")

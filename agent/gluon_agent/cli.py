@@ -67,13 +67,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if not args.node_name:
-        print("gluon-agent run: no node name: set NODE_NAME (downward API spec.nodeName) or --node-name", file=sys.stderr)
+        print(
+            "gluon-agent run: no node name: set NODE_NAME (downward API spec.nodeName) or --node-name", file=sys.stderr
+        )
         return 2
     source = SimulatedSource(args.simulate) if args.simulate else RealSource(args.cpu_interpret, args.selftest_timeout)
     config = AgentConfig(
-        node_name=args.node_name, host=args.host, port=args.port, period=args.period, jitter=args.jitter,
-        probe_interval=args.probe_interval, retry_base=args.retry_base, max_view_age=args.max_view_age,
-        watch_timeout=args.watch_timeout, tick=args.tick,
+        node_name=args.node_name,
+        host=args.host,
+        port=args.port,
+        period=args.period,
+        jitter=args.jitter,
+        probe_interval=args.probe_interval,
+        retry_base=args.retry_base,
+        max_view_age=args.max_view_age,
+        watch_timeout=args.watch_timeout,
+        tick=args.tick,
     )
     agent = Agent(config, NodeApi(make_api_client(args.api_url, args.kubeconfig), args.node_name), source)
     install_signal_handlers(agent)
@@ -92,19 +101,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, help="seconds per check child")
     p.set_defaults(func=cmd_probe)
 
-    s = sub.add_parser("selftest", help="on-GPU correctness, graph and speed test of the accelerated and fallback paths")
+    s = sub.add_parser(
+        "selftest", help="on-GPU correctness, graph and speed test of the accelerated and fallback paths"
+    )
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--backends", choices=("auto", "aiter", "triton"), default="auto",
-                   help="auto: aiter on a capable gfx950 stack, else the portable Triton kernel")
-    s.add_argument("--cpu-interpret", action="store_true",
-                   help="run the portable kernel under TRITON_INTERPRET=1 on tiny CPU shapes (no GPU needed)")
+    s.add_argument(
+        "--backends",
+        choices=("auto", "aiter", "triton"),
+        default="auto",
+        help="auto: aiter on a capable gfx950 stack, else the portable Triton kernel",
+    )
+    s.add_argument(
+        "--cpu-interpret",
+        action="store_true",
+        help="run the portable kernel under TRITON_INTERPRET=1 on tiny CPU shapes (no GPU needed)",
+    )
     s.add_argument("--no-timing", action="store_true", help="skip the timing and copy-ceiling steps")
     s.add_argument("--timeout", type=positive_float, default=runner.DEFAULT_TIMEOUT_S, help="seconds per child")
-    s.add_argument("--mtp-q-lens", type=q_lens, default=runner.plan.MTP_Q_LENS, metavar="N,N,...",
-                   help="q lengths of the speculative-decoding (MTP) cases, e.g. 2,3,4 (default); '' for none")
-    s.add_argument("--serving-config", type=serving_config, metavar="JSON|@FILE",
-                   help='the serving pods\' setup the routes follow, e.g. {"verifyQLens": [8]} (DSpark block 7), '
-                        '{"dcpSize": 2}; overrides --mtp-q-lens')
+    s.add_argument(
+        "--mtp-q-lens",
+        type=q_lens,
+        default=runner.plan.MTP_Q_LENS,
+        metavar="N,N,...",
+        help="q lengths of the speculative-decoding (MTP) cases, e.g. 2,3,4 (default); '' for none",
+    )
+    s.add_argument(
+        "--serving-config",
+        type=serving_config,
+        metavar="JSON|@FILE",
+        help='the serving pods\' setup the routes follow, e.g. {"verifyQLens": [8]} (DSpark block 7), '
+        '{"dcpSize": 2}; overrides --mtp-q-lens',
+    )
     s.set_defaults(func=cmd_selftest)
 
     r = sub.add_parser("run", help="the node daemon: probe, self-test, publish labels and report, serve metrics")
@@ -127,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     # Listed for --help; main() hands `preflight ...` to preflight.main (its own options).
-    sub.add_parser("preflight", add_help=False, help="serving pod init step: decide the flag (gluon-agent preflight --help)")
+    sub.add_parser(
+        "preflight", add_help=False, help="serving pod init step: decide the flag (gluon-agent preflight --help)"
+    )
     return parser
 
 

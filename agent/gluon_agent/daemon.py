@@ -61,13 +61,15 @@ def selftest_summary(report: Mapping[str, Any], trigger: str) -> dict[str, Any]:
         for path, info in paths.items():
             errors = [c["rel_l2"] for c in (info.get("child") or {}).get("cases", []) if c.get("rel_l2") is not None]
             max_error[path] = max(errors) if errors else None
-        gpus.append({
-            "index": gpu.get("index"),
-            "result": gpu.get("result", {}),
-            "speedup": gpu.get("speedup", {}),
-            "max_rel_l2": max_error,
-            "reasons": {p: i.get("reasons", [])[:MAX_REASONS] for p, i in paths.items() if i.get("reasons")},
-        })
+        gpus.append(
+            {
+                "index": gpu.get("index"),
+                "result": gpu.get("result", {}),
+                "speedup": gpu.get("speedup", {}),
+                "max_rel_l2": max_error,
+                "reasons": {p: i.get("reasons", [])[:MAX_REASONS] for p, i in paths.items() if i.get("reasons")},
+            }
+        )
     return {
         "result": report.get("result"),
         "fingerprint": report.get("fingerprint"),
@@ -80,13 +82,21 @@ def selftest_summary(report: Mapping[str, Any], trigger: str) -> dict[str, Any]:
         "problems": report.get("problems", []),
         "simulated": bool(report.get("simulated")),
         "serving": report.get("serving"),  # the configuration proved, with its digest (the operator gates on it)
-        "no_route": {path: info.get("no_route") for path, info in (report.get("routes") or {}).items() if info.get("no_route")},
+        "no_route": {
+            path: info.get("no_route") for path, info in (report.get("routes") or {}).items() if info.get("no_route")
+        },
         "gpus": gpus,
     }
 
 
-def node_report(node: str, probe: Mapping[str, Any], fp: str, selftest: Mapping[str, Any] | None,
-                verdict: str, last_attempt: Mapping[str, Any] | None) -> dict[str, Any]:
+def node_report(
+    node: str,
+    probe: Mapping[str, Any],
+    fp: str,
+    selftest: Mapping[str, Any] | None,
+    verdict: str,
+    last_attempt: Mapping[str, Any] | None,
+) -> dict[str, Any]:
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "agent_version": __version__,
@@ -161,8 +171,9 @@ class NodeView:
             return self._node, age
 
 
-def watch_node(api: NodeApi, view: NodeView, stop: threading.Event, config: AgentConfig, metrics: AgentMetrics,
-               rng: random.Random) -> None:
+def watch_node(
+    api: NodeApi, view: NodeView, stop: threading.Event, config: AgentConfig, metrics: AgentMetrics, rng: random.Random
+) -> None:
     """List, then watch from that resourceVersion; reconnect on any end, relist on 410, back off on errors."""
     failures = 0
     while not stop.is_set():
@@ -187,8 +198,15 @@ def watch_node(api: NodeApi, view: NodeView, stop: threading.Event, config: Agen
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, api: NodeApi, source: ResultSource, metrics: AgentMetrics | None = None,
-                 rng: random.Random | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        api: NodeApi,
+        source: ResultSource,
+        metrics: AgentMetrics | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config, self.api, self.source = config, api, source
         self.metrics = metrics or AgentMetrics()
         self.rng = rng or random.Random()
@@ -249,13 +267,16 @@ class Agent:
 
     def desired(self) -> decisions.Desired:
         assert self.probe_report is not None and self.fingerprint is not None
-        report = node_report(self.config.node_name, self.probe_report, self.fingerprint, self.selftest,
-                             self.verdict, self.last_attempt)
+        report = node_report(
+            self.config.node_name, self.probe_report, self.fingerprint, self.selftest, self.verdict, self.last_attempt
+        )
         return decisions.desired_state(self.probe_report, self.verdict, report)
 
     # ------------------------------------------------------------ self-test
 
-    def start_selftest(self, now: float, reason: str, request: str | None, serving: ServingConfig = DEFAULT_SERVING) -> None:
+    def start_selftest(
+        self, now: float, reason: str, request: str | None, serving: ServingConfig = DEFAULT_SERVING
+    ) -> None:
         log.info("self-test starting: %s (serving config %s)", reason, serving.digest)
         assert self.probe_report is not None
         probe_report = dict(self.probe_report)
@@ -268,8 +289,13 @@ class Agent:
             report = self.running.result()
         except Exception as exc:  # a broken source is an error verdict, never a dead agent
             log.exception("self-test crashed")
-            report = {"result": "error", "problems": [f"self-test raised {type(exc).__name__}: {exc}"],
-                      "gpus": [], "finished_at": self.clock(), "seconds": 0}
+            report = {
+                "result": "error",
+                "problems": [f"self-test raised {type(exc).__name__}: {exc}"],
+                "gpus": [],
+                "finished_at": self.clock(),
+                "seconds": 0,
+            }
         self.running = None
         self.metrics.observe_selftest(report)
         result = report.get("result", "error")
@@ -279,12 +305,26 @@ class Agent:
             self.verdict, self.verdict_fingerprint, self.selftest = result, self.fingerprint, summary
             self.last_attempt = None
         else:
-            self.last_attempt = {"result": result, "at": summary["tested_at"], "problems": summary["problems"],
-                                 "gpus": summary["gpus"]}
+            self.last_attempt = {
+                "result": result,
+                "at": summary["tested_at"],
+                "problems": summary["problems"],
+                "gpus": summary["gpus"],
+            }
         log.info("self-test %s (published verdict %s)", result, self.verdict)
-        self.schedule = decisions.after_run(self.schedule, now, self.fingerprint, self.running_request, result,
-                                            self.config.period, self.config.jitter, self.config.retry_base,
-                                            self.config.retry_cap, self.rng, self.running_serving)
+        self.schedule = decisions.after_run(
+            self.schedule,
+            now,
+            self.fingerprint,
+            self.running_request,
+            result,
+            self.config.period,
+            self.config.jitter,
+            self.config.retry_base,
+            self.config.retry_cap,
+            self.rng,
+            self.running_serving,
+        )
 
     # ------------------------------------------------------------ publishing
 
@@ -310,7 +350,9 @@ class Agent:
                 if not failure.retryable or self.stop.is_set():
                     return False
                 if failure.kind != "conflict":
-                    self.stop.wait(decisions.backoff(attempt, self.config.api_backoff_base, self.config.api_backoff_cap, self.rng))
+                    self.stop.wait(
+                        decisions.backoff(attempt, self.config.api_backoff_base, self.config.api_backoff_cap, self.rng)
+                    )
         return False
 
     def node_matches_desired(self) -> bool:
@@ -357,11 +399,17 @@ class Agent:
         self.heartbeat = time.monotonic()
 
     def run(self) -> None:
-        watcher = threading.Thread(target=watch_node, name="node-watch", daemon=True,
-                                   args=(self.api, self.view, self.stop, self.config, self.metrics, self.rng))
+        watcher = threading.Thread(
+            target=watch_node,
+            name="node-watch",
+            daemon=True,
+            args=(self.api, self.view, self.stop, self.config, self.metrics, self.rng),
+        )
         server = self.http = serve(self)
         threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
-        log.info("agent %s on node %s, serving on %s:%d", __version__, self.config.node_name, *server.server_address[:2])
+        log.info(
+            "agent %s on node %s, serving on %s:%d", __version__, self.config.node_name, *server.server_address[:2]
+        )
         try:
             self.refresh_probe(self.clock())
             self.restore_from_node()
@@ -385,8 +433,12 @@ class Agent:
         labels = (node or {}).get("metadata", {}).get("labels") or {} if node else None
         capable = bool(self.probe_report and self.probe_report.get("capable"))
         answer = decisions.flag_decision(labels, age, self.config.max_view_age, self.verdict, capable)
-        return answer | {"node": self.config.node_name, "fingerprint": self.fingerprint, "selftest": self.verdict,
-                         "view_age_seconds": None if age is None else round(age, 3)}
+        return answer | {
+            "node": self.config.node_name,
+            "fingerprint": self.fingerprint,
+            "selftest": self.verdict,
+            "view_age_seconds": None if age is None else round(age, 3),
+        }
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -447,6 +499,7 @@ def serve(agent: Agent, idle_timeout: float = Handler.timeout) -> ThreadingHTTPS
 
 def install_signal_handlers(agent: Agent) -> None:
     """SIGTERM/SIGINT end the loop after the current step (a write in flight completes)."""
+
     def handle(signum: int, frame: Any) -> None:
         log.info("signal %s: stopping", signal.Signals(signum).name)
         agent.stop.set()

@@ -36,7 +36,7 @@ def gpu_arch_label(gpus: list[Mapping[str, Any]]) -> str:
 
 
 def capable_label(probe_report: Mapping[str, Any]) -> str:
-    """"true" / "false", or "import-crash" when the aiter import would stop SGLang with the flag on."""
+    """ "true" / "false", or "import-crash" when the aiter import would stop SGLang with the flag on."""
     if probe_report.get("import_crash"):
         return contract.CAPABLE_IMPORT_CRASH
     return "true" if probe_report.get("capable") else "false"
@@ -67,7 +67,9 @@ def parse_owned_keys(value: str | None) -> tuple[list[str], str | None]:
 
 def removable(key: str) -> bool:
     """Owned keys the agent may delete: ours, and never the operator's or a person's request."""
-    return contract.is_ours(key) and key not in contract.OPERATOR_NODE_KEYS and key != contract.ANNOTATION_SELFTEST_REQUEST
+    return (
+        contract.is_ours(key) and key not in contract.OPERATOR_NODE_KEYS and key != contract.ANNOTATION_SELFTEST_REQUEST
+    )
 
 
 @dataclass
@@ -120,7 +122,10 @@ def valid_request_token(value: str | None) -> tuple[str | None, str | None]:
         return None, None
     if REQUEST_TOKEN.fullmatch(value):
         return value, None
-    return None, f"{contract.ANNOTATION_SELFTEST_REQUEST}={value[:100]!r} is not a token of 1-63 characters [A-Za-z0-9._:-]"
+    return (
+        None,
+        f"{contract.ANNOTATION_SELFTEST_REQUEST}={value[:100]!r} is not a token of 1-63 characters [A-Za-z0-9._:-]",
+    )
 
 
 @dataclass
@@ -136,7 +141,9 @@ class Schedule:
     tested_serving: str | None = None  # the digest of the serving config last tested
 
 
-def retest_reason(s: Schedule, now: float, fingerprint: str, request: str | None, serving: str | None = None) -> str | None:
+def retest_reason(
+    s: Schedule, now: float, fingerprint: str, request: str | None, serving: str | None = None
+) -> str | None:
     """Why to test now, or None. `serving`: the digest of the serving config the operator asks for."""
     if s.last_run_at is None:
         return "start"
@@ -164,8 +171,19 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
     return step / 2 + rng.uniform(0, step / 2)
 
 
-def after_run(s: Schedule, now: float, fingerprint: str, request: str | None, result: str, period: float,
-              jitter: float, retry_base: float, retry_cap: float, rng: random.Random, serving: str | None = None) -> Schedule:
+def after_run(
+    s: Schedule,
+    now: float,
+    fingerprint: str,
+    request: str | None,
+    result: str,
+    period: float,
+    jitter: float,
+    retry_base: float,
+    retry_cap: float,
+    rng: random.Random,
+    serving: str | None = None,
+) -> Schedule:
     deferrals = s.deferrals + 1 if result == "deferred" else 0
     return Schedule(
         tested_fingerprint=fingerprint,
@@ -181,20 +199,33 @@ def after_run(s: Schedule, now: float, fingerprint: str, request: str | None, re
 # ---------------------------------------------------------------- the flag for serving pods
 
 
-def flag_decision(labels: Mapping[str, str] | None, view_age: float | None, max_view_age: float,
-                  verdict: str | None, capable: bool | None) -> dict[str, Any]:
+def flag_decision(
+    labels: Mapping[str, str] | None,
+    view_age: float | None,
+    max_view_age: float,
+    verdict: str | None,
+    capable: bool | None,
+) -> dict[str, Any]:
     """What a serving pod's preflight should set: '1' only when the operator enabled this node and the
     agent's own current facts agree. No current view of the node means '0'."""
     if labels is None or view_age is None or view_age > max_view_age:
         age = "never" if view_age is None else f"{view_age:.0f} s ago"
-        return {"flag": "0", "current": False, "enabled": None, "state": None,
-                "reason": f"the agent has no current view of its node (last seen {age}, limit {max_view_age:.0f} s)"}
+        return {
+            "flag": "0",
+            "current": False,
+            "enabled": None,
+            "state": None,
+            "reason": f"the agent has no current view of its node (last seen {age}, limit {max_view_age:.0f} s)",
+        }
     enabled, state = labels.get(contract.LABEL_ENABLED), labels.get(contract.LABEL_STATE)
     base = {"current": True, "enabled": enabled == "true", "state": state}
     if enabled is not None and enabled not in BOOL_LABEL_VALUES:
         return base | {"flag": "0", "reason": f"malformed label {contract.LABEL_ENABLED}={enabled!r}"}
     if enabled != "true":
-        return base | {"flag": "0", "reason": f"the operator has not enabled this node ({contract.LABEL_ENABLED}={enabled}, state={state})"}
+        return base | {
+            "flag": "0",
+            "reason": f"the operator has not enabled this node ({contract.LABEL_ENABLED}={enabled}, state={state})",
+        }
     if not capable:
         return base | {"flag": "0", "reason": "this node's probe says it is not capable"}
     if verdict != "pass":

@@ -112,7 +112,9 @@ def run_isolated(
                 with _live_lock:
                     _live_groups.discard(proc.pid)
         if text is None:
-            return ChildOutcome("cancelled", proc.returncode, "", "", time.monotonic() - started, "cancelled before its input was sent")
+            return ChildOutcome(
+                "cancelled", proc.returncode, "", "", time.monotonic() - started, "cancelled before its input was sent"
+            )
         stdin_text = text
     try:
         out, err = proc.communicate(stdin_text, timeout=timeout)

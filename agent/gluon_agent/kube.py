@@ -32,7 +32,8 @@ def classify(exc: Exception) -> ApiFailure:
     if isinstance(exc, client.ApiException):
         status = exc.status or 0
         kind = {409: "conflict", 410: "expired", 429: "throttled"}.get(status) or (
-            "server" if status >= 500 else "client")
+            "server" if status >= 500 else "client"
+        )
         reason = exc.reason or ""
         try:
             reason = json.loads(exc.body or "{}").get("message") or reason

@@ -15,36 +15,69 @@ class AgentMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.info = Info(contract.M_AGENT_INFO, "Probe facts: versions, GPU arch, fingerprint", registry=r)
-        self.capable = Gauge(contract.M_AGENT_CAPABLE, "1 when the probe found the node capable of the Gluon path", registry=r)
-        self.import_crash = Gauge(contract.M_AGENT_IMPORT_CRASH, "1 when the aiter Gluon import raises a non-ImportError "
-                                  "(SGLang would fail to start with the flag on)", registry=r)
-        self.result = Gauge(contract.M_AGENT_SELFTEST_RESULT, "1 for the current self-test result of each GPU and path", ["gpu", "path", "result"], registry=r)
-        self.case_error = Gauge(contract.M_AGENT_CASE_ERROR, "Relative L2 error against the fp32 reference per case", ["gpu", "path", "backend", "case"], registry=r)
-        self.kernel_seconds = Gauge(contract.M_AGENT_KERNEL_SECONDS, "Median kernel time per timed case", ["gpu", "path", "backend", "case"], registry=r)
-        self.bandwidth = Gauge(contract.M_AGENT_KERNEL_BANDWIDTH, "fp8 KV bytes read per second per timed case", ["gpu", "path", "backend", "case"], registry=r)
-        self.speedup = Gauge(contract.M_AGENT_SPEEDUP, "Fallback time / accelerated time per timed case", ["gpu", "case"], registry=r)
+        self.capable = Gauge(
+            contract.M_AGENT_CAPABLE, "1 when the probe found the node capable of the Gluon path", registry=r
+        )
+        self.import_crash = Gauge(
+            contract.M_AGENT_IMPORT_CRASH,
+            "1 when the aiter Gluon import raises a non-ImportError (SGLang would fail to start with the flag on)",
+            registry=r,
+        )
+        self.result = Gauge(
+            contract.M_AGENT_SELFTEST_RESULT,
+            "1 for the current self-test result of each GPU and path",
+            ["gpu", "path", "result"],
+            registry=r,
+        )
+        self.case_error = Gauge(
+            contract.M_AGENT_CASE_ERROR,
+            "Relative L2 error against the fp32 reference per case",
+            ["gpu", "path", "backend", "case"],
+            registry=r,
+        )
+        self.kernel_seconds = Gauge(
+            contract.M_AGENT_KERNEL_SECONDS,
+            "Median kernel time per timed case",
+            ["gpu", "path", "backend", "case"],
+            registry=r,
+        )
+        self.bandwidth = Gauge(
+            contract.M_AGENT_KERNEL_BANDWIDTH,
+            "fp8 KV bytes read per second per timed case",
+            ["gpu", "path", "backend", "case"],
+            registry=r,
+        )
+        self.speedup = Gauge(
+            contract.M_AGENT_SPEEDUP, "Fallback time / accelerated time per timed case", ["gpu", "case"], registry=r
+        )
         self.last_run = Gauge(contract.M_AGENT_LAST_RUN, "When the last self-test finished (unix seconds)", registry=r)
         self.duration = Gauge(contract.M_AGENT_RUN_DURATION, "How long the last self-test took", registry=r)
         self.runs = Counter(contract.M_AGENT_RUNS, "Self-test runs by result", ["result"], registry=r)
         self.api_errors = Counter(contract.M_AGENT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
-        self.publish_seconds = Histogram(contract.M_AGENT_PUBLISH_SECONDS, "Time to publish labels and report on the node", registry=r)
+        self.publish_seconds = Histogram(
+            contract.M_AGENT_PUBLISH_SECONDS, "Time to publish labels and report on the node", registry=r
+        )
         for result in WORST_FIRST:  # present at 0 from the start, so increase() sees the first run
             self.runs.labels(result)
-        self.malformed = Counter(contract.M_AGENT_MALFORMED, "Malformed labels or annotations written by others, by key", ["key"], registry=r)
+        self.malformed = Counter(
+            contract.M_AGENT_MALFORMED, "Malformed labels or annotations written by others, by key", ["key"], registry=r
+        )
 
     def observe_probe(self, probe: Mapping[str, Any], fingerprint: str) -> None:
         gpus = probe.get("gpus", [])
-        self.info.info({
-            "fingerprint": fingerprint,
-            "arch": ",".join(sorted({g.get("arch") or "unknown" for g in gpus})) or "none",
-            "gpus": str(len(gpus)),
-            "aiter": str(probe.get("aiter_version")),
-            "triton": str(probe.get("triton_version")),
-            "torch": str(probe.get("torch_version")),
-            "hip": str(probe.get("hip_version")),
-            "driver": str(probe.get("driver_version")),
-            "sglang": str((probe.get("sglang") or {}).get("version")),
-        })
+        self.info.info(
+            {
+                "fingerprint": fingerprint,
+                "arch": ",".join(sorted({g.get("arch") or "unknown" for g in gpus})) or "none",
+                "gpus": str(len(gpus)),
+                "aiter": str(probe.get("aiter_version")),
+                "triton": str(probe.get("triton_version")),
+                "torch": str(probe.get("torch_version")),
+                "hip": str(probe.get("hip_version")),
+                "driver": str(probe.get("driver_version")),
+                "sglang": str((probe.get("sglang") or {}).get("version")),
+            }
+        )
         self.capable.set(1 if probe.get("capable") else 0)
         self.import_crash.set(1 if probe.get("import_crash") else 0)
 

@@ -32,7 +32,15 @@ TERMINATION_LIMIT = 4096  # the kubelet keeps at most this much of a termination
 DEFAULT_DEADLINE_S = 80.0  # the webhook passes its own (its shell's deadline less a grace)
 PROBE_MARGIN_S = 2.0  # of the deadline, kept for writing the verdict after the probe
 ANSWER_LIMIT = 64 * 1024  # the agent's decision is a few hundred bytes
-PORTABLE_MODULES = ("__init__.py", "contract.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py", "sglang_routes.py")
+PORTABLE_MODULES = (
+    "__init__.py",
+    "contract.py",
+    "isolation.py",
+    "probe.py",
+    "probe_child.py",
+    "preflight.py",
+    "sglang_routes.py",
+)
 
 
 def flag_line(value: str) -> str:
@@ -125,12 +133,19 @@ def decide(agent_url: str | None, agent_timeout: float, probe_timeout: float, de
     except Exception as exc:  # noqa: BLE001 - unreachable, slow, 503 or garbage: all mean '0'
         return {**verdict, "reason": f"agent at {agent_url} did not answer: {type(exc).__name__}: {exc}"}
     # current/enabled let the operator tell "the agent had not seen the enable yet" (retry) from a refusal
-    verdict["agent"] = {k: answer.get(k) for k in ("flag", "reason", "state", "node", "fingerprint", "current", "enabled")}
+    verdict["agent"] = {
+        k: answer.get(k) for k in ("flag", "reason", "state", "node", "fingerprint", "current", "enabled")
+    }
     budget = min(probe_timeout, deadline.left() - PROBE_MARGIN_S)
     if budget <= 0:
-        return {**verdict, "reason": f"the preflight's deadline of {deadline.seconds:g} s left no time to probe this image"}
+        return {
+            **verdict,
+            "reason": f"the preflight's deadline of {deadline.seconds:g} s left no time to probe this image",
+        }
     report = probe(timeout=budget)
-    verdict["probe"] = {k: report.get(k) for k in ("capable", "summary", "missing_for_capable", "triton_version", "aiter_version")}
+    verdict["probe"] = {
+        k: report.get(k) for k in ("capable", "summary", "missing_for_capable", "triton_version", "aiter_version")
+    }
     verdict["seconds"] = round(time.monotonic() - started, 3)
     if answer.get("flag") != "1":
         return {**verdict, "reason": f"agent says 0: {answer.get('reason')}"}
@@ -157,8 +172,15 @@ def termination_message(verdict: dict[str, Any]) -> str:
         short["final"] = verdict["final"]
     agent = verdict.get("agent")
     if "agent" in verdict:
-        short["agent"] = ({k: agent[k] for k in DECIDING_AGENT_KEYS if k in agent and isinstance(agent[k], (bool, str, type(None)))
-                           and len(str(agent[k])) <= 8} if isinstance(agent, dict) else None)
+        short["agent"] = (
+            {
+                k: agent[k]
+                for k in DECIDING_AGENT_KEYS
+                if k in agent and isinstance(agent[k], (bool, str, type(None))) and len(str(agent[k])) <= 8
+            }
+            if isinstance(agent, dict)
+            else None
+        )
     reason = str(verdict.get("reason"))
     text = json.dumps({**short, "reason": reason}, sort_keys=True)
     if len(text) <= TERMINATION_LIMIT:
@@ -173,8 +195,14 @@ def termination_message(verdict: dict[str, Any]) -> str:
     return json.dumps({**short, "reason": reason[:fits] + " ..."}, sort_keys=True)
 
 
-def run(flag_dir: Path, agent_url: str | None, agent_timeout: float, probe_timeout: float, termination_log: Path,
-        deadline_s: float = DEFAULT_DEADLINE_S) -> dict[str, Any]:
+def run(
+    flag_dir: Path,
+    agent_url: str | None,
+    agent_timeout: float,
+    probe_timeout: float,
+    termination_log: Path,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> dict[str, Any]:
     try:
         verdict = decide(agent_url, agent_timeout, probe_timeout, Deadline(deadline_s))
     except Exception as exc:  # noqa: BLE001 - a surprise is '0' too
@@ -223,7 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.install:
         install(Path(args.install))
         return 0
-    run(Path(args.flag_dir), args.agent_url or default_agent_url(args.agent_port), args.agent_timeout, args.probe_timeout, Path(args.termination_log), args.deadline)
+    run(
+        Path(args.flag_dir),
+        args.agent_url or default_agent_url(args.agent_port),
+        args.agent_timeout,
+        args.probe_timeout,
+        Path(args.termination_log),
+        args.deadline,
+    )
     return 0
 
 

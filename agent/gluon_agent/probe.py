@@ -87,9 +87,11 @@ def missing_for_capable(facts: Facts) -> list[str]:
         have = facts.triton_version or "unknown"
         missing.append(f"Triton Gluon cga_layout (have {have}, need >= {CGA_MIN_TRITON})")
     if not facts.gpu_archs and (facts.kfd_access or "").startswith("denied"):
-        missing.append(f"GPU arch {REQUIRED_ARCH} (no GPU visible: opening /dev/kfd was {facts.kfd_access}; on a standard container "
-                       "runtime only a privileged container or a device plugin's allocation may open it: the chart's "
-                       "agent.privileged or agent.gpuAccess=resource)")
+        missing.append(
+            f"GPU arch {REQUIRED_ARCH} (no GPU visible: opening /dev/kfd was {facts.kfd_access}; on a standard container "
+            "runtime only a privileged container or a device plugin's allocation may open it: the chart's "
+            "agent.privileged or agent.gpuAccess=resource)"
+        )
     elif not facts.gpu_archs:
         missing.append(f"GPU arch {REQUIRED_ARCH} (no GPU visible)")
     else:
@@ -126,7 +128,11 @@ def decide(facts: Facts) -> Verdict:
     elif capable:
         summary = f"Gluon MLA h12+fp8 capable but disabled by {MISSING_ENV}"
     else:
-        summary = "Gluon MLA h12+fp8 disabled; fallback to zero-pad mla_decode_fwd (" + "; ".join(for_ready + [m for m in for_capable if m not in for_ready]) + ")"
+        summary = (
+            "Gluon MLA h12+fp8 disabled; fallback to zero-pad mla_decode_fwd ("
+            + "; ".join(for_ready + [m for m in for_capable if m not in for_ready])
+            + ")"
+        )
     return Verdict(capable, ready, for_capable, for_ready, summary)
 
 
@@ -179,8 +185,10 @@ def import_crash(run: CheckRun) -> str | None:
     if run.status == "ok" and (run.result.get("import_ok") or run.result.get("import_error_is_importerror", True)):
         return None
     failure = import_failure(run)
-    return (f"{MISSING_IMPORT} fails with {failure}, not ImportError: SGLang catches only ImportError, so with "
-            f"{FLAG_ENV} on its serving process fails to start")
+    return (
+        f"{MISSING_IMPORT} fails with {failure}, not ImportError: SGLang catches only ImportError, so with "
+        f"{FLAG_ENV} on its serving process fails to start"
+    )
 
 
 def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: float) -> dict[str, Any]:
@@ -226,7 +234,9 @@ def assemble(python: str, flag: EnvFlag, runs: dict[str, CheckRun], seconds: flo
         "missing_for_ready": verdict.missing_for_ready,
         "summary": verdict.summary if crash is None else f"{verdict.summary}. {crash}",
         "sglang": dict(decode_routes(runs["sglang"].result), check=runs["sglang"].status),
-        "checks": {n: {"status": r.status, "seconds": round(r.seconds, 3), "detail": r.detail} for n, r in runs.items()},
+        "checks": {
+            n: {"status": r.status, "seconds": round(r.seconds, 3), "detail": r.detail} for n, r in runs.items()
+        },
         "probe_seconds": round(seconds, 3),
     }
 
@@ -262,7 +272,10 @@ def format_table(report: dict[str, Any]) -> str:
         ("aiter version", report["aiter_version"] or "not installed"),
         ("triton version", report["triton_version"] or "not installed"),
         ("gluon cga_layout", yes(report["triton_cga_layout_ok"])),
-        ("torch", f"{report['torch_version'] or 'not installed'} hip={report['hip_version']} cuda={report['cuda_version']}"),
+        (
+            "torch",
+            f"{report['torch_version'] or 'not installed'} hip={report['hip_version']} cuda={report['cuda_version']}",
+        ),
         ("driver", report["driver_version"] or "unknown"),
         ("gpus", gpu_text),
         ("fp8 e4m3fn", yes(report["fp8_e4m3fn_ok"])),
@@ -272,7 +285,9 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-    missing = report["missing_for_ready"] + [m for m in report["missing_for_capable"] if m not in report["missing_for_ready"]]
+    missing = report["missing_for_ready"] + [
+        m for m in report["missing_for_capable"] if m not in report["missing_for_ready"]
+    ]
     lines += [f"{'missing'.ljust(width)}  {m}" for m in missing]
     if report.get("import_crash"):
         lines.append(f"{'IMPORT CRASH'.ljust(width)}  {report['import_crash']}")

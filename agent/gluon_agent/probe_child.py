@@ -87,7 +87,11 @@ def check_aiter():
         from aiter.ops.triton.gluon.mla_gluon import mla_gluon  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
         # SGLang catches only ImportError: anything else stops its serving process with the flag on
-        return {"import_ok": False, "import_error": describe(exc), "import_error_is_importerror": isinstance(exc, ImportError)}
+        return {
+            "import_ok": False,
+            "import_error": describe(exc),
+            "import_error_is_importerror": isinstance(exc, ImportError),
+        }
     aiter = sys.modules.get("aiter")
     return {"import_ok": True, "import_error": None, "aiter_module_version": getattr(aiter, "__version__", None)}
 
@@ -184,15 +188,24 @@ def check_sglang():
         if backend is None:
             continue
         gluon = read_text(os.path.join(attention, "aiter_mla_gluon.py"))
-        facts.update(source_found=True, source_dir=attention, gluon_module=gluon is not None,
-                     flag0_persistent_guard=bool(FLAG0_GUARD.search(backend)),
-                     mtp_qlen=bool(gluon and MTP_QLEN.search(gluon)))
+        facts.update(
+            source_found=True,
+            source_dir=attention,
+            gluon_module=gluon is not None,
+            flag0_persistent_guard=bool(FLAG0_GUARD.search(backend)),
+            mtp_qlen=bool(gluon and MTP_QLEN.search(gluon)),
+        )
         break
     return facts
 
 
-CHECKS = {"meta": check_meta, "aiter": check_aiter, "triton": check_triton, "torch": check_torch,
-          "sglang": check_sglang}
+CHECKS = {
+    "meta": check_meta,
+    "aiter": check_aiter,
+    "triton": check_triton,
+    "torch": check_torch,
+    "sglang": check_sglang,
+}
 
 
 def main(argv):

@@ -68,18 +68,30 @@ def decode_routes(facts: Mapping[str, Any]) -> dict[str, Any]:
     """The routes the probed SGLang takes, with the evidence. `facts` is probe_child's sglang result."""
     version = facts.get("sglang_version")
     if not version and not facts.get("source_found"):
-        return {"version": None, "flag0_route": UNKNOWN, "mtp_through_gluon": None,
-                "evidence": "no SGLang installed in the probed interpreter"}
+        return {
+            "version": None,
+            "flag0_route": UNKNOWN,
+            "mtp_through_gluon": None,
+            "evidence": "no SGLang installed in the probed interpreter",
+        }
     if facts.get("source_found"):
         if not facts.get("gluon_module"):
             route, evidence = NO_GLUON, f"no aiter_mla_gluon.py: SGLang before PR #{GLUON_PR}, the flag has no effect"
         elif facts.get("flag0_persistent_guard"):
-            route, evidence = PERSISTENT, f"aiter_backend.py turns persistent MLA off only when Gluon is selected (PR #{FIX_PR})"
+            route, evidence = (
+                PERSISTENT,
+                f"aiter_backend.py turns persistent MLA off only when Gluon is selected (PR #{FIX_PR})",
+            )
         elif _newer_than_markers(version):  # the code moved on; main had #37438 long before 0.5.20
             route, evidence = PERSISTENT, f"version {version} is newer than PR #{FIX_PR}"
         else:
-            route, evidence = ABORTS, (f"aiter_mla_gluon.py present (PR #{GLUON_PR}) without PR #{FIX_PR}'s guard in "
-                                       "aiter_backend.py: persistent MLA is off for the zero-pad fp8 case")
+            route, evidence = (
+                ABORTS,
+                (
+                    f"aiter_mla_gluon.py present (PR #{GLUON_PR}) without PR #{FIX_PR}'s guard in "
+                    "aiter_backend.py: persistent MLA is off for the zero-pad fp8 case"
+                ),
+            )
         mtp = bool(facts.get("mtp_qlen"))
         evidence += f"; mla_gluon_decode {'takes' if mtp else 'lacks'} qlen (PR #{MTP_PR})"
         return {"version": version, "flag0_route": route, "mtp_through_gluon": mtp, "evidence": evidence}
@@ -89,17 +101,23 @@ def decode_routes(facts: Mapping[str, Any]) -> dict[str, Any]:
         route = NO_GLUON
     else:
         route = UNKNOWN
-    return {"version": version, "flag0_route": route, "mtp_through_gluon": None,
-            "evidence": f"source unreadable; from version {version} alone"}
+    return {
+        "version": version,
+        "flag0_route": route,
+        "mtp_through_gluon": None,
+        "evidence": f"source unreadable; from version {version} alone",
+    }
 
 
 def flag0_failure(routes: Mapping[str, Any] | None) -> str | None:
     """Why the fallback must fail on this node: its SGLang's flag-0 route is known to abort."""
     if not routes or routes.get("flag0_route") != ABORTS:
         return None
-    return (f"SGLang {routes.get('version') or '(unknown version)'} aborts at SGLANG_AITER_MLA_GLUON=0: it turns "
-            f"the persistent MLA kernel off and asks aiter for a non-persistent bf16/fp8 16-head kernel aiter does "
-            f"not ship (PR #{GLUON_PR} without PR #{FIX_PR}; first fixed in v{FIRST_FIXED_VERSION} by PR #{BACKPORT_PR})")
+    return (
+        f"SGLang {routes.get('version') or '(unknown version)'} aborts at SGLANG_AITER_MLA_GLUON=0: it turns "
+        f"the persistent MLA kernel off and asks aiter for a non-persistent bf16/fp8 16-head kernel aiter does "
+        f"not ship (PR #{GLUON_PR} without PR #{FIX_PR}; first fixed in v{FIRST_FIXED_VERSION} by PR #{BACKPORT_PR})"
+    )
 
 
 # ---------------------------------------------------------------- the serving configuration and its routes
@@ -138,8 +156,14 @@ class ServingConfig:
         return (1, *sorted(set(self.verify_q_lens) - {1}))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"verifyQLens": list(self.verify_q_lens), "dcpSize": self.dcp_size, "dcpDecodeBackend": self.dcp_decode_backend,
-                "persist": self.persist, "pageSize": self.page_size, "dpAttention": self.dp_attention}
+        return {
+            "verifyQLens": list(self.verify_q_lens),
+            "dcpSize": self.dcp_size,
+            "dcpDecodeBackend": self.dcp_decode_backend,
+            "persist": self.persist,
+            "pageSize": self.page_size,
+            "dpAttention": self.dp_attention,
+        }
 
     @property
     def digest(self) -> str:
@@ -168,8 +192,11 @@ class ServingConfig:
             return value
 
         q_lens = data.get("verifyQLens", [])
-        if not isinstance(q_lens, list) or len(q_lens) > 8 or any(
-                isinstance(q, bool) or not isinstance(q, int) or not 2 <= q <= MAX_VERIFY_Q_LEN for q in q_lens):
+        if (
+            not isinstance(q_lens, list)
+            or len(q_lens) > 8
+            or any(isinstance(q, bool) or not isinstance(q, int) or not 2 <= q <= MAX_VERIFY_Q_LEN for q in q_lens)
+        ):
             raise ValueError(f"{where}.verifyQLens: at most 8 integers from 2 to {MAX_VERIFY_Q_LEN}, got {q_lens!r}")
         backend = data.get("dcpDecodeBackend", "gluon")
         if backend not in ("gluon", "asm"):
@@ -177,9 +204,14 @@ class ServingConfig:
         page = integer("pageSize", 1, 1, 4096)
         if page & (page - 1):
             raise ValueError(f"{where}.pageSize: must be a power of 2, got {page}")
-        return cls(verify_q_lens=tuple(sorted(set(q_lens))), dcp_size=integer("dcpSize", 1, 1, 64),
-                   dcp_decode_backend=backend, persist=flag("persist", True), page_size=page,
-                   dp_attention=flag("dpAttention", False))
+        return cls(
+            verify_q_lens=tuple(sorted(set(q_lens))),
+            dcp_size=integer("dcpSize", 1, 1, 64),
+            dcp_decode_backend=backend,
+            persist=flag("persist", True),
+            page_size=page,
+            dp_attention=flag("dpAttention", False),
+        )
 
 
 MAX_VERIFY_Q_LEN = 16
@@ -189,10 +221,17 @@ DEFAULT_SERVING = ServingConfig(verify_q_lens=(2, 3, 4))  # until the operator s
 def _route(kernel: str, persistent: bool, evidence: str, q_len: int, refusal: str | None = None) -> dict[str, Any]:
     aborts = refusal
     if aborts is None and kernel == "mla_decode_fwd" and (not persistent or q_len > MAX_PADDED_Q_LEN):
-        aborts = (f"no gfx950 kernel for bf16 q / fp8 KV / 16 heads, {'persistent' if persistent else 'non-persistent'}, "
-                  f"q_len {q_len} (mla_asm.csv has only bf16,fp8,16,1,4; asm_mla.cu pads q_len up to 4)")
-    return {"kernel": "refused" if refusal else kernel, "persistent": persistent, "evidence": evidence,
-            "aborts": aborts, "refusal": refusal}
+        aborts = (
+            f"no gfx950 kernel for bf16 q / fp8 KV / 16 heads, {'persistent' if persistent else 'non-persistent'}, "
+            f"q_len {q_len} (mla_asm.csv has only bf16,fp8,16,1,4; asm_mla.cu pads q_len up to 4)"
+        )
+    return {
+        "kernel": "refused" if refusal else kernel,
+        "persistent": persistent,
+        "evidence": evidence,
+        "aborts": aborts,
+        "refusal": refusal,
+    }
 
 
 def flag_routes(routes: Mapping[str, Any] | None, config: ServingConfig) -> dict[str, dict[str, dict[str, Any]]]:
@@ -206,33 +245,64 @@ def flag_routes(routes: Mapping[str, Any] | None, config: ServingConfig) -> dict
     for q_len in config.q_lens:
         key = str(q_len)
         if config.dcp_size > 1 and config.dcp_decode_backend == "asm" and q_len == 1:
-            dcp = _route("mla_decode_fwd", True, f"DCP {config.dcp_size} with the asm decode backend (PR #40750, open as read): "
-                         f"persistent mla_decode_fwd with fast-mode work metadata, q quantized to fp8 over the "
-                         f"{12 * config.dcp_size} gathered heads, return_lse; the self-test runs the bf16-q 16-head "
-                         f"persistent call in its place{assumed}", q_len)
+            dcp = _route(
+                "mla_decode_fwd",
+                True,
+                f"DCP {config.dcp_size} with the asm decode backend (PR #40750, open as read): "
+                f"persistent mla_decode_fwd with fast-mode work metadata, q quantized to fp8 over the "
+                f"{12 * config.dcp_size} gathered heads, return_lse; the self-test runs the bf16-q 16-head "
+                f"persistent call in its place{assumed}",
+                q_len,
+            )
             out["1"][key] = out["0"][key] = dcp
             continue
         if flag0_route == NO_GLUON:
-            same = _route("mla_decode_fwd", config.persist, f"SGLang before PR #{GLUON_PR}: the flag has no effect", q_len)
+            same = _route(
+                "mla_decode_fwd", config.persist, f"SGLang before PR #{GLUON_PR}: the flag has no effect", q_len
+            )
             out["1"][key] = out["0"][key] = same
             continue
         if q_len == 1 or mtp_gluon or mtp_gluon is None:
-            out["1"][key] = _route("mla_gluon", False, f"Gluon selected{'' if q_len == 1 else f'; q_len {q_len} through mla_gluon (PR #{MTP_PR})'}{assumed}", q_len)
+            out["1"][key] = _route(
+                "mla_gluon",
+                False,
+                f"Gluon selected{'' if q_len == 1 else f'; q_len {q_len} through mla_gluon (PR #{MTP_PR})'}{assumed}",
+                q_len,
+            )
         else:
-            out["1"][key] = _route("mla_decode_fwd", False, f"Gluon selected turns persistent off; without PR #{MTP_PR} "
-                                   f"q_len {q_len} runs the non-persistent mla_decode_fwd", q_len)
+            out["1"][key] = _route(
+                "mla_decode_fwd",
+                False,
+                f"Gluon selected turns persistent off; without PR #{MTP_PR} "
+                f"q_len {q_len} runs the non-persistent mla_decode_fwd",
+                q_len,
+            )
         if config.dcp_size > 1:
-            out["0"][key] = _route("mla_gluon", False, f"DCP {config.dcp_size}: decode always uses Gluon (PR #34432)", q_len,
-                                   refusal=DCP_REFUSAL)
+            out["0"][key] = _route(
+                "mla_gluon",
+                False,
+                f"DCP {config.dcp_size}: decode always uses Gluon (PR #34432)",
+                q_len,
+                refusal=DCP_REFUSAL,
+            )
         elif flag0_route == ABORTS:
             out["0"][key] = _route("mla_decode_fwd", False, flag0_failure(routes) or "", q_len)
         else:
             persist = config.persist
-            out["0"][key] = _route("mla_decode_fwd", persist, ("persistent" if persist else "SGLANG_AITER_MLA_PERSIST=0: non-persistent")
-                                   + f" (PR #{FIX_PR}){assumed}", q_len)
+            out["0"][key] = _route(
+                "mla_decode_fwd",
+                persist,
+                ("persistent" if persist else "SGLANG_AITER_MLA_PERSIST=0: non-persistent")
+                + f" (PR #{FIX_PR}){assumed}",
+                q_len,
+            )
     return out
 
 
 def no_route(routes_by_q_len: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Why a flag cannot serve: one line per q_len whose route is known to abort or be refused."""
-    return [f"q_len {q}: {r['aborts']}" for q, r in sorted(routes_by_q_len.items(), key=lambda kv: int(kv[0])) if r.get("aborts")]
+    return [
+        f"q_len {q}: {r['aborts']}"
+        for q, r in sorted(routes_by_q_len.items(), key=lambda kv: int(kv[0]))
+        if r.get("aborts")
+    ]

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 from .fingerprint import fingerprint, fingerprint_parts
 from .probe import probe
-from .sglang_routes import DEFAULT_SERVING, ServingConfig, decode_routes
 from .selftest import runner
+from .sglang_routes import DEFAULT_SERVING, ServingConfig, decode_routes
 
 
 class ResultSource(Protocol):
@@ -34,7 +34,9 @@ class RealSource:
         return probe()
 
     def selftest(self, probe_report: dict[str, Any], serving: ServingConfig = DEFAULT_SERVING) -> dict[str, Any]:
-        return runner.run_selftest(probe_report, cpu_interpret=self.cpu_interpret, timeout=self.timeout, serving=serving)
+        return runner.run_selftest(
+            probe_report, cpu_interpret=self.cpu_interpret, timeout=self.timeout, serving=serving
+        )
 
 
 class SimulatedSource:
@@ -59,8 +61,12 @@ class SimulatedSource:
         """The file's outcome, reported as a proof of `serving` (SIMULATION: nothing ran its routes)."""
         spec = self._read()
         if spec["selftest"] == "cpu-interpret":
-            report = runner.run_selftest(probe_report, cpu_interpret=True, timeout=float(spec.get("selftest_timeout", runner.DEFAULT_TIMEOUT_S)),
-                                         serving=serving)
+            report = runner.run_selftest(
+                probe_report,
+                cpu_interpret=True,
+                timeout=float(spec.get("selftest_timeout", runner.DEFAULT_TIMEOUT_S)),
+                serving=serving,
+            )
             return dict(report, simulated=True)
         started = time.monotonic()
         time.sleep(float(spec.get("selftest_seconds", 0)))
@@ -87,35 +93,70 @@ def simulated_path(backend: str, result: str, tbps: float) -> dict[str, Any]:
         "reasons": problems,
         "child": {
             "backend": backend,
-            "cases": [{"case": "long-b32-64k", "backend": backend, "rel_l2": 0.0017, "cos_diff": 1.4e-6, "problems": problems}],
-            "timing": [{"case": "long-b32-64k", "backend": backend, "ms": kv_bytes / (tbps * 1e12) * 1e3, "kv_tbps": tbps}],
+            "cases": [
+                {"case": "long-b32-64k", "backend": backend, "rel_l2": 0.0017, "cos_diff": 1.4e-6, "problems": problems}
+            ],
+            "timing": [
+                {"case": "long-b32-64k", "backend": backend, "ms": kv_bytes / (tbps * 1e12) * 1e3, "kv_tbps": tbps}
+            ],
         },
     }
 
 
-def simulated_node(capable: bool = True, accelerated: str = "pass", fallback: str = "pass", speedup: float = 2.3,
-                   driver: str = "6.12.12", gpus: int = 8, selftest_seconds: float = 0.0,
-                   sglang: str = "0.5.19") -> dict[str, Any]:
+def simulated_node(
+    capable: bool = True,
+    accelerated: str = "pass",
+    fallback: str = "pass",
+    speedup: float = 2.3,
+    driver: str = "6.12.12",
+    gpus: int = 8,
+    selftest_seconds: float = 0.0,
+    sglang: str = "0.5.19",
+) -> dict[str, Any]:
     """A SIMULATION file's content for one node: its probe facts and its self-test outcome. `sglang` is the
     serving image's SGLang version (its decode routes as the probe reports them for that release)."""
     arch = "gfx950" if capable else "gfx942"
     missing = [] if capable else [f"GPU arch gfx950 (have {arch})"]
-    worst = "pass" if accelerated == fallback == "pass" else min((accelerated, fallback), key=("error", "fail", "deferred", "pass").index)
+    worst = (
+        "pass"
+        if accelerated == fallback == "pass"
+        else min((accelerated, fallback), key=("error", "fail", "deferred", "pass").index)
+    )
     return {
         "probe": {
-            "capable": capable, "ready": capable, "missing_for_capable": missing, "missing_for_ready": missing,
-            "summary": "SIMULATION", "driver_version": driver, "hip_version": "7.0.51831", "torch_version": "2.9.0+rocm7.0",
-            "triton_version": "3.7.0", "aiter_version": "0.1.6", "import_crash": None,
+            "capable": capable,
+            "ready": capable,
+            "missing_for_capable": missing,
+            "missing_for_ready": missing,
+            "summary": "SIMULATION",
+            "driver_version": driver,
+            "hip_version": "7.0.51831",
+            "torch_version": "2.9.0+rocm7.0",
+            "triton_version": "3.7.0",
+            "aiter_version": "0.1.6",
+            "import_crash": None,
             "sglang": decode_routes({"sglang_version": sglang}),
-            "gpus": [{"index": i, "arch": arch, "name": "AMD Instinct MI355X (simulated)", "uuid": f"sim-{i}"} for i in range(gpus)],
+            "gpus": [
+                {"index": i, "arch": arch, "name": "AMD Instinct MI355X (simulated)", "uuid": f"sim-{i}"}
+                for i in range(gpus)
+            ],
         },
         "selftest": {
-            "result": worst, "backend_set": "aiter",
+            "result": worst,
+            "backend_set": "aiter",
             "gpus": [
-                {"index": i, "result": {"accelerated": accelerated, "fallback": fallback},
-                 "speedup": {"long-b1-128k": speedup, "long-b32-64k": speedup},
-                 "paths": {path: simulated_path(backend, result, tbps) for path, backend, result, tbps in (
-                     ("accelerated", "aiter-gluon", accelerated, 3.4), ("fallback", "aiter-zero-pad", fallback, 3.4 / speedup))}}
+                {
+                    "index": i,
+                    "result": {"accelerated": accelerated, "fallback": fallback},
+                    "speedup": {"long-b1-128k": speedup, "long-b32-64k": speedup},
+                    "paths": {
+                        path: simulated_path(backend, result, tbps)
+                        for path, backend, result, tbps in (
+                            ("accelerated", "aiter-gluon", accelerated, 3.4),
+                            ("fallback", "aiter-zero-pad", fallback, 3.4 / speedup),
+                        )
+                    },
+                }
                 for i in range(gpus)
             ],
         },

@@ -33,8 +33,13 @@ class Background:
             thread.join(self.join_seconds)
 
 
-def list_then_watch(list_call: Callable[..., Any], on_list: Callable[[list[dict[str, Any]]], None],
-                    on_event: Callable[[str, dict[str, Any]], None], stop_event: threading.Event, retry_seconds: float = 0.5) -> None:
+def list_then_watch(
+    list_call: Callable[..., Any],
+    on_list: Callable[[list[dict[str, Any]]], None],
+    on_event: Callable[[str, dict[str, Any]], None],
+    stop_event: threading.Event,
+    retry_seconds: float = 0.5,
+) -> None:
     """List, then watch from the list's resourceVersion (5 s watches, bookmarks) until stop_event is set;
     on_list gets the listed objects, on_event every ADDED, MODIFIED or DELETED object. A failure (410
     Gone, a dropped stream) lists again after retry_seconds."""
@@ -47,8 +52,13 @@ def list_then_watch(list_call: Callable[..., Any], on_list: Callable[[list[dict[
                 listing = json.loads(list_call(_preload_content=False).data)
                 version = listing["metadata"]["resourceVersion"]
                 on_list(listing["items"])
-            for event in watch.Watch().stream(list_call, resource_version=version, timeout_seconds=5,
-                                              allow_watch_bookmarks=True, _preload_content=False):
+            for event in watch.Watch().stream(
+                list_call,
+                resource_version=version,
+                timeout_seconds=5,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+            ):
                 raw = event["raw_object"]
                 version = raw.get("metadata", {}).get("resourceVersion", version)
                 if event["type"] in ("ADDED", "MODIFIED", "DELETED"):

@@ -26,7 +26,9 @@ def ensure_built() -> Path:
     """Runs build.sh (a no-op when the stamp of the pins matches) and returns the binaries' folder."""
     result = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"building the test control plane failed ({BUILD}):\n{result.stdout[-2000:]}{result.stderr[-3000:]}")
+        raise RuntimeError(
+            f"building the test control plane failed ({BUILD}):\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+        )
     return bin_dir()
 
 

@@ -32,10 +32,28 @@ from .binaries import binary
 from .pki import Authority, KeyPair
 from .stages import write_config
 
-CONTROLLERS = ("deployment", "replicaset", "statefulset", "daemonset", "disruption", "garbage-collector", "namespace",
-               "serviceaccount", "serviceaccount-token", "node-lifecycle", "taint-eviction", "pod-garbage-collector",
-               "clusterrole-aggregation", "root-ca-certificate-publisher", "job", "ttl", "endpoints", "endpointslice",
-               "resourcequota", "validatingadmissionpolicy-status")
+CONTROLLERS = (
+    "deployment",
+    "replicaset",
+    "statefulset",
+    "daemonset",
+    "disruption",
+    "garbage-collector",
+    "namespace",
+    "serviceaccount",
+    "serviceaccount-token",
+    "node-lifecycle",
+    "taint-eviction",
+    "pod-garbage-collector",
+    "clusterrole-aggregation",
+    "root-ca-certificate-publisher",
+    "job",
+    "ttl",
+    "endpoints",
+    "endpointslice",
+    "resourcequota",
+    "validatingadmissionpolicy-status",
+)
 SERVICE_CIDR = "10.96.0.0/16"  # configuration only: nothing routes to it here
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -61,8 +79,14 @@ class Component:
 
     def start(self, env: dict[str, str] | None = None) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env=env or _clean_env(), preexec_fn=die_with_parent)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env or _clean_env(),
+                preexec_fn=die_with_parent,
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -97,7 +121,11 @@ def die_with_parent() -> None:
 
 def _clean_env() -> dict[str, str]:
     # The components must not pick up a developer's KUBECONFIG or proxies.
-    return {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KUBECONFIG", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+    }
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path | None, user: dict[str, str], name: str = "local") -> Path:
@@ -105,10 +133,14 @@ def write_kubeconfig(path: Path, server: str, ca: Path | None, user: dict[str, s
     cluster: dict[str, Any] = {"server": server}
     if ca is not None:
         cluster["certificate-authority"] = str(ca)
-    config = {"apiVersion": "v1", "kind": "Config", "current-context": name,
-              "clusters": [{"name": name, "cluster": cluster}],
-              "users": [{"name": name, "user": user}],
-              "contexts": [{"name": name, "context": {"cluster": name, "user": name}}]}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": name,
+        "clusters": [{"name": name, "cluster": cluster}],
+        "users": [{"name": name, "user": user}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+    }
     path.write_text(json.dumps(config, indent=1))
     path.chmod(0o600)
     return path
@@ -143,14 +175,31 @@ class ControlPlane:
             if self.controllers:
                 self._start("kube-controller-manager", self._controller_manager_args())
             if self.scheduler:
-                self._start("kube-scheduler", [binary("kube-scheduler"), f"--kubeconfig={self._component_kubeconfig('scheduler', '/CN=system:kube-scheduler')}",
-                                               "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}"])
+                self._start(
+                    "kube-scheduler",
+                    [
+                        binary("kube-scheduler"),
+                        f"--kubeconfig={self._component_kubeconfig('scheduler', '/CN=system:kube-scheduler')}",
+                        "--leader-elect=false",
+                        "--bind-address=127.0.0.1",
+                        f"--secure-port={free_port()}",
+                    ],
+                )
             if self.kwok:
-                self._start("kwok", [binary("kwok"), f"--kubeconfig={self._component_kubeconfig('kwok', '/CN=kwok/O=system:masters')}",
-                                     "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-                                     f"--config={write_config(self.dir / 'kwok.yaml')}", "--cidr=10.0.0.0/16", "--node-ip=127.0.0.1",
-                                     "--node-lease-duration-seconds=40",
-                                     f"--server-address=127.0.0.1:{free_port()}"])
+                self._start(
+                    "kwok",
+                    [
+                        binary("kwok"),
+                        f"--kubeconfig={self._component_kubeconfig('kwok', '/CN=kwok/O=system:masters')}",
+                        "--manage-all-nodes=false",
+                        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                        f"--config={write_config(self.dir / 'kwok.yaml')}",
+                        "--cidr=10.0.0.0/16",
+                        "--node-ip=127.0.0.1",
+                        "--node-lease-duration-seconds=40",
+                        f"--server-address=127.0.0.1:{free_port()}",
+                    ],
+                )
         except BaseException:
             self.stop()
             raise
@@ -192,47 +241,91 @@ class ControlPlane:
 
     def _certificates(self) -> None:
         self.pki = Authority(self.dir / "pki")
-        self.serving = self.pki.issue("apiserver", "/CN=kube-apiserver",
-                                      ("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default.svc", "IP:10.96.0.1"))
+        self.serving = self.pki.issue(
+            "apiserver",
+            "/CN=kube-apiserver",
+            ("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default.svc", "IP:10.96.0.1"),
+        )
         self.sa_keys = self.pki.service_account_keys()
         admin = self.pki.issue("admin", "/CN=gluon-localcluster-admin/O=system:masters", client=True)
-        self.kubeconfig = write_kubeconfig(self.dir / "admin.kubeconfig", self.url, self.pki.ca.cert,
-                                           {"client-certificate": str(admin.cert), "client-key": str(admin.key)})
+        self.kubeconfig = write_kubeconfig(
+            self.dir / "admin.kubeconfig",
+            self.url,
+            self.pki.ca.cert,
+            {"client-certificate": str(admin.cert), "client-key": str(admin.key)},
+        )
 
     def _component_kubeconfig(self, name: str, subject: str) -> Path:
         pair: KeyPair = self.pki.issue(name, subject, client=True)
-        return write_kubeconfig(self.dir / f"{name}.kubeconfig", self.url, self.pki.ca.cert,
-                                {"client-certificate": str(pair.cert), "client-key": str(pair.key)})
+        return write_kubeconfig(
+            self.dir / f"{name}.kubeconfig",
+            self.url,
+            self.pki.ca.cert,
+            {"client-certificate": str(pair.cert), "client-key": str(pair.key)},
+        )
 
     def _start_etcd(self) -> None:
         client, peer = f"http://127.0.0.1:{self.etcd_port}", f"http://127.0.0.1:{self.peer_port}"
-        etcd = self._start("etcd", [binary("etcd"), f"--data-dir={self.dir / 'etcd'}", f"--listen-client-urls={client}",
-                                    f"--advertise-client-urls={client}", f"--listen-peer-urls={peer}",
-                                    f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=default={peer}",
-                                    "--unsafe-no-fsync", "--log-level=warn", f"--listen-metrics-urls=http://127.0.0.1:{free_port()}"])
+        etcd = self._start(
+            "etcd",
+            [
+                binary("etcd"),
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+                f"--listen-metrics-urls=http://127.0.0.1:{free_port()}",
+            ],
+        )
         self._wait(lambda: _http_ok(f"{client}/health"), etcd, 30, "etcd /health")
 
     def _start_apiserver(self) -> None:
-        argv = [binary("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
-                f"--tls-cert-file={self.serving.cert}", f"--tls-private-key-file={self.serving.key}",
-                f"--client-ca-file={self.pki.ca.cert}", f"--service-account-issuer={ISSUER}",
-                f"--service-account-key-file={self.sa_keys.cert}", f"--service-account-signing-key-file={self.sa_keys.key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=RBAC",
-                f"--enable-admission-plugins={ADMISSION_PLUGINS}", "--allow-privileged=true",
-                "--profiling=false", "--endpoint-reconciler-type=none", *self.extra_apiserver_args]
+        argv = [
+            binary("kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}",
+            f"--tls-cert-file={self.serving.cert}",
+            f"--tls-private-key-file={self.serving.key}",
+            f"--client-ca-file={self.pki.ca.cert}",
+            f"--service-account-issuer={ISSUER}",
+            f"--service-account-key-file={self.sa_keys.cert}",
+            f"--service-account-signing-key-file={self.sa_keys.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            f"--enable-admission-plugins={ADMISSION_PLUGINS}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--endpoint-reconciler-type=none",
+            *self.extra_apiserver_args,
+        ]
         apiserver = self._start("kube-apiserver", argv)
         self._wait(self._ready, apiserver, 90, "kube-apiserver /readyz")
 
     def _controller_manager_args(self) -> list[str]:
         kubeconfig = self._component_kubeconfig("controller-manager", "/CN=system:kube-controller-manager")
-        return [binary("kube-controller-manager"), f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false", "--use-service-account-credentials",
-                f"--service-account-private-key-file={self.sa_keys.key}", f"--root-ca-file={self.pki.ca.cert}",
-                "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-                # What a serving fleet needs; controllers of clouds, volumes and networks have nothing to act on here.
-                "--controllers=" + ",".join(f"{c}-controller" for c in CONTROLLERS),
-                "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10", "--node-monitor-grace-period=60s"]
+        return [
+            binary("kube-controller-manager"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--use-service-account-credentials",
+            f"--service-account-private-key-file={self.sa_keys.key}",
+            f"--root-ca-file={self.pki.ca.cert}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            # What a serving fleet needs; controllers of clouds, volumes and networks have nothing to act on here.
+            "--controllers=" + ",".join(f"{c}-controller" for c in CONTROLLERS),
+            "--concurrent-deployment-syncs=10",
+            "--concurrent-replicaset-syncs=10",
+            "--node-monitor-grace-period=60s",
+        ]
 
     # ------------------------------------------------------------ readiness
 
@@ -292,8 +385,9 @@ class ControlPlane:
         if pod is not None:
             uid = core.read_namespaced_pod(pod, namespace).metadata.uid
             ref = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod, uid=uid)
-        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
-            audiences=[ISSUER], expiration_seconds=seconds, bound_object_ref=ref))
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[ISSUER], expiration_seconds=seconds, bound_object_ref=ref)
+        )
         return core.create_namespaced_service_account_token(service_account, namespace, request).status.token
 
     def kubeconfig_for_token(self, token: str, name: str, server: str | None = None) -> Path:
@@ -309,5 +403,3 @@ def _http_ok(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
-
-

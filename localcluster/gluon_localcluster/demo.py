@@ -21,24 +21,36 @@ import time
 from pathlib import Path
 
 from gluon_agent import contract
+
 from .simcluster import SERVING_NS, SimCluster
 
-STATE_MARK = {"Promoted": "PROMOTED", "RolledBack": "ROLLED BACK", "Analyzing": "analyzing", "Enabling": "enabling",
-              "Eligible": "eligible", "Ineligible": "ineligible", "Disabled": "disabled"}
+STATE_MARK = {
+    "Promoted": "PROMOTED",
+    "RolledBack": "ROLLED BACK",
+    "Analyzing": "analyzing",
+    "Enabling": "enabling",
+    "Eligible": "eligible",
+    "Ineligible": "ineligible",
+    "Disabled": "disabled",
+}
 
 
 def table(cluster: SimCluster) -> str:
     status = cluster.status()
-    lines = [f"t={time.time() - cluster.started:5.0f}s  phase={status.get('phase', '-'):<12} counts=" +
-             " ".join(f"{k}:{v}" for k, v in (status.get("counts") or {}).items() if v)]
+    lines = [
+        f"t={time.time() - cluster.started:5.0f}s  phase={status.get('phase', '-'):<12} counts="
+        + " ".join(f"{k}:{v}" for k, v in (status.get("counts") or {}).items() if v)
+    ]
     for name, running in cluster.nodes.items():
         node = (status.get("nodes") or {}).get(name, {})
         labels = cluster.node(name)["metadata"].get("labels", {})
         state = STATE_MARK.get(node.get("state"), "-") + (" (holdout)" if node.get("holdout") else "")
         numbers = node.get("numbers") or {}
         effect = f"x{numbers['effect']:.2f}" if numbers.get("effect") else ""
-        lines.append(f"  {name}  selftest={labels.get(contract.LABEL_SELFTEST, '-'):<8} flag={running.flag}  "
-                     f"{state:<22} {effect:<7} {node.get('reason', '')[:70]}")
+        lines.append(
+            f"  {name}  selftest={labels.get(contract.LABEL_SELFTEST, '-'):<8} flag={running.flag}  "
+            f"{state:<22} {effect:<7} {node.get('reason', '')[:70]}"
+        )
     return "\n".join(lines)
 
 
@@ -54,9 +66,15 @@ def summary(cluster: SimCluster) -> dict:
             out["ineligible"][name] = node["reason"]
         elif node["state"] == "RolledBack":
             n = node["numbers"]
-            out["rolled_back"][name] = {"reason": node["reason"], "effect": n.get("effect"), "ci": [n.get("ci_low"), n.get("ci_high")],
-                                        "threshold": n.get("threshold"), "n_post": n.get("n_post"), "n_pre": n.get("n_pre"),
-                                        "p_worse": n.get("p_worse")}
+            out["rolled_back"][name] = {
+                "reason": node["reason"],
+                "effect": n.get("effect"),
+                "ci": [n.get("ci_low"), n.get("ci_high")],
+                "threshold": n.get("threshold"),
+                "n_post": n.get("n_post"),
+                "n_pre": n.get("n_pre"),
+                "p_worse": n.get("p_worse"),
+            }
         else:
             out["other"][name] = node["state"]
     out["seconds"] = round(time.time() - cluster.started, 1)
@@ -91,11 +109,21 @@ def timeline(cluster: SimCluster, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(12, 6.5))
     for name in sorted(series):
         points = series[name]
-        line, = ax.plot([t - cluster.started for t, _ in points], [v for _, v in points], label=f"{name} ({nodes.get(name, {}).get('state', '?')})")
+        (line,) = ax.plot(
+            [t - cluster.started for t, _ in points],
+            [v for _, v in points],
+            label=f"{name} ({nodes.get(name, {}).get('state', '?')})",
+        )
         for when, flag in cluster.nodes[name].history:
             ax.axvline(when - cluster.started, color=line.get_color(), linestyle=":", alpha=0.7)
-            ax.annotate(f"flag {flag}", (when - cluster.started, np.nanmax(points[:, 1])), rotation=90, fontsize=7,
-                        color=line.get_color(), va="top")
+            ax.annotate(
+                f"flag {flag}",
+                (when - cluster.started, np.nanmax(points[:, 1])),
+                rotation=90,
+                fontsize=7,
+                color=line.get_color(),
+                va="top",
+            )
         if nodes.get(name, {}).get("state") == "RolledBack":
             at = nodes[name]["since"] - cluster.started
             effect = nodes[name]["numbers"].get("effect", 0)
@@ -117,7 +145,10 @@ def run(out: Path, timeout: float, quiet: bool = False) -> dict:
         cluster.start()
         version = cluster.cp.version()
         if not quiet:
-            print(f"kube-apiserver {version['gitVersion']} ({version['platform']}, {version['goVersion']}) on {cluster.cp.url}", flush=True)
+            print(
+                f"kube-apiserver {version['gitVersion']} ({version['platform']}, {version['goVersion']}) on {cluster.cp.url}",
+                flush=True,
+            )
         cluster.wait_for_agents()
         time.sleep(8)  # a baseline of serving metrics before any flag flips
         cluster.create_rollout()
@@ -136,9 +167,13 @@ def run(out: Path, timeout: float, quiet: bool = False) -> dict:
         timeline(cluster, out / "timeline.png")
         result["timeline"] = str(out / "timeline.png")
         result["events"] = [e.get("message") for e in cluster.events()]
-        result["node_labels"] = {name: {k: v for k, v in cluster.node(name)["metadata"].get("labels", {}).items() if contract.is_ours(k)}
-                                 for name in cluster.nodes}
-        result["pod_flags"] = {p["spec"]["nodeName"]: p["metadata"].get("labels", {}).get(contract.LABEL_POD_FLAG) for p in cluster.pods()}
+        result["node_labels"] = {
+            name: {k: v for k, v in cluster.node(name)["metadata"].get("labels", {}).items() if contract.is_ours(k)}
+            for name in cluster.nodes
+        }
+        result["pod_flags"] = {
+            p["spec"]["nodeName"]: p["metadata"].get("labels", {}).get(contract.LABEL_POD_FLAG) for p in cluster.pods()
+        }
         (out / "summary.json").write_text(json.dumps(result, indent=2))
         if not quiet:
             plugin_pass(cluster, result)
@@ -175,8 +210,10 @@ def main() -> int:
         if r["effect"] is None:  # rolled back without an analysis (e.g. the serving image's preflight said 0)
             print(f"  rolled back: {name}: {r['reason'][:150]}")
             continue
-        print(f"  rolled back: {name}: effect x{r['effect']:.3f} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), threshold x{r['threshold']}, "
-              f"n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}")
+        print(
+            f"  rolled back: {name}: effect x{r['effect']:.3f} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), threshold x{r['threshold']}, "
+            f"n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}"
+        )
     print(f"  timeline:    {result['timeline']}   summary: {Path(args.out) / 'summary.json'}   ({result['seconds']} s)")
     return 0 if result["settled"] and result["rolled_back"] else 1
 

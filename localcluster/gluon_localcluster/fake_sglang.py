@@ -42,8 +42,14 @@ class NodeModel:
 class FakeSglang:
     """One node's serving metrics on 127.0.0.1:port; `flag_of()` says which flag the node serves with."""
 
-    def __init__(self, model: NodeModel, flag_of: Callable[[], str], namespace: str = "serving", app: str = "sglang",
-                 tick: float = 0.05) -> None:
+    def __init__(
+        self,
+        model: NodeModel,
+        flag_of: Callable[[], str],
+        namespace: str = "serving",
+        app: str = "sglang",
+        tick: float = 0.05,
+    ) -> None:
         self.model, self.flag_of, self.namespace, self.app, self.tick = model, flag_of, namespace, app, tick
         self.count: dict[str, float] = {}  # per flag value: tokens
         self.seconds: dict[str, float] = {}  # per flag value: seconds spent per token, summed
@@ -56,16 +62,31 @@ class FakeSglang:
         self.port = 0
 
     def labels(self, flag: str) -> dict[str, str]:
-        return {"model_name": "kimi-k3", "engine_type": "unified", "tp_rank": "0", "node": self.model.node,
-                "flag": flag, "namespace": self.namespace, "app": self.app}
+        return {
+            "model_name": "kimi-k3",
+            "engine_type": "unified",
+            "tp_rank": "0",
+            "node": self.model.node,
+            "flag": flag,
+            "namespace": self.namespace,
+            "app": self.app,
+        }
 
     def collect(self):
         with self._lock:
             families = {
-                "itl": HistogramMetricFamily("sglang:inter_token_latency_seconds", "Inter-token latency", labels=list(self.labels("0"))),
-                "tokens": CounterMetricFamily("sglang:generation_tokens", "Generated tokens", labels=list(self.labels("0"))),
-                "throughput": GaugeMetricFamily("sglang:gen_throughput", "Generation throughput (tokens/s)", labels=list(self.labels("0"))),
-                "running": GaugeMetricFamily("sglang:num_running_reqs", "Running requests", labels=list(self.labels("0"))),
+                "itl": HistogramMetricFamily(
+                    "sglang:inter_token_latency_seconds", "Inter-token latency", labels=list(self.labels("0"))
+                ),
+                "tokens": CounterMetricFamily(
+                    "sglang:generation_tokens", "Generated tokens", labels=list(self.labels("0"))
+                ),
+                "throughput": GaugeMetricFamily(
+                    "sglang:gen_throughput", "Generation throughput (tokens/s)", labels=list(self.labels("0"))
+                ),
+                "running": GaugeMetricFamily(
+                    "sglang:num_running_reqs", "Running requests", labels=list(self.labels("0"))
+                ),
                 "queued": GaugeMetricFamily("sglang:num_queue_reqs", "Queued requests", labels=list(self.labels("0"))),
                 "usage": GaugeMetricFamily("sglang:token_usage", "KV cache usage", labels=list(self.labels("0"))),
             }

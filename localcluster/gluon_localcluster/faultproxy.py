@@ -22,7 +22,14 @@ import aiohttp
 import aiohttp.web
 
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding"}
-STATUS_REASONS = {409: "Conflict", 410: "Expired", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
+STATUS_REASONS = {
+    409: "Conflict",
+    410: "Expired",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
 
 
 @dataclass(frozen=True)
@@ -39,8 +46,11 @@ class Seen:
 
     @property
     def subresource(self) -> str | None:
-        match = re.match(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/([a-z]+)$", self.path) or \
-            re.match(r"^/api/v1/nodes/[^/]+/([a-z]+)$", self.path) or re.match(r"^/apis/[^/]+/[^/]+/namespaces/[^/]+/[^/]+/[^/]+/([a-z]+)$", self.path)
+        match = (
+            re.match(r"^/api/v1/namespaces/[^/]+/pods/[^/]+/([a-z]+)$", self.path)
+            or re.match(r"^/api/v1/nodes/[^/]+/([a-z]+)$", self.path)
+            or re.match(r"^/apis/[^/]+/[^/]+/namespaces/[^/]+/[^/]+/[^/]+/([a-z]+)$", self.path)
+        )
         return match.group(1) if match else None
 
 
@@ -96,7 +106,11 @@ class FaultProxy:
 
     def requests(self, method: str | None = None, pattern: str | None = None) -> list[Seen]:
         with self.lock:
-            return [s for s in self.seen if (method is None or s.method == method) and (pattern is None or re.search(pattern, s.path))]
+            return [
+                s
+                for s in self.seen
+                if (method is None or s.method == method) and (pattern is None or re.search(pattern, s.path))
+            ]
 
     # ------------------------------------------------------------ serving
 
@@ -108,7 +122,9 @@ class FaultProxy:
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         context = ssl.create_default_context(cafile=self.ca_file)
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=0), auto_decompress=False)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context, limit=0), auto_decompress=False
+        )
         app = aiohttp.web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         # Streams still open at stop (a stopped client's watch) are cut after 1 s, not aiohttp's default 60.
@@ -138,19 +154,35 @@ class FaultProxy:
             await asyncio.sleep(rule.delay)
         if rule is not None and rule.status is not None:
             self._record(request, rule.status)
-            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": rule.status,
-                                              "reason": STATUS_REASONS.get(rule.status, "Injected"),
-                                              "message": f"injected fault {rule.status}"}, status=rule.status)
+            return aiohttp.web.json_response(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Status",
+                    "status": "Failure",
+                    "code": rule.status,
+                    "reason": STATUS_REASONS.get(rule.status, "Injected"),
+                    "message": f"injected fault {rule.status}",
+                },
+                status=rule.status,
+            )
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read()
         # A request without a Content-Type (the kubernetes client sends evictions so) must reach the API server
         # without one too: aiohttp would label the bytes application/octet-stream, which the API server refuses (415).
         skip = () if "Content-Type" in request.headers else ("Content-Type",)
-        async with self.session.request(request.method, self.upstream + request.path_qs, headers=headers, data=body or None,
-                                        skip_auto_headers=skip, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as upstream:
+        async with self.session.request(
+            request.method,
+            self.upstream + request.path_qs,
+            headers=headers,
+            data=body or None,
+            skip_auto_headers=skip,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        ) as upstream:
             self._record(request, upstream.status)
-            response = aiohttp.web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS})
+            response = aiohttp.web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS},
+            )
             await response.prepare(request)
             deadline = time.monotonic() + rule.cut_after if rule is not None and rule.cut_after is not None else None
             try:
@@ -174,9 +206,9 @@ def path_is(pattern: str, method: str | None = None, watch: bool | None = None) 
     def match(m: str, path: str, query: str) -> bool:
         is_watch = "watch=true" in query or "watch=1" in query
         return bool(regex.search(path)) and (method is None or m == method) and (watch is None or watch == is_watch)
+
     return match
 
 
 def everything(_: str, __: str, ___: str) -> bool:
     return True
-

@@ -32,29 +32,59 @@ def node_ip(index: int) -> str:
     return f"127.10.{index // 250}.{index % 250 + 1}"
 
 
-def kwok_node(name: str, index: int, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def kwok_node(
+    name: str, index: int, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A node kwok keeps Ready (SIMULATION of its kubelet), with room for a serving pod and an agent."""
     capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "amd.com/gpu": "8"}
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": {KWOK_NODE_ANNOTATION: "fake", **(annotations or {})},
-                         "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "type": "kwok",
-                                    **GPU_NODE_LABEL, **(labels or {})}},
-            "spec": {},
-            "status": {"allocatable": capacity, "capacity": capacity,
-                       "addresses": [{"type": "InternalIP", "address": node_ip(index)}, {"type": "Hostname", "address": name}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", **(annotations or {})},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "type": "kwok",
+                **GPU_NODE_LABEL,
+                **(labels or {}),
+            },
+        },
+        "spec": {},
+        "status": {
+            "allocatable": capacity,
+            "capacity": capacity,
+            "addresses": [{"type": "InternalIP", "address": node_ip(index)}, {"type": "Hostname", "address": name}],
+        },
+    }
 
 
-def agent_published(name: str, capable: bool = True, accelerated: str = "pass", fallback: str = "pass",
-                    stale: bool = False, serving: ServingConfig = ServingConfig(), sglang: str = "0.5.19") -> tuple[dict[str, str], dict[str, str]]:
+def agent_published(
+    name: str,
+    capable: bool = True,
+    accelerated: str = "pass",
+    fallback: str = "pass",
+    stale: bool = False,
+    serving: ServingConfig = ServingConfig(),
+    sglang: str = "0.5.19",
+) -> tuple[dict[str, str], dict[str, str]]:
     """The labels and annotations a node's agent publishes for these (simulated) self-test results, the
     self-test having proved `serving` (the configuration a rollout derives from pods that say nothing)."""
     spec = simulated_node(capable=capable, accelerated=accelerated, fallback=fallback, driver="6.12.12", sglang=sglang)
     probe = spec["probe"]
     fp = fingerprint(probe)
-    selftest = dict(spec["selftest"], finished_at=time.time(), seconds=1.0, fingerprint=STALE_FINGERPRINT if stale else fp,
-                    serving=serving.as_dict() | {"digest": serving.digest})
+    selftest = dict(
+        spec["selftest"],
+        finished_at=time.time(),
+        seconds=1.0,
+        fingerprint=STALE_FINGERPRINT if stale else fp,
+        serving=serving.as_dict() | {"digest": serving.digest},
+    )
     summary = selftest_summary(selftest, "start") | {"fingerprint": selftest["fingerprint"]}
-    desired = decisions.desired_state(probe, selftest["result"], node_report(name, probe, fp, summary, selftest["result"], None))
+    desired = decisions.desired_state(
+        probe, selftest["result"], node_report(name, probe, fp, summary, selftest["result"], None)
+    )
     return dict(desired.labels), dict(desired.annotations)
 
 
@@ -64,31 +94,62 @@ def gpu_node(name: str, index: int, **traits: Any) -> dict[str, Any]:
     return kwok_node(name, index, labels, annotations)
 
 
-def serving_deployment(name: str, node: str | None = None, replicas: int = 1, labels: dict[str, str] | None = None,
-                       image: str = "lmsysorg/sglang:rocm-demo", spread: bool = False) -> dict[str, Any]:
+def serving_deployment(
+    name: str,
+    node: str | None = None,
+    replicas: int = 1,
+    labels: dict[str, str] | None = None,
+    image: str = "lmsysorg/sglang:rocm-demo",
+    spread: bool = False,
+) -> dict[str, Any]:
     """A serving Deployment whose template carries SGLANG_AITER_MLA_GLUON=0 (the safe path if the webhook
     is down). `node` pins it to one node; `spread` puts at most one pod per node (anti-affinity)."""
     pod_labels = {**SERVING_POD_LABELS, "serving": name, **(labels or {})}
     spec: dict[str, Any] = {
-        "containers": [{"name": "sglang", "image": image, "command": ["python3", "-m", "sglang.launch_server"],
-                        "env": [{"name": contract.FLAG_ENV, "value": "0"}],
-                        "ports": [{"name": "metrics", "containerPort": 30000}]}],
+        "containers": [
+            {
+                "name": "sglang",
+                "image": image,
+                "command": ["python3", "-m", "sglang.launch_server"],
+                "env": [{"name": contract.FLAG_ENV, "value": "0"}],
+                "ports": [{"name": "metrics", "containerPort": 30000}],
+            }
+        ],
         "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "terminationGracePeriodSeconds": 0,
     }
     if node is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     if spread:
-        spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": {"matchLabels": {"serving": name}}, "topologyKey": "kubernetes.io/hostname"}]}}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": pod_labels},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"serving": name}},
-                     "template": {"metadata": {"labels": pod_labels}, "spec": spec}}}
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"serving": name}}, "topologyKey": "kubernetes.io/hostname"}
+                ]
+            }
+        }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": pod_labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"serving": name}},
+            "template": {"metadata": {"labels": pod_labels}, "spec": spec},
+        },
+    }
 
 
 def rollout(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"podSelector": {"matchLabels": dict(SERVING_LABELS)},
-                            "strategy": {"canaryNodes": 1, "maxParallel": 2, "restart": "Evict", "restartDelaySeconds": 0}}
+    body: dict[str, Any] = {
+        "podSelector": {"matchLabels": dict(SERVING_LABELS)},
+        "strategy": {"canaryNodes": 1, "maxParallel": 2, "restart": "Evict", "restartDelaySeconds": 0},
+    }
     for key, value in spec.items():
         body[key] = {**body[key], **value} if isinstance(value, dict) and isinstance(body.get(key), dict) else value
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": name, "namespace": namespace}, "spec": body}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }

@@ -27,8 +27,12 @@ RELEASE = "gluon-rollout"
 NAMESPACE = "gluon-system"
 # Local processes cannot use what needs a Prometheus Operator (monitors, rules) or an image (none run).
 LOCAL_VALUES: dict[str, Any] = {
-    "monitoring": {"serviceMonitor": {"enabled": False}, "podMonitor": {"enabled": False},
-                   "servingPodMonitor": {"enabled": False}, "prometheusRule": {"enabled": False}},
+    "monitoring": {
+        "serviceMonitor": {"enabled": False},
+        "podMonitor": {"enabled": False},
+        "servingPodMonitor": {"enabled": False},
+        "prometheusRule": {"enabled": False},
+    },
 }
 
 
@@ -41,10 +45,18 @@ def helm_binary() -> str:
 
 def helm(cp: ControlPlane, *args: str, timeout: float = 180) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
-    env.update(HELM_CACHE_HOME=str(cp.dir / "helm" / "cache"), HELM_CONFIG_HOME=str(cp.dir / "helm" / "config"),
-               HELM_DATA_HOME=str(cp.dir / "helm" / "data"))
-    result = subprocess.run([helm_binary(), "--kubeconfig", str(cp.kubeconfig), *args], capture_output=True, text=True,
-                            timeout=timeout, env=env)
+    env.update(
+        HELM_CACHE_HOME=str(cp.dir / "helm" / "cache"),
+        HELM_CONFIG_HOME=str(cp.dir / "helm" / "config"),
+        HELM_DATA_HOME=str(cp.dir / "helm" / "data"),
+    )
+    result = subprocess.run(
+        [helm_binary(), "--kubeconfig", str(cp.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"helm {' '.join(args[:2])} failed:\n{result.stderr[-3000:]}")
     return result.stdout
@@ -85,8 +97,12 @@ class Installed:
         core = client.CoreV1Api(self.cp.admin_client())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            pods = core.list_namespaced_pod(self.namespace, label_selector="app.kubernetes.io/name=gluon-rollout-agent",
-                                            field_selector=f"spec.nodeName={node}", _preload_content=False)
+            pods = core.list_namespaced_pod(
+                self.namespace,
+                label_selector="app.kubernetes.io/name=gluon-rollout-agent",
+                field_selector=f"spec.nodeName={node}",
+                _preload_content=False,
+            )
             items = [p for p in json.loads(pods.data)["items"] if not p["metadata"].get("deletionTimestamp")]
             if items:
                 return items[0]
@@ -102,8 +118,13 @@ class Installed:
         return helm(self.cp, "uninstall", self.release, "--namespace", self.namespace, "--wait", "--timeout", "120s")
 
 
-def install(cp: ControlPlane, values: dict[str, Any] | None = None, namespace: str = NAMESPACE, release: str = RELEASE,
-            webhook_port: int | None = None) -> Installed:
+def install(
+    cp: ControlPlane,
+    values: dict[str, Any] | None = None,
+    namespace: str = NAMESPACE,
+    release: str = RELEASE,
+    webhook_port: int | None = None,
+) -> Installed:
     """`helm install` of the chart, with the webhook pointed at https://127.0.0.1:<webhook_port>/inject
     (signed by the control plane's CA: the operator process serves it with `webhook_tls`)."""
     from .controlplane import free_port
@@ -111,9 +132,21 @@ def install(cp: ControlPlane, values: dict[str, Any] | None = None, namespace: s
     port = webhook_port or free_port()
     tls = cp.pki.issue("webhook", "/CN=127.0.0.1", ("IP:127.0.0.1",))
     ca = base64.b64encode(cp.pki.ca.cert.read_bytes()).decode()
-    chosen = merge(merge(LOCAL_VALUES, {"webhook": {"url": f"https://127.0.0.1:{port}/inject", "caBundle": ca}}), values or {})
+    chosen = merge(
+        merge(LOCAL_VALUES, {"webhook": {"url": f"https://127.0.0.1:{port}/inject", "caBundle": ca}}), values or {}
+    )
     values_file = cp.dir / f"values-{release}.json"
     values_file.write_text(json.dumps(chosen))
-    helm(cp, "install", release, str(CHART), "--namespace", namespace, "--create-namespace", "--values", str(values_file),
-         "--wait=false")
+    helm(
+        cp,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--values",
+        str(values_file),
+        "--wait=false",
+    )
     return Installed(cp, namespace, release, tls, port)

@@ -93,7 +93,9 @@ def mount_script(binds: list[tuple[Path, str]], argv: list[str]) -> list[str]:
     for source, target in binds:
         kind = "-d" if source.is_dir() else "-f"
         make = f"mkdir -p {shlex.quote(target)}" if source.is_dir() else f"touch {shlex.quote(target)}"
-        steps.append(f"[ {kind} {shlex.quote(target)} ] || {make}; mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+        steps.append(
+            f"[ {kind} {shlex.quote(target)} ] || {make}; mount --bind {shlex.quote(str(source))} {shlex.quote(target)}"
+        )
     script = " && ".join(steps + ['exec "$@"'])
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
@@ -101,10 +103,18 @@ def mount_script(binds: list[tuple[Path, str]], argv: list[str]) -> list[str]:
 class KubeletSim(Background):
     """Watches pods with the injected annotation and runs their init containers (see the module doc)."""
 
-    def __init__(self, api: Any, images: dict[str, Image], on_outcome: Callable[[InitOutcome], None] | None = None,
-                 workdir: Path | None = None, timeout: float = 120.0, parallel: int = 8,
-                 readiness: dict[str, str] | None = None, api_server: tuple[str, int, Path] | None = None,
-                 token_for: Callable[[str, str, str], str] | None = None) -> None:
+    def __init__(
+        self,
+        api: Any,
+        images: dict[str, Image],
+        on_outcome: Callable[[InitOutcome], None] | None = None,
+        workdir: Path | None = None,
+        timeout: float = 120.0,
+        parallel: int = 8,
+        readiness: dict[str, str] | None = None,
+        api_server: tuple[str, int, Path] | None = None,
+        token_for: Callable[[str, str, str], str] | None = None,
+    ) -> None:
         """`readiness`: label selector -> HTTP path probed on the pod's first container port at its node's
         address, once a second, as the kubelet's readiness probe would (kwok alone reports every pod Ready)."""
         from kubernetes import client
@@ -119,7 +129,10 @@ class KubeletSim(Background):
         self.outcomes: list[InitOutcome] = []
         self.errors: list[str] = []
         self.readiness = readiness or {}
-        self.api_server, self.token_for = api_server, token_for  # (host, port, CA file) and token_for(ns, sa, pod): Job pods
+        self.api_server, self.token_for = (
+            api_server,
+            token_for,
+        )  # (host, port, CA file) and token_for(ns, sa, pod): Job pods
         self.lock = threading.Lock()
 
     def __exit__(self, *exc: object) -> None:
@@ -129,7 +142,9 @@ class KubeletSim(Background):
     # ------------------------------------------------------------ the watch
 
     def _watch(self) -> None:
-        list_then_watch(self.core.list_pod_for_all_namespaces, self._listed, self._changed, self.stop_event, retry_seconds=0.2)
+        list_then_watch(
+            self.core.list_pod_for_all_namespaces, self._listed, self._changed, self.stop_event, retry_seconds=0.2
+        )
 
     def _listed(self, pods: list[dict[str, Any]]) -> None:
         for pod in pods:
@@ -145,9 +160,13 @@ class KubeletSim(Background):
         if not spec.get("nodeName") or meta.get("deletionTimestamp"):
             return
         injected = contract.ANNOTATION_POD_INJECTED in annotations and PREFLIGHT_MESSAGE not in annotations
-        job = (self.token_for is not None and EXIT_CODE not in annotations and (pod.get("status") or {}).get("phase") == "Running"
-               and any(o.get("kind") == "Job" for o in meta.get("ownerReferences") or [])
-               and all(c["image"] in self.images for c in spec.get("containers") or []))
+        job = (
+            self.token_for is not None
+            and EXIT_CODE not in annotations
+            and (pod.get("status") or {}).get("phase") == "Running"
+            and any(o.get("kind") == "Job" for o in meta.get("ownerReferences") or [])
+            and all(c["image"] in self.images for c in spec.get("containers") or [])
+        )
         if not (injected or job):
             return
         with self.lock:
@@ -166,7 +185,9 @@ class KubeletSim(Background):
             root = Path(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.dir))
             account = root / "serviceaccount"
             account.mkdir()
-            (account / "token").write_text(self.token_for(meta["namespace"], pod["spec"].get("serviceAccountName") or "default", meta["name"]))
+            (account / "token").write_text(
+                self.token_for(meta["namespace"], pod["spec"].get("serviceAccountName") or "default", meta["name"])
+            )
             (account / "ca.crt").write_bytes(ca.read_bytes())
             (account / "namespace").write_text(meta["namespace"])
             code = 0
@@ -175,8 +196,13 @@ class KubeletSim(Background):
                 code = self._execute(container, pod, node, [(account, SERVICE_ACCOUNT_PATH)], root, extra)[0]
                 if code:
                     break
-            self.core.patch_namespaced_pod(meta["name"], meta["namespace"], {"metadata": {"annotations": {EXIT_CODE: str(code)}}},
-                                           _content_type="application/merge-patch+json", _preload_content=False)
+            self.core.patch_namespaced_pod(
+                meta["name"],
+                meta["namespace"],
+                {"metadata": {"annotations": {EXIT_CODE: str(code)}}},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
         except Exception as exc:
             self.errors.append(f"{meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
             log.warning("kubelet-sim: %s", self.errors[-1])
@@ -194,7 +220,9 @@ class KubeletSim(Background):
     def _probe(self, selector: str, path: str) -> None:
         import urllib.request
 
-        pods = json.loads(self.core.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False).data)["items"]
+        pods = json.loads(self.core.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False).data)[
+            "items"
+        ]
         addresses = {}
         for pod in pods:
             node_name = pod["spec"].get("nodeName")
@@ -202,7 +230,9 @@ class KubeletSim(Background):
             if not node_name or status.get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
                 continue
             if node_name not in addresses:
-                addresses[node_name] = downward(pod, json.loads(self.core.read_node(node_name, _preload_content=False).data), "status.hostIP")
+                addresses[node_name] = downward(
+                    pod, json.loads(self.core.read_node(node_name, _preload_content=False).data), "status.hostIP"
+                )
             port = (pod["spec"]["containers"][0].get("ports") or [{}])[0].get("containerPort")
             try:
                 with urllib.request.urlopen(f"http://{addresses[node_name]}:{port}{path}", timeout=1) as response:
@@ -213,10 +243,21 @@ class KubeletSim(Background):
             wanted = "True" if ready else "False"
             if conditions.get("Ready") != wanted:
                 now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                patch = {"status": {"conditions": [{"type": kind, "status": wanted, "lastTransitionTime": now}
-                                                   for kind in ("Ready", "ContainersReady")]}}
-                self.core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], patch,
-                                                      _content_type="application/strategic-merge-patch+json", _preload_content=False)
+                patch = {
+                    "status": {
+                        "conditions": [
+                            {"type": kind, "status": wanted, "lastTransitionTime": now}
+                            for kind in ("Ready", "ContainersReady")
+                        ]
+                    }
+                }
+                self.core.patch_namespaced_pod_status(
+                    pod["metadata"]["name"],
+                    pod["metadata"]["namespace"],
+                    patch,
+                    _content_type="application/strategic-merge-patch+json",
+                    _preload_content=False,
+                )
 
     # ------------------------------------------------------------ one pod
 
@@ -226,7 +267,9 @@ class KubeletSim(Background):
         try:
             node = json.loads(self._synced(self.core.read_node, pod["spec"]["nodeName"], _preload_content=False).data)
             root = Path(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.dir))
-            volumes = {v["name"]: root / "volumes" / v["name"] for v in pod["spec"].get("volumes") or [] if "emptyDir" in v}
+            volumes = {
+                v["name"]: root / "volumes" / v["name"] for v in pod["spec"].get("volumes") or [] if "emptyDir" in v
+            }
             for folder in volumes.values():
                 folder.mkdir(parents=True)
             message = ""
@@ -235,9 +278,17 @@ class KubeletSim(Background):
                 if container["name"] == PREFLIGHT_CONTAINER:
                     message = text
             flag = self._flag(volumes)
-            self._synced(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], {"metadata": {"annotations": {PREFLIGHT_MESSAGE: message}}},
-                         _content_type="application/merge-patch+json", _preload_content=False)
-            outcome = InitOutcome(meta["name"], meta["namespace"], pod["spec"]["nodeName"], flag, message, time.monotonic() - started)
+            self._synced(
+                self.core.patch_namespaced_pod,
+                meta["name"],
+                meta["namespace"],
+                {"metadata": {"annotations": {PREFLIGHT_MESSAGE: message}}},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
+            outcome = InitOutcome(
+                meta["name"], meta["namespace"], pod["spec"]["nodeName"], flag, message, time.monotonic() - started
+            )
             self.outcomes.append(outcome)
             if self.on_outcome:
                 self.on_outcome(outcome)
@@ -259,16 +310,26 @@ class KubeletSim(Background):
                 log.debug("kubelet-sim: retrying %s: %s", getattr(call, "__name__", call), exc)
             self.stop_event.wait(1.0)
 
-    def _run_container(self, container: dict[str, Any], pod: dict[str, Any], node: dict[str, Any],
-                       volumes: dict[str, Path], root: Path) -> str:
-        binds = [(volumes[m["name"]], m["mountPath"]) for m in container.get("volumeMounts") or [] if m["name"] in volumes]
+    def _run_container(
+        self, container: dict[str, Any], pod: dict[str, Any], node: dict[str, Any], volumes: dict[str, Path], root: Path
+    ) -> str:
+        binds = [
+            (volumes[m["name"]], m["mountPath"]) for m in container.get("volumeMounts") or [] if m["name"] in volumes
+        ]
         code, output, termination = self._execute(container, pod, node, binds, root, {})
         if code != 0:
             raise RuntimeError(f"init container {container['name']!r} exited {code}: {output.strip()[-800:]}")
         return termination
 
-    def _execute(self, container: dict[str, Any], pod: dict[str, Any], node: dict[str, Any], binds: list[tuple[Path, str]],
-                 root: Path, extra_env: dict[str, str]) -> tuple[int, str, str]:
+    def _execute(
+        self,
+        container: dict[str, Any],
+        pod: dict[str, Any],
+        node: dict[str, Any],
+        binds: list[tuple[Path, str]],
+        root: Path,
+        extra_env: dict[str, str],
+    ) -> tuple[int, str, str]:
         """(exit code, output, termination message) of one container run as a process here."""
         image = self.images.get(container["image"])
         if image is None:
@@ -280,8 +341,14 @@ class KubeletSim(Background):
         if not argv:
             raise RuntimeError(f"container {container['name']!r} has no command and its image no entrypoint")
         argv[0] = shutil.which(argv[0], path=os.pathsep.join(image.path)) or argv[0]
-        result = subprocess.run(mount_script(binds, argv), env=container_env(container, pod, node, image) | extra_env,
-                                capture_output=True, text=True, timeout=self.timeout, cwd=root)
+        result = subprocess.run(
+            mount_script(binds, argv),
+            env=container_env(container, pod, node, image) | extra_env,
+            capture_output=True,
+            text=True,
+            timeout=self.timeout,
+            cwd=root,
+        )
         (root / f"{container['name']}.log").write_text(result.stdout + result.stderr)
         return result.returncode, result.stdout + result.stderr, termination.read_text()[:4096]
 

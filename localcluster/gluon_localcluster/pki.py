@@ -31,8 +31,21 @@ class Authority:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ca = KeyPair(self.dir / "ca.crt", self.dir / "ca.key")
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=gluon-localcluster-ca",
-                 "-keyout", str(self.ca.key), "-out", str(self.ca.cert))
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=gluon-localcluster-ca",
+            "-keyout",
+            str(self.ca.key),
+            "-out",
+            str(self.ca.cert),
+        )
 
     def issue(self, name: str, subject: str, sans: tuple[str, ...] = (), client: bool = False) -> KeyPair:
         """A certificate signed by this CA. `subject` as openssl writes it, e.g. /CN=admin/O=system:masters."""
@@ -44,9 +57,26 @@ class Authority:
         if sans:
             lines.append("subjectAltName=" + ",".join(sans))
         ext.write_text("\n".join(lines) + "\n")
-        _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(pair.key), "-out", str(csr))
-        _openssl("x509", "-req", "-in", str(csr), "-CA", str(self.ca.cert), "-CAkey", str(self.ca.key), "-CAcreateserial",
-                 "-days", "2", "-extfile", str(ext), "-out", str(pair.cert))
+        _openssl(
+            "req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(pair.key), "-out", str(csr)
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(self.ca.cert),
+            "-CAkey",
+            str(self.ca.key),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            str(ext),
+            "-out",
+            str(pair.cert),
+        )
         return pair
 
     def service_account_keys(self) -> KeyPair:

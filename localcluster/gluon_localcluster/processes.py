@@ -17,14 +17,19 @@ from gluon_agent import contract
 from .controlplane import die_with_parent, free_port
 from .install import Installed
 
-
 # This checkout's packages: a child runs the code under test, not whatever checkout the venv installed.
-CHECKOUT_PATH = os.pathsep.join(str(Path(__file__).resolve().parents[2] / part) for part in ("agent", "operator", "localcluster"))
+CHECKOUT_PATH = os.pathsep.join(
+    str(Path(__file__).resolve().parents[2] / part) for part in ("agent", "operator", "localcluster")
+)
 
 
 def python_env(**extra: str) -> dict[str, str]:
     """Our environment without what would change what a child imports or which cluster it talks to."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KUBECONFIG", "SGLANG_AITER_MLA_GLUON", "TRITON_INTERPRET")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "KUBECONFIG", "SGLANG_AITER_MLA_GLUON", "TRITON_INTERPRET")
+    }
     env["PYTHONPATH"] = CHECKOUT_PATH
     env.update(extra)
     return env
@@ -43,8 +48,14 @@ class Process:
         # thread starts (faultsim's restarts) is left to stop() alone.
         dies_with_starter = die_with_parent if threading.current_thread() is threading.main_thread() else None
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=dies_with_starter)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=dies_with_starter,
+            )
         return self
 
     def alive(self) -> bool:
@@ -69,24 +80,71 @@ class Process:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
 
 
-def operator(installed: Installed, reconcile_seconds: float = 1.0, server: str | None = None, metrics_port: int = 0,
-             **env: str) -> Process:
+def operator(
+    installed: Installed, reconcile_seconds: float = 1.0, server: str | None = None, metrics_port: int = 0, **env: str
+) -> Process:
     """`gluon-operator run` with the operator ServiceAccount's token and the webhook's TLS on 127.0.0.1."""
     tls = installed.webhook_tls
-    settings = python_env(KUBECONFIG=str(installed.operator_kubeconfig(server)), GLUON_RECONCILE_SECONDS=str(reconcile_seconds),
-                          GLUON_METRICS_PORT=str(metrics_port), GLUON_METRICS_ADDR="127.0.0.1", GLUON_WATCH_TIMEOUT="60",
-                          GLUON_WEBHOOK_CERT=str(tls.cert), GLUON_WEBHOOK_KEY=str(tls.key), GLUON_WEBHOOK_ADDR="127.0.0.1",
-                          GLUON_WEBHOOK_PORT=str(installed.webhook_port), GLUON_AGENT_IMAGE=AGENT_IMAGE, **env)
-    argv = [sys.executable, "-m", "gluon_operator.cli", "run", "--standalone", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
+    settings = python_env(
+        KUBECONFIG=str(installed.operator_kubeconfig(server)),
+        GLUON_RECONCILE_SECONDS=str(reconcile_seconds),
+        GLUON_METRICS_PORT=str(metrics_port),
+        GLUON_METRICS_ADDR="127.0.0.1",
+        GLUON_WATCH_TIMEOUT="60",
+        GLUON_WEBHOOK_CERT=str(tls.cert),
+        GLUON_WEBHOOK_KEY=str(tls.key),
+        GLUON_WEBHOOK_ADDR="127.0.0.1",
+        GLUON_WEBHOOK_PORT=str(installed.webhook_port),
+        GLUON_AGENT_IMAGE=AGENT_IMAGE,
+        **env,
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "gluon_operator.cli",
+        "run",
+        "--standalone",
+        "--liveness",
+        f"http://127.0.0.1:{free_port()}/healthz",
+    ]
     return Process(argv, settings, installed.cp.dir / f"operator-{free_port()}.log").start()
 
 
-def agent(installed: Installed, node: str, host: str, simulate: Path, server: str | None = None, env: dict[str, str] | None = None,
-          *extra: Any) -> Process:
+def agent(
+    installed: Installed,
+    node: str,
+    host: str,
+    simulate: Path,
+    server: str | None = None,
+    env: dict[str, str] | None = None,
+    *extra: Any,
+) -> Process:
     """`gluon-agent run` for `node` with a token bound to its DaemonSet pod, listening on `host` (the node's IP)."""
-    argv = [sys.executable, "-m", "gluon_agent", "run", "--kubeconfig", str(installed.agent_kubeconfig(node, server)),
-            "--simulate", str(simulate), "--node-name", node, "--host", host, "--port", str(contract.AGENT_PORT),
-            "--tick", "0.2", "--probe-interval", "3600", "--watch-timeout", "10", "--log-level", "INFO", *map(str, extra)]
+    argv = [
+        sys.executable,
+        "-m",
+        "gluon_agent",
+        "run",
+        "--kubeconfig",
+        str(installed.agent_kubeconfig(node, server)),
+        "--simulate",
+        str(simulate),
+        "--node-name",
+        node,
+        "--host",
+        host,
+        "--port",
+        str(contract.AGENT_PORT),
+        "--tick",
+        "0.2",
+        "--probe-interval",
+        "3600",
+        "--watch-timeout",
+        "10",
+        "--log-level",
+        "INFO",
+        *map(str, extra),
+    ]
     return Process(argv, python_env(**(env or {})), installed.cp.dir / f"agent-{node}.log").start()
 
 

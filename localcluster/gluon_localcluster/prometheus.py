@@ -26,7 +26,9 @@ def _get(url: str, timeout: float) -> tuple[int, Any]:
 class Prometheus:
     """A real Prometheus server (Debian package) on 127.0.0.1, scraping the given targets every second."""
 
-    def __init__(self, targets: dict[str, list[Any]], scrape_interval: str = "1s", directory: Path | None = None) -> None:
+    def __init__(
+        self, targets: dict[str, list[Any]], scrape_interval: str = "1s", directory: Path | None = None
+    ) -> None:
         """targets: job -> ["host:port", ...] or [{"targets": [...], "labels": {...}}, ...]."""
         binary = shutil.which("prometheus")
         if binary is None:
@@ -35,13 +37,23 @@ class Prometheus:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         jobs = [
-            {"job_name": job, "scrape_interval": scrape_interval,
-             "static_configs": [h if isinstance(h, dict) else {"targets": [h]} for h in hosts]}
+            {
+                "job_name": job,
+                "scrape_interval": scrape_interval,
+                "static_configs": [h if isinstance(h, dict) else {"targets": [h]} for h in hosts],
+            }
             for job, hosts in targets.items()
         ]
-        (self.dir / "prometheus.yml").write_text(json.dumps({"global": {"scrape_interval": scrape_interval}, "scrape_configs": jobs}))
-        self.argv = [binary, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
-                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"]
+        (self.dir / "prometheus.yml").write_text(
+            json.dumps({"global": {"scrape_interval": scrape_interval}, "scrape_configs": jobs})
+        )
+        self.argv = [
+            binary,
+            f"--config.file={self.dir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--web.enable-lifecycle",
+        ]
         self.url = f"http://127.0.0.1:{self.port}"
         self.start()
 

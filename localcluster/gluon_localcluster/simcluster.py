@@ -52,14 +52,28 @@ class SimNode:
 
 DEMO_FLEET = (
     # gpu-03 is the control group (holdout: chosen by a stable hash of the name), gpu-02 regresses 15%.
-    SimNode("gpu-01", flag_effect=2.3), SimNode("gpu-02", flag_effect=0.85), SimNode("gpu-03", flag_effect=1.9),
-    SimNode("gpu-04", flag_effect=2.7), SimNode("gpu-05", flag_effect=2.1), SimNode("gpu-06", flag_effect=2.4),
-    SimNode("gpu-07", capable=False), SimNode("gpu-08", fallback="fail"),
+    SimNode("gpu-01", flag_effect=2.3),
+    SimNode("gpu-02", flag_effect=0.85),
+    SimNode("gpu-03", flag_effect=1.9),
+    SimNode("gpu-04", flag_effect=2.7),
+    SimNode("gpu-05", flag_effect=2.1),
+    SimNode("gpu-06", flag_effect=2.4),
+    SimNode("gpu-07", capable=False),
+    SimNode("gpu-08", fallback="fail"),
 )
 # minControls 1: six eligible nodes and one holdout leave the last nodes one steady control of each flag
 # (promoted nodes qualify only once steady for baselineSeconds); the demo's noise is 2% and independent.
-DEMO_ANALYSIS = {"intervalSeconds": 3, "stepSeconds": 2, "windowSeconds": 16, "warmupSeconds": 2,
-                 "minSamples": 5, "consecutiveFailures": 2, "tolerance": 0.05, "confidence": 0.95, "minControls": 1}
+DEMO_ANALYSIS = {
+    "intervalSeconds": 3,
+    "stepSeconds": 2,
+    "windowSeconds": 16,
+    "warmupSeconds": 2,
+    "minSamples": 5,
+    "consecutiveFailures": 2,
+    "tolerance": 0.05,
+    "confidence": 0.95,
+    "minControls": 1,
+}
 DEMO_STRATEGY = {"canaryNodes": 1, "maxParallel": 2, "holdoutNodes": 1, "restart": "Evict", "restartDelaySeconds": 1}
 
 
@@ -89,8 +103,14 @@ class Running:
 
 
 class SimCluster:
-    def __init__(self, fleet_nodes: tuple[SimNode, ...] = DEMO_FLEET, workdir: Path | None = None, reconcile_seconds: float = 1.0,
-                 proxy: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self,
+        fleet_nodes: tuple[SimNode, ...] = DEMO_FLEET,
+        workdir: Path | None = None,
+        reconcile_seconds: float = 1.0,
+        proxy: bool = False,
+        seed: int = 0,
+    ) -> None:
         self.fleet = fleet_nodes
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="gluon-sim-")).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -118,26 +138,46 @@ class SimCluster:
         self.admin = self.cp.admin_client()
         from kubernetes import client
 
-        self.core, self.apps, self.custom = client.CoreV1Api(self.admin), client.AppsV1Api(self.admin), client.CustomObjectsApi(self.admin)
+        self.core, self.apps, self.custom = (
+            client.CoreV1Api(self.admin),
+            client.AppsV1Api(self.admin),
+            client.CustomObjectsApi(self.admin),
+        )
         self.installed = install(self.cp)
         if self.want_proxy:
             self.proxy = FaultProxy(self.cp.url, str(self.cp.pki.ca.cert), seed=self.seed).start()
         self.core.create_namespace({"metadata": {"name": SERVING_NS}})
         for running in self.nodes.values():
-            self.core.create_node(fleet.kwok_node(running.node.name, running.index, labels={"gluonrollout.io/demo": "true"}))
+            self.core.create_node(
+                fleet.kwok_node(running.node.name, running.index, labels={"gluonrollout.io/demo": "true"})
+            )
         self._spawn(self._watch_nodes, "node-watch")
-        self.kubelet = KubeletSim(self.admin, self.images(), self._on_init, workdir=self.dir / "kubelet",
-                                  readiness={"app.kubernetes.io/name=gluon-rollout-agent": "/readyz"}).__enter__()
+        self.kubelet = KubeletSim(
+            self.admin,
+            self.images(),
+            self._on_init,
+            workdir=self.dir / "kubelet",
+            readiness={"app.kubernetes.io/name=gluon-rollout-agent": "/readyz"},
+        ).__enter__()
         for running in self.nodes.values():
             self._start_agent(running)
-            running.exporter = FakeSglang(NodeModel(running.node.name, flag_effect=running.node.flag_effect, noise=0.02),
-                                          lambda r=running: r.flag, namespace=SERVING_NS).start()
+            running.exporter = FakeSglang(
+                NodeModel(running.node.name, flag_effect=running.node.flag_effect, noise=0.02),
+                lambda r=running: r.flag,
+                namespace=SERVING_NS,
+            ).start()
         self.start_operator()
-        self.prometheus = Prometheus({
-            "sglang": [f"127.0.0.1:{r.exporter.port}" for r in self.nodes.values()],
-            "gluon-rollout-agent": [{"targets": [f"{r.ip}:{contract.AGENT_PORT}"], "labels": {"node": r.node.name}} for r in self.nodes.values()],
-            "gluon-rollout-operator": [f"127.0.0.1:{self.metrics_port}"],
-        }, directory=self.dir / "prometheus")
+        self.prometheus = Prometheus(
+            {
+                "sglang": [f"127.0.0.1:{r.exporter.port}" for r in self.nodes.values()],
+                "gluon-rollout-agent": [
+                    {"targets": [f"{r.ip}:{contract.AGENT_PORT}"], "labels": {"node": r.node.name}}
+                    for r in self.nodes.values()
+                ],
+                "gluon-rollout-operator": [f"127.0.0.1:{self.metrics_port}"],
+            },
+            directory=self.dir / "prometheus",
+        )
         self._serving_workloads()
         return self
 
@@ -156,7 +196,9 @@ class SimCluster:
             processes.AGENT_IMAGE: Image(path=(venv_bin,)),
             # SIMULATION: the serving image's python3 with a fake aiter and a gfx950 torch on its PYTHONPATH
             # (its own ENV), and the real Triton of our environment (Gluon with cga_layout).
-            SERVING_IMAGE: Image(env={"PYTHONPATH": os.pathsep.join([str(aiter), str(torch_stack), triton_site()])}, path=(str(shim),)),
+            SERVING_IMAGE: Image(
+                env={"PYTHONPATH": os.pathsep.join([str(aiter), str(torch_stack), triton_site()])}, path=(str(shim),)
+            ),
         }
 
     def _spawn(self, target: Any, name: str) -> None:
@@ -177,12 +219,16 @@ class SimCluster:
             env.update(PYTHONPATH=str(aiter), FAKE_AITER_MODE=f"*:{running.node.kernel_fault}:mla_gluon")
         sim = self.dir / f"sim-{running.node.name}.json"
         sim.write_text(json.dumps(spec))
-        running.agent = processes.agent(self.installed, running.node.name, running.ip, sim, server=self._server(), env=env)
+        running.agent = processes.agent(
+            self.installed, running.node.name, running.ip, sim, server=self._server(), env=env
+        )
 
     def start_operator(self) -> None:
         assert self.installed is not None
         self.operator_starts += 1
-        self.operator = processes.operator(self.installed, self.reconcile_seconds, server=self._server(), metrics_port=self.metrics_port)
+        self.operator = processes.operator(
+            self.installed, self.reconcile_seconds, server=self._server(), metrics_port=self.metrics_port
+        )
 
     def kill_operator(self) -> None:
         """SIGKILL, as an OOM kill or a node loss would: no cleanup, no graceful shutdown."""
@@ -196,12 +242,19 @@ class SimCluster:
     def _serving_workloads(self) -> None:
         """One serving Deployment per node (pinned), and a PodDisruptionBudget over them all."""
         for running in self.nodes.values():
-            self.apps.create_namespaced_deployment(SERVING_NS, fleet.serving_deployment(f"sglang-{running.node.name}", node=running.node.name,
-                                                                                        image=SERVING_IMAGE))
+            self.apps.create_namespaced_deployment(
+                SERVING_NS,
+                fleet.serving_deployment(f"sglang-{running.node.name}", node=running.node.name, image=SERVING_IMAGE),
+            )
         from kubernetes import client
 
-        client.PolicyV1Api(self.admin).create_namespaced_pod_disruption_budget(SERVING_NS, {
-            "metadata": {"name": "sglang"}, "spec": {"maxUnavailable": 2, "selector": {"matchLabels": dict(fleet.SERVING_LABELS)}}})
+        client.PolicyV1Api(self.admin).create_namespaced_pod_disruption_budget(
+            SERVING_NS,
+            {
+                "metadata": {"name": "sglang"},
+                "spec": {"maxUnavailable": 2, "selector": {"matchLabels": dict(fleet.SERVING_LABELS)}},
+            },
+        )
 
     # ------------------------------------------------------------ what the simulated kubelets report
 
@@ -220,8 +273,12 @@ class SimCluster:
 
         while not self.stop_event.is_set():
             try:
-                for event in watch.Watch().stream(self.core.list_node, label_selector="gluonrollout.io/demo=true", timeout_seconds=5,
-                                                  _preload_content=False):
+                for event in watch.Watch().stream(
+                    self.core.list_node,
+                    label_selector="gluonrollout.io/demo=true",
+                    timeout_seconds=5,
+                    _preload_content=False,
+                ):
                     meta = event["raw_object"]["metadata"]
                     ours = {k: v for k, v in (meta.get("labels") or {}).items() if contract.is_ours(k)}
                     self.node_events.append((time.time(), meta["name"], ours))
@@ -235,7 +292,10 @@ class SimCluster:
     def wait_for_agents(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(self.node(n)["metadata"].get("labels", {}).get(contract.LABEL_SELFTEST) in ("pass", "fail", "error") for n in self.nodes):
+            if all(
+                self.node(n)["metadata"].get("labels", {}).get(contract.LABEL_SELFTEST) in ("pass", "fail", "error")
+                for n in self.nodes
+            ):
                 return
             time.sleep(0.5)
         logs = {n: r.agent.tail(5) if r.agent else "" for n, r in self.nodes.items()}
@@ -243,9 +303,13 @@ class SimCluster:
 
     def create_rollout(self, name: str = "kimi-k3", analysis: dict | None = None, strategy: dict | None = None) -> None:
         assert self.prometheus is not None
-        body = fleet.rollout(name, SERVING_NS, nodeSelector={"matchLabels": {"gluonrollout.io/demo": "true"}},
-                             strategy=dict(DEMO_STRATEGY, **(strategy or {})),
-                             analysis=dict(DEMO_ANALYSIS, prometheusUrl=self.prometheus.url, **(analysis or {})))
+        body = fleet.rollout(
+            name,
+            SERVING_NS,
+            nodeSelector={"matchLabels": {"gluonrollout.io/demo": "true"}},
+            strategy=dict(DEMO_STRATEGY, **(strategy or {})),
+            analysis=dict(DEMO_ANALYSIS, prometheusUrl=self.prometheus.url, **(analysis or {})),
+        )
         self.rollout_name = name
         self.rollout_created = time.time()
         self.custom.create_namespaced_custom_object(GROUP, VERSION, SERVING_NS, PLURAL, body)
@@ -264,22 +328,38 @@ class SimCluster:
         """Nothing left to enable, restart or judge (checked only after the rollout has had time to start)."""
         status = self.status()
         nodes = status.get("nodes", {})
-        if len(nodes) < len(self.nodes) or time.time() - self.rollout_created < min_seconds or status.get("phase") not in ("Complete", "Idle", "Aborted"):
+        if (
+            len(nodes) < len(self.nodes)
+            or time.time() - self.rollout_created < min_seconds
+            or status.get("phase") not in ("Complete", "Idle", "Aborted")
+        ):
             return False
-        moving = [n for n, s in nodes.items() if s["state"] in ("Enabling", "Analyzing") or (s["state"] == "Eligible" and not s["holdout"])]
-        return not moving and all(r.flag == ("1" if nodes[n]["state"] == "Promoted" else "0") for n, r in self.nodes.items())
+        moving = [
+            n
+            for n, s in nodes.items()
+            if s["state"] in ("Enabling", "Analyzing") or (s["state"] == "Eligible" and not s["holdout"])
+        ]
+        return not moving and all(
+            r.flag == ("1" if nodes[n]["state"] == "Promoted" else "0") for n, r in self.nodes.items()
+        )
 
     def events(self) -> list[dict[str, Any]]:
         return json.loads(self.core.list_namespaced_event(SERVING_NS, _preload_content=False).data)["items"]
 
     def pods(self) -> list[dict[str, Any]]:
-        items = json.loads(self.core.list_namespaced_pod(SERVING_NS, label_selector="app=sglang", _preload_content=False).data)["items"]
+        items = json.loads(
+            self.core.list_namespaced_pod(SERVING_NS, label_selector="app=sglang", _preload_content=False).data
+        )["items"]
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
     def evictions(self) -> list[tuple[float, str]]:
         """(time, pod) of every eviction the operator asked for (the proxy saw them; needs proxy=True)."""
         assert self.proxy is not None, "evictions are counted by the fault proxy: SimCluster(proxy=True)"
-        return [(s.at, s.path.split("/")[-2]) for s in self.proxy.requests("POST", r"/pods/[^/]+/eviction$") if s.status < 300]
+        return [
+            (s.at, s.path.split("/")[-2])
+            for s in self.proxy.requests("POST", r"/pods/[^/]+/eviction$")
+            if s.status < 300
+        ]
 
     def enabled_at(self, node: str, when: float) -> str | None:
         """The node's `enabled` label at a moment, from the node watch."""

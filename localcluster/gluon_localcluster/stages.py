@@ -42,15 +42,19 @@ def preflight_variant(pod_ready: dict[str, Any]) -> dict[str, Any]:
     init = template.index("initContainerStatuses:")
     end = template.index(TERMINATED, init) + len(TERMINATED)
     line_start = template.rindex("\n", 0, end - len(TERMINATED)) + 1
-    indent = template[line_start:end - len(TERMINATED)]
-    message = (f"{indent}{{{{ if eq .name \"{PREFLIGHT_CONTAINER}\" }}}}\n"
-               f"{indent}message: {{{{ index $.metadata.annotations \"{PREFLIGHT_MESSAGE}\" | Quote }}}}\n"
-               f"{indent}{{{{ end }}}}\n")
+    indent = template[line_start : end - len(TERMINATED)]
+    message = (
+        f'{indent}{{{{ if eq .name "{PREFLIGHT_CONTAINER}" }}}}\n'
+        f'{indent}message: {{{{ index $.metadata.annotations "{PREFLIGHT_MESSAGE}" | Quote }}}}\n'
+        f"{indent}{{{{ end }}}}\n"
+    )
     variant = yaml.safe_load(yaml.safe_dump(pod_ready))
     variant["metadata"]["name"] = "pod-ready-after-preflight"
     variant["spec"]["next"]["statusTemplate"] = template[:end] + message + template[end:]
-    variant["spec"]["selector"]["matchExpressions"] += [{"key": INJECTED_KEY, "operator": "Exists"},
-                                                        {"key": MESSAGE_KEY, "operator": "Exists"}]
+    variant["spec"]["selector"]["matchExpressions"] += [
+        {"key": INJECTED_KEY, "operator": "Exists"},
+        {"key": MESSAGE_KEY, "operator": "Exists"},
+    ]
     return variant
 
 
@@ -61,11 +65,16 @@ def job_stages(pod_complete: dict[str, Any]) -> list[dict[str, Any]]:
     succeeded["spec"]["selector"]["matchExpressions"].append({"key": EXIT_KEY, "operator": "In", "values": ["0"]})
     failed = yaml.safe_load(yaml.safe_dump(pod_complete))
     failed["metadata"]["name"] = "pod-failed-after-run"
-    failed["spec"]["selector"]["matchExpressions"] += [{"key": EXIT_KEY, "operator": "Exists"},
-                                                       {"key": EXIT_KEY, "operator": "NotIn", "values": ["0"]}]
+    failed["spec"]["selector"]["matchExpressions"] += [
+        {"key": EXIT_KEY, "operator": "Exists"},
+        {"key": EXIT_KEY, "operator": "NotIn", "values": ["0"]},
+    ]
     template = failed["spec"]["next"]["statusTemplate"]
-    failed["spec"]["next"]["statusTemplate"] = template.replace("exitCode: 0", f"exitCode: {{{{ index $root.metadata.annotations \"{EXIT_CODE}\" }}}}") \
-        .replace("reason: Completed", "reason: Error").replace("phase: Succeeded", "phase: Failed")
+    failed["spec"]["next"]["statusTemplate"] = (
+        template.replace("exitCode: 0", f'exitCode: {{{{ index $root.metadata.annotations "{EXIT_CODE}" }}}}')
+        .replace("reason: Completed", "reason: Error")
+        .replace("phase: Succeeded", "phase: Failed")
+    )
     return [succeeded, failed]
 
 
@@ -74,7 +83,13 @@ def write_config(path: Path) -> Path:
     pod_ready = _load("pod-ready.yaml")
     plain = yaml.safe_load(yaml.safe_dump(pod_ready))
     plain["spec"]["selector"]["matchExpressions"].append({"key": INJECTED_KEY, "operator": "DoesNotExist"})
-    documents = [_load("node-initialize.yaml"), _load("node-heartbeat-with-lease.yaml"), plain, preflight_variant(pod_ready),
-                 *job_stages(_load("pod-complete.yaml")), _load("pod-delete.yaml")]
+    documents = [
+        _load("node-initialize.yaml"),
+        _load("node-heartbeat-with-lease.yaml"),
+        plain,
+        preflight_variant(pod_ready),
+        *job_stages(_load("pod-complete.yaml")),
+        _load("pod-delete.yaml"),
+    ]
     path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
     return path

@@ -7,8 +7,13 @@ import time
 from typing import Any, Callable
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "condition",
-             error: type[Exception] = AssertionError) -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 15.0,
+    interval: float = 0.05,
+    what: str = "condition",
+    error: type[Exception] = AssertionError,
+) -> Any:
     """The predicate's first truthy value; `error` after `timeout` seconds (tests: AssertionError)."""
     deadline = time.monotonic() + timeout
     while True:

@@ -28,8 +28,9 @@ def read_pins(path: Path) -> dict[str, str]:
 
 
 def upstream_gomod(module: str, version: str) -> str:
-    out = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"],
-                         check=True, capture_output=True, text=True, cwd=HERE).stdout
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"], check=True, capture_output=True, text=True, cwd=HERE
+    ).stdout
     return Path(json.loads(out)["GoMod"]).read_text()
 
 

@@ -80,7 +80,10 @@ POOLED_BETA_MIN = 3  # controls with gauges needed to pool the load's effect (el
 CONTROL_NAMES = 20  # controls named in a node's status (all are counted)
 FEW_CONTROLS = 3  # with this many controls or fewer, the placebos' floor is widened by its own degrees of freedom
 PLACEBOS, MIN_PLACEBOS = 8, 2  # controls given a placebo flip at the node's flip time; needed for their variance
-MIXTURE_SCALES, MIXTURE_WEIGHTS = (1.0, 4.0, 16.0, 64.0), (0.85, 0.05, 0.05, 0.05)  # the sequential test's mixing variances (_mixture)
+MIXTURE_SCALES, MIXTURE_WEIGHTS = (
+    (1.0, 4.0, 16.0, 64.0),
+    (0.85, 0.05, 0.05, 0.05),
+)  # the sequential test's mixing variances (_mixture)
 LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -111,10 +114,12 @@ def promql_selector(match_labels: Mapping[str, str]) -> str:
 
 def render(template: str, namespace: str, match_labels: Mapping[str, str], step_seconds: int, node: str = ".*") -> str:
     """{{window}} is the rate window of one sample (the step), so samples do not overlap."""
-    return (template.replace("{{namespace}}", namespace)
-            .replace("{{selector}}", promql_selector(match_labels))
-            .replace("{{window}}", f"{step_seconds}s")
-            .replace("{{node}}", node))
+    return (
+        template.replace("{{namespace}}", namespace)
+        .replace("{{selector}}", promql_selector(match_labels))
+        .replace("{{window}}", f"{step_seconds}s")
+        .replace("{{node}}", node)
+    )
 
 
 @dataclass(frozen=True)
@@ -211,7 +216,9 @@ def _points(values: list, where: str) -> np.ndarray:
         points = np.array(values, dtype=float)
         parsed = points.ndim == 2 and points.shape[1] == 2
         # numpy reads None as NaN: a NaN is only a value when Prometheus sent the string "NaN"
-        if parsed and not (np.isnan(points).any() and any(None in pair for pair in values if isinstance(pair, (list, tuple)))):
+        if parsed and not (
+            np.isnan(points).any() and any(None in pair for pair in values if isinstance(pair, (list, tuple)))
+        ):
             if np.isnan(points[:, 0]).any():
                 raise MalformedAnswer(f"{where} has a sample time that is not a number")
             return points
@@ -241,8 +248,10 @@ def split_by_flag(result: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndar
     pods of two flags (or unlabelled ones) both served, NaN and FLAG_MIXED: the sum over both cannot be
     recovered from two ratios, and such a node has not switched. An answer with no flag label anywhere
     (a custom query not split by it) gives no flag codes: every sample's flag is unknown."""
-    labelled = isinstance(result, list) and any(isinstance(item, dict) and isinstance(item.get("metric"), dict)
-                                                 and contract.METRIC_LABEL_FLAG in item["metric"] for item in result)
+    labelled = isinstance(result, list) and any(
+        isinstance(item, dict) and isinstance(item.get("metric"), dict) and contract.METRIC_LABEL_FLAG in item["metric"]
+        for item in result
+    )
     if not labelled:
         return series_by_node(result), {}
     parts: dict[str, dict[float, np.ndarray]] = {}
@@ -259,7 +268,9 @@ def split_by_flag(result: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndar
         for flag_code, points in by_code.items():
             at = np.searchsorted(stamps, np.round(points[:, 0], 3))
             usable = np.isfinite(points[:, 1]) & (points[:, 1] > 0)
-            first = ~np.isfinite(value[at]) & ~usable & ~np.isfinite(code[at])  # a sample without traffic still says the step
+            first = (
+                ~np.isfinite(value[at]) & ~usable & ~np.isfinite(code[at])
+            )  # a sample without traffic still says the step
             value[at[first]], code[at[first]] = points[first, 1], flag_code
             value[at[usable]], code[at[usable]] = points[usable, 1], flag_code
             np.add.at(served, at[usable], 1)
@@ -287,7 +298,9 @@ class Panel:
         return self.flag.get(node, np.full(len(self.times), np.nan))
 
 
-def build_panel(speed: Mapping[str, Any], load: Mapping[str, Mapping[str, Any]], flags: Mapping[str, Any] | None = None) -> Panel:
+def build_panel(
+    speed: Mapping[str, Any], load: Mapping[str, Mapping[str, Any]], flags: Mapping[str, Any] | None = None
+) -> Panel:
     """Series ((t, v) pairs or (n, 2) arrays) on the speed series' common time grid (Prometheus range
     queries share their step); gauge samples off that grid are dropped. `flags`: split_by_flag's codes."""
     arrays = {n: _as_points(s) for n, s in speed.items()}
@@ -304,9 +317,12 @@ def build_panel(speed: Mapping[str, Any], load: Mapping[str, Mapping[str, Any]],
 
     gauges = {name: {n: _as_points(s) for n, s in series.items()} for name, series in load.items()}
     empty = np.empty((0, 2))
-    return Panel(stamps.astype(float), {n: column(a) for n, a in arrays.items()},
-                 {n: np.column_stack([column(gauges.get(name, {}).get(n, empty)) for name in COVARIATES]) for n in arrays},
-                 {n: column(_as_points(f)) for n, f in (flags or {}).items() if n in arrays})
+    return Panel(
+        stamps.astype(float),
+        {n: column(a) for n, a in arrays.items()},
+        {n: np.column_stack([column(gauges.get(name, {}).get(n, empty)) for name in COVARIATES]) for n in arrays},
+        {n: column(_as_points(f)) for n, f in (flags or {}).items() if n in arrays},
+    )
 
 
 def _as_points(series: Any) -> np.ndarray:
@@ -359,8 +375,12 @@ class Reference:
         """(long-run variance inflation, phi) of the controls' own log ratios, pooled (1, 0 when unknown)."""
         if self.stack is None:
             return 1.0, 0.0
-        return self._cached("pooled", lambda: _pooled_inflation(self.stack[:POOLED_CONTROLS] - self.speed,
-                                                                self.load_stack[:POOLED_CONTROLS] - self.load))
+        return self._cached(
+            "pooled",
+            lambda: _pooled_inflation(
+                self.stack[:POOLED_CONTROLS] - self.speed, self.load_stack[:POOLED_CONTROLS] - self.load
+            ),
+        )
 
     @property
     def inflation(self) -> float:
@@ -375,14 +395,23 @@ class Reference:
         """The first LOO_CONTROLS controls, each against the median of the others, as a judged node is
         against all of them (a control inside its own median would hide half of its own load's effect):
         (names, (P, T) log ratios, (P, T, K) gauges' log ratios)."""
+
         def compute() -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
             count = min(len(self.names), LOO_CONTROLS) if self.stack is not None and len(self.names) > 1 else 0
             t, k = self.speed.shape[0], self.load.shape[1]
             if not count:
                 return (), np.empty((0, t)), np.empty((0, t, k))
-            l = np.stack([self.stack[i] - _nanmedian(np.delete(self.stack, i, axis=0), self.min_controls) for i in range(count)])
-            x = np.stack([self.load_stack[i] - _nanmedian(np.delete(self.load_stack, i, axis=0), self.min_controls) for i in range(count)])
+            l = np.stack(
+                [self.stack[i] - _nanmedian(np.delete(self.stack, i, axis=0), self.min_controls) for i in range(count)]
+            )
+            x = np.stack(
+                [
+                    self.load_stack[i] - _nanmedian(np.delete(self.load_stack, i, axis=0), self.min_controls)
+                    for i in range(count)
+                ]
+            )
             return tuple(self.names[:count]), l, x
+
         return self._cached("loo", compute)
 
     @property
@@ -392,7 +421,9 @@ class Reference:
         return self._cached("beta", lambda: _pooled_beta(*self.loo[1:]))
 
 
-def reference(panel: Panel, controls: Sequence[str], cfg: JudgeConfig, held: Mapping[str, float] | None = None) -> Reference:
+def reference(
+    panel: Panel, controls: Sequence[str], cfg: JudgeConfig, held: Mapping[str, float] | None = None
+) -> Reference:
     """The controls' medians. `held`: the flag each control held (FLAG_OFF unless named); with samples
     split by flag, a control contributes only samples of that flag (none from a restart in between)."""
     k, t = len(COVARIATES), len(panel.times)
@@ -407,15 +438,25 @@ def reference(panel: Panel, controls: Sequence[str], cfg: JudgeConfig, held: Map
     speed = np.vstack([own(c) for c in names])
     flag = (held or {}).get(names[0], FLAG_OFF)
     load = np.stack([_log(panel.load[c]) for c in names])  # (C, T, K)
-    return Reference(_nanmedian(speed, 1), _nanmedian(load, 1), int(np.isfinite(speed).any(axis=1).sum()),
-                     tuple(names), speed, load, 1, flag)
+    return Reference(
+        _nanmedian(speed, 1),
+        _nanmedian(load, 1),
+        int(np.isfinite(speed).any(axis=1).sum()),
+        tuple(names),
+        speed,
+        load,
+        1,
+        flag,
+    )
 
 
 def _robust_rows(rows: np.ndarray) -> np.ndarray:
     """Each row clipped at its median +- CLIP robust sd (scipy's MAD along the rows, NaN omitted)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        scale = np.maximum(np.nan_to_num(stats.median_abs_deviation(rows, axis=1, scale="normal", nan_policy="omit"), nan=1e-6), 1e-6)
+        scale = np.maximum(
+            np.nan_to_num(stats.median_abs_deviation(rows, axis=1, scale="normal", nan_policy="omit"), nan=1e-6), 1e-6
+        )
         center = np.nan_to_num(np.nanmedian(rows, axis=1))
     return np.clip(rows, (center - CLIP * scale)[:, None], (center + CLIP * scale)[:, None])
 
@@ -449,7 +490,12 @@ def _pooled_beta(l: np.ndarray, x: np.ndarray) -> tuple:
     groups = np.broadcast_to(np.arange(len(y))[:, None], y.shape)[rows]
     fit = _statsmodels().OLS(y[rows], design[rows]).fit(cov_type="cluster", cov_kwds={"groups": groups})
     cov = np.atleast_2d(fit.cov_params())
-    return (tuple(cols), tuple(float(b) for b in fit.params), tuple(tuple(float(c) for c in row) for row in cov), int(used.sum()))
+    return (
+        tuple(cols),
+        tuple(float(b) for b in fit.params),
+        tuple(tuple(float(c) for c in row) for row in cov),
+        int(used.sum()),
+    )
 
 
 def _pooled_inflation(l: np.ndarray, x: np.ndarray) -> tuple[float, float]:
@@ -505,14 +551,14 @@ def _inflation(series: np.ndarray, length: int) -> tuple[float, float]:
 
 def _geometric(phi: float, k: int) -> float:
     """1 + phi + ... + phi^(k-1)."""
-    return float(k) if phi >= 1 else (1 - phi ** k) / (1 - phi)
+    return float(k) if phi >= 1 else (1 - phi**k) / (1 - phi)
 
 
 def _window_mean_variance(n: int, inflation: float, phi: float) -> float:
     """Variance of a mean of n consecutive samples over the samples' variance, under the fitted
     ARMA(1,1) (rho_h = c phi^(h-1), c = (inflation - 1)(1 - phi) / 2): (1 + 2 sum (1 - h/n) rho_h) / n."""
     c = (inflation - 1) * (1 - phi) / 2
-    weighted = float(n - 1) if phi == 0 else ((n - 1) - n * phi + phi ** n) / (1 - phi) ** 2  # sum (n - h) phi^(h-1)
+    weighted = float(n - 1) if phi == 0 else ((n - 1) - n * phi + phi**n) / (1 - phi) ** 2  # sum (n - h) phi^(h-1)
     return (1 + 2 * c * weighted / n) / n
 
 
@@ -529,7 +575,7 @@ def contrast_factor(n_pre: int, n_post: int, gap: int, inflation: float, phi: fl
         return 1.0
     c = (inflation - 1) * (1 - phi) / 2
     w_pre, w_post = _window_mean_variance(n_pre, inflation, phi), _window_mean_variance(n_post, inflation, phi)
-    cross = c * phi ** gap * _geometric(phi, n_pre) * _geometric(phi, n_post) / (n_pre * n_post)
+    cross = c * phi**gap * _geometric(phi, n_pre) * _geometric(phi, n_post) / (n_pre * n_post)
     exact = max(w_pre + w_post - 2 * cross, 0.0)
     return min(1.0, exact / (inflation * (1 / n_pre + 1 / n_post)) / max(1 - w_pre, 0.05))
 
@@ -560,8 +606,12 @@ def mixture_log_ratio(deviation: float, variance: float, mixture: Mixture) -> fl
     variance: sum of w sqrt(v/(v+rho)) exp(rho d^2 / (2 v (v+rho))) over the mixture (Robbins 1970;
     Howard et al. 2021, eq. (14); the mixture SPRT of Johari et al. 2017). A weighted average of test
     martingales is one, so a discrete mixture keeps the guarantee at every look."""
-    terms = [math.log(w) + 0.5 * math.log(variance / (variance + rho)) + rho * deviation ** 2 / (2 * variance * (variance + rho))
-             for rho, w in mixture]
+    terms = [
+        math.log(w)
+        + 0.5 * math.log(variance / (variance + rho))
+        + rho * deviation**2 / (2 * variance * (variance + rho))
+        for rho, w in mixture
+    ]
     top = max(terms)  # log-sum-exp in plain floats: called per node per look, a few terms
     return top + math.log(sum(math.exp(t - top) for t in terms))
 
@@ -575,13 +625,19 @@ def mixture_halfwidth(variance: float, mixture: Mixture, alpha: float) -> float:
         return math.inf
 
     def single(rho: float, level: float) -> float:
-        return math.sqrt(variance * (variance + rho) / rho * (2 * math.log(1 / level) + math.log((variance + rho) / variance)))
+        return math.sqrt(
+            variance * (variance + rho) / rho * (2 * math.log(1 / level) + math.log((variance + rho) / variance))
+        )
 
     if len(mixture) == 1:
         return single(mixture[0][0], alpha)
     bound = math.log(1 / alpha)
     high = min(single(rho, alpha * w) for rho, w in mixture)
-    return float(optimize.brentq(lambda d: mixture_log_ratio(d, variance, mixture) - bound, 0.0, high * (1 + 1e-9) + 1e-12, xtol=1e-9))
+    return float(
+        optimize.brentq(
+            lambda d: mixture_log_ratio(d, variance, mixture) - bound, 0.0, high * (1 + 1e-9) + 1e-12, xtol=1e-9
+        )
+    )
 
 
 def mixture_p_value(estimate: float, null: float, variance: float, mixture: Mixture, side: str) -> float:
@@ -599,7 +655,7 @@ def _mixture(threshold: float, cfg: JudgeConfig) -> tuple[tuple[float, float], .
     the estimate's variance v exceeds rho (a noisy or wandering node, sd 5-10%): there the wider
     components keep it near 3-4 sd, so a large regression still fails, for a boundary about 1% wider
     at small v (docs/analysis.md)."""
-    scale = cfg.mixture * (threshold ** 2 if math.isfinite(threshold) and threshold != 0 else 0.05 ** 2)
+    scale = cfg.mixture * (threshold**2 if math.isfinite(threshold) and threshold != 0 else 0.05**2)
     return tuple((scale * k, w) for k, w in zip(MIXTURE_SCALES, MIXTURE_WEIGHTS))
 
 
@@ -611,13 +667,18 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
         return None
     scale = _robust_scale(l[rows])
     effect_cols, effect, effect_cov, effect_nodes = ref.load_effect
-    pooled = effect_cols is not None and (rows & np.isfinite(x[:, list(effect_cols)]).all(axis=1)).sum() >= cfg.min_samples
+    pooled = (
+        effect_cols is not None and (rows & np.isfinite(x[:, list(effect_cols)]).all(axis=1)).sum() >= cfg.min_samples
+    )
     if pooled:
         cols = list(effect_cols)
         full = rows & np.isfinite(x[:, cols]).all(axis=1)
     else:
-        cols = [k for k in range(x.shape[1]) if np.isfinite(x[rows, k]).sum() >= max(cfg.min_samples, 10)
-                and np.nanstd(x[rows, k]) > 1e-4]
+        cols = [
+            k
+            for k in range(x.shape[1])
+            if np.isfinite(x[rows, k]).sum() >= max(cfg.min_samples, 10) and np.nanstd(x[rows, k]) > 1e-4
+        ]
         full = rows & np.isfinite(x[:, cols]).all(axis=1) if cols else rows
         cols = _independent(x[full], cols)
         full = rows & np.isfinite(x[:, cols]).all(axis=1) if cols else rows
@@ -641,10 +702,25 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
     inflation, phi = max(_inflation(residuals, int(full.sum())), (ref.inflation, ref.phi))
     n = int(full.sum())
     lrv = _long_run_variance(residuals, inflation, dof=len(cols) + 1)
-    return {"m": float(np.nanmean(y)), "v": lrv / n, "n": n, "lrv": lrv, "g": lrv / inflation, "f": inflation, "phi": phi, "s": scale,
-            "cols": cols, "beta": beta, "cov": cov, "x": mean_x, "pooled": effect_nodes if pooled else 0,
-            "pl": ref._cached(("placebo baselines", pre.tobytes(), tuple(cols), cfg.direction, cfg.min_samples),
-                              lambda: _placebo_baselines(ref, pre, cols, cfg))}
+    return {
+        "m": float(np.nanmean(y)),
+        "v": lrv / n,
+        "n": n,
+        "lrv": lrv,
+        "g": lrv / inflation,
+        "f": inflation,
+        "phi": phi,
+        "s": scale,
+        "cols": cols,
+        "beta": beta,
+        "cov": cov,
+        "x": mean_x,
+        "pooled": effect_nodes if pooled else 0,
+        "pl": ref._cached(
+            ("placebo baselines", pre.tobytes(), tuple(cols), cfg.direction, cfg.min_samples),
+            lambda: _placebo_baselines(ref, pre, cols, cfg),
+        ),
+    }
 
 
 def _placebo_baselines(ref: Reference, pre: np.ndarray, cols: list[int], cfg: JudgeConfig) -> dict[str, list[float]]:
@@ -666,9 +742,17 @@ def _placebo_baselines(ref: Reference, pre: np.ndarray, cols: list[int], cfg: Ju
     return out
 
 
-def _placebo_looks(ref: Reference, placebos: Mapping[str, list[float]], sums: Mapping[str, list[float]] | None,
-                   window: np.ndarray, t: np.ndarray, cols: list[int], beta: Sequence[float], start: float,
-                   sign: float) -> dict[str, list[float]]:
+def _placebo_looks(
+    ref: Reference,
+    placebos: Mapping[str, list[float]],
+    sums: Mapping[str, list[float]] | None,
+    window: np.ndarray,
+    t: np.ndarray,
+    cols: list[int],
+    beta: Sequence[float],
+    start: float,
+    sign: float,
+) -> dict[str, list[float]]:
     """The placebos' running post sums {control: [n, sum, last sample time]}, updated with this look's
     new samples of the controls still in the reference (one that left the control set keeps its last
     sums: an estimate over fewer samples, no less variable)."""
@@ -719,12 +803,17 @@ def small_sample_factor(dof: float, alpha: float) -> float:
     return float((stats.t.ppf(q, dof) / stats.norm.ppf(q)) ** 2)
 
 
-def _placebo_variance(placebos: Mapping[str, list[float]], sums: Mapping[str, list[float]], min_samples: int) -> tuple[float, int]:
+def _placebo_variance(
+    placebos: Mapping[str, list[float]], sums: Mapping[str, list[float]], min_samples: int
+) -> tuple[float, int]:
     """Mean square of the placebo estimates (their true effect is 0): the variance of a difference in
     differences of exchangeable nodes, long memory, baseline error and tails included. (0, count) when
     fewer than MIN_PLACEBOS have min_samples post samples."""
-    estimates = [sums[name][1] / sums[name][0] - placebos[name][0] for name in placebos
-                 if name in sums and sums[name][0] >= min_samples]
+    estimates = [
+        sums[name][1] / sums[name][0] - placebos[name][0]
+        for name in placebos
+        if name in sums and sums[name][0] >= min_samples
+    ]
     if len(estimates) < MIN_PLACEBOS:
         return 0.0, len(estimates)
     return float(np.mean(np.square(estimates))), len(estimates)
@@ -750,7 +839,9 @@ def _gap_samples(times: np.ndarray, seconds: float) -> int:
     return max(int(round(seconds / step)), 0) if step > 0 else 0
 
 
-def _switch_time(t: np.ndarray, speed: np.ndarray, codes: np.ndarray, changed_at: float, now: float) -> tuple[float | None, str]:
+def _switch_time(
+    t: np.ndarray, speed: np.ndarray, codes: np.ndarray, changed_at: float, now: float
+) -> tuple[float | None, str]:
     """When every serving pod of the node ran flag 1: the first flag-1 sample after the last one served
     (in part) by pods at another flag since the flip. (None, why) while the latest served sample is not
     all flag 1: a restart held back (a PodDisruptionBudget, restartDelaySeconds, a slow pull, a pod
@@ -763,10 +854,16 @@ def _switch_time(t: np.ndarray, speed: np.ndarray, codes: np.ndarray, changed_at
         return float(t[after].min()), ""
     if not other.any():
         return None, "no sample from the node's serving pods since its flag flipped"
-    what = {FLAG_OFF: "pods at flag 0", FLAG_MIXED: "pods at flag 0 and 1 at once", FLAG_UNLABELLED: "pods without the flag label"}
+    what = {
+        FLAG_OFF: "pods at flag 0",
+        FLAG_MIXED: "pods at flag 0 and 1 at once",
+        FLAG_UNLABELLED: "pods without the flag label",
+    }
     latest = int(np.flatnonzero(other)[-1])
-    return None, (f"{int(other.sum())} samples since the flip came from pods not all at flag 1 (latest at {t[latest]:.0f}: "
-                  f"{what.get(float(codes[latest]), 'pods of another flag')}); waiting for every serving pod to run flag 1")
+    return None, (
+        f"{int(other.sum())} samples since the flip came from pods not all at flag 1 (latest at {t[latest]:.0f}: "
+        f"{what.get(float(codes[latest]), 'pods of another flag')}); waiting for every serving pod to run flag 1"
+    )
 
 
 def _batch_size(times: np.ndarray) -> int:
@@ -804,39 +901,100 @@ def _restore(state: Any, changed_at: float) -> dict[str, Any]:
         base, post = state.get("baseline"), state["post"]
         if base is not None:
             cols = [int(c) for c in base["cols"]]
-            base = {"m": float(base["m"]), "v": float(base["v"]), "n": int(base["n"]), "lrv": float(base["lrv"]),
-                    "g": float(base["g"]), "f": float(base["f"]), "phi": float(base["phi"]), "s": float(base["s"]), "cols": cols,
-                    "beta": [float(b) for b in base["beta"]], "cov": [[float(c) for c in row] for row in base["cov"]],
-                    "x": [float(v) for v in base["x"]], "pooled": int(base.get("pooled", 0)),
-                    "pl": {str(k): [float(v) for v in row] for k, row in (base.get("pl") or {}).items() if len(row) == 2 + len(cols)}}
-            if not (len(base["beta"]) == len(base["x"]) == len(base["cov"]) == len(cols)) or any(c >= len(COVARIATES) for c in cols):
+            base = {
+                "m": float(base["m"]),
+                "v": float(base["v"]),
+                "n": int(base["n"]),
+                "lrv": float(base["lrv"]),
+                "g": float(base["g"]),
+                "f": float(base["f"]),
+                "phi": float(base["phi"]),
+                "s": float(base["s"]),
+                "cols": cols,
+                "beta": [float(b) for b in base["beta"]],
+                "cov": [[float(c) for c in row] for row in base["cov"]],
+                "x": [float(v) for v in base["x"]],
+                "pooled": int(base.get("pooled", 0)),
+                "pl": {
+                    str(k): [float(v) for v in row]
+                    for k, row in (base.get("pl") or {}).items()
+                    if len(row) == 2 + len(cols)
+                },
+            }
+            if not (len(base["beta"]) == len(base["x"]) == len(base["cov"]) == len(cols)) or any(
+                c >= len(COVARIATES) for c in cols
+            ):
                 return {}
         bm = post.get("bm")
-        bm = None if bm is None else {"k": int(bm["k"]), "s": float(bm["s"]), "q": float(bm["q"]), "ps": float(bm["ps"]), "pn": int(bm["pn"])}
+        bm = (
+            None
+            if bm is None
+            else {
+                "k": int(bm["k"]),
+                "s": float(bm["s"]),
+                "q": float(bm["q"]),
+                "ps": float(bm["ps"]),
+                "pn": int(bm["pn"]),
+            }
+        )
         pl = {str(k): [int(row[0]), float(row[1]), float(row[2])] for k, row in (post.get("pl") or {}).items()}
-        post = {"n": int(post["n"]), "s": float(post["s"]), "x": [float(v) for v in post["x"]], "until": float(post["until"]), "bm": bm, "pl": pl}
-        switched = state.get("switchedAt", changed_at if post["n"] else None)  # a state from before the flag split: its flip time
-        return {"changedAt": float(changed_at), "controlFlag": int(state.get("controlFlag", 0)),
-                "baselineSeconds": float(state.get("baselineSeconds", 0.0)) or None, "baseline": base,
-                "switchedAt": None if switched is None else float(switched),
-                "post": post, "looks": int(state.get("looks", 0)),
-                "pw": float(state.get("pw", 1.0)), "pn": float(state.get("pn", 1.0))}
+        post = {
+            "n": int(post["n"]),
+            "s": float(post["s"]),
+            "x": [float(v) for v in post["x"]],
+            "until": float(post["until"]),
+            "bm": bm,
+            "pl": pl,
+        }
+        switched = state.get(
+            "switchedAt", changed_at if post["n"] else None
+        )  # a state from before the flag split: its flip time
+        return {
+            "changedAt": float(changed_at),
+            "controlFlag": int(state.get("controlFlag", 0)),
+            "baselineSeconds": float(state.get("baselineSeconds", 0.0)) or None,
+            "baseline": base,
+            "switchedAt": None if switched is None else float(switched),
+            "post": post,
+            "looks": int(state.get("looks", 0)),
+            "pw": float(state.get("pw", 1.0)),
+            "pn": float(state.get("pn", 1.0)),
+        }
     except (AttributeError, KeyError, TypeError, ValueError):
         return {}
 
 
-def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: float, now: float, baseline: float,
-          cfg: JudgeConfig, state: Mapping[str, Any] | None = None) -> Judgement:
+def judge(
+    panel: Panel,
+    ref: Reference,
+    node: str,
+    changed_at: float,
+    warmup: float,
+    now: float,
+    baseline: float,
+    cfg: JudgeConfig,
+    state: Mapping[str, Any] | None = None,
+) -> Judgement:
     """One look at one node. `baseline`: how much pre-flip history is the node's own reference;
     `state`: what the previous look returned in Judgement.state (the running sums and the baseline)."""
     threshold = math.log(1 - cfg.tolerance) if cfg.tolerance < 1 else -math.inf
     harm = threshold * FAIL_NULL_FRACTION
-    common = dict(threshold=1 - cfg.tolerance, n_controls=ref.n_controls, controls=ref.names[:CONTROL_NAMES], control_flag=int(ref.flag))
+    common = dict(
+        threshold=1 - cfg.tolerance,
+        n_controls=ref.n_controls,
+        controls=ref.names[:CONTROL_NAMES],
+        control_flag=int(ref.flag),
+    )
     if ref.n_controls == 0:
         return Judgement("inconclusive", "no control node has data in the window", **common, state=dict(state or {}))
     if ref.n_controls < cfg.min_controls:
-        return Judgement("inconclusive", f"{ref.n_controls} control nodes with data (nodes whose flag held steady over this node's "
-                                         f"baseline and since), need minControls {cfg.min_controls}", **common, state=dict(state or {}))
+        return Judgement(
+            "inconclusive",
+            f"{ref.n_controls} control nodes with data (nodes whose flag held steady over this node's "
+            f"baseline and since), need minControls {cfg.min_controls}",
+            **common,
+            state=dict(state or {}),
+        )
     t = panel.times
     sign = cfg.sign
     empty = np.full(len(t), np.nan)
@@ -850,15 +1008,43 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     base = previous.get("baseline") if previous else _baseline(l, x, pre, cfg, ref)
     switched = previous.get("switchedAt") if previous else None
     if switched is None:
-        switched, waiting = _switch_time(t, panel.speed.get(node, empty), codes, changed_at, now) if panel.by_flag else (changed_at, "")
+        switched, waiting = (
+            _switch_time(t, panel.speed.get(node, empty), codes, changed_at, now) if panel.by_flag else (changed_at, "")
+        )
         if switched is None:
-            fresh = {"changedAt": float(changed_at), "controlFlag": int(ref.flag), "baselineSeconds": float(baseline), "baseline": base, "switchedAt": None,
-                     "post": {"n": 0, "s": 0.0, "x": [0.0] * len(base["cols"] if base else []), "until": changed_at, "bm": None, "pl": {}},
-                     "looks": previous.get("looks", 0) + 1, "pw": previous.get("pw", 1.0), "pn": previous.get("pn", 1.0)}
-            return Judgement("inconclusive", f"not judged yet: {waiting}", **common, n_pre=base["n"] if base else 0,
-                             looks=fresh["looks"], state=_round(fresh))
+            fresh = {
+                "changedAt": float(changed_at),
+                "controlFlag": int(ref.flag),
+                "baselineSeconds": float(baseline),
+                "baseline": base,
+                "switchedAt": None,
+                "post": {
+                    "n": 0,
+                    "s": 0.0,
+                    "x": [0.0] * len(base["cols"] if base else []),
+                    "until": changed_at,
+                    "bm": None,
+                    "pl": {},
+                },
+                "looks": previous.get("looks", 0) + 1,
+                "pw": previous.get("pw", 1.0),
+                "pn": previous.get("pn", 1.0),
+            }
+            return Judgement(
+                "inconclusive",
+                f"not judged yet: {waiting}",
+                **common,
+                n_pre=base["n"] if base else 0,
+                looks=fresh["looks"],
+                state=_round(fresh),
+            )
     start = switched + warmup  # the warm-up counts from the moment every serving pod runs flag 1
-    post_state = previous.get("post") or {"n": 0, "s": 0.0, "x": [0.0] * len(base["cols"] if base else []), "until": start - 1e-3}
+    post_state = previous.get("post") or {
+        "n": 0,
+        "s": 0.0,
+        "x": [0.0] * len(base["cols"] if base else []),
+        "until": start - 1e-3,
+    }
     post_state = dict(post_state, until=max(post_state["until"], start - 1e-3))
     cols = base["cols"] if base else []
     window = (t >= start) & (t <= now) & np.isfinite(l)
@@ -882,25 +1068,65 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     batches = _add_to_batches(post_state.get("bm"), adjusted[new], batch)
     placebos = base.get("pl", {}) if base else {}
     # nodes flipped together share their placebos' sums: computed once per evaluation for all of them
-    key = ("placebo looks", start, now, tuple(cols), tuple(base["beta"]) if base else (), sign,
-           tuple((k, tuple(v), tuple((post_state.get("pl") or {}).get(k, ()))) for k, v in placebos.items()))
-    placebo_sums = ref._cached(key, lambda: _placebo_looks(ref, placebos, post_state.get("pl"), (t >= start) & (t <= now), t,
-                                                           cols, base["beta"] if base else [], start - 1e-3, sign)) if placebos else {}
-    kept = {"changedAt": float(changed_at), "controlFlag": int(ref.flag), "baselineSeconds": float(previous.get("baselineSeconds") or baseline),
-            "baseline": base, "switchedAt": float(switched),
-            "post": {"n": n, "s": total, "x": sum_x, "until": until, "bm": batches, "pl": placebo_sums},
-            "looks": looks, "pw": previous.get("pw", 1.0), "pn": previous.get("pn", 1.0)}
+    key = (
+        "placebo looks",
+        start,
+        now,
+        tuple(cols),
+        tuple(base["beta"]) if base else (),
+        sign,
+        tuple((k, tuple(v), tuple((post_state.get("pl") or {}).get(k, ()))) for k, v in placebos.items()),
+    )
+    placebo_sums = (
+        ref._cached(
+            key,
+            lambda: _placebo_looks(
+                ref,
+                placebos,
+                post_state.get("pl"),
+                (t >= start) & (t <= now),
+                t,
+                cols,
+                base["beta"] if base else [],
+                start - 1e-3,
+                sign,
+            ),
+        )
+        if placebos
+        else {}
+    )
+    kept = {
+        "changedAt": float(changed_at),
+        "controlFlag": int(ref.flag),
+        "baselineSeconds": float(previous.get("baselineSeconds") or baseline),
+        "baseline": base,
+        "switchedAt": float(switched),
+        "post": {"n": n, "s": total, "x": sum_x, "until": until, "bm": batches, "pl": placebo_sums},
+        "looks": looks,
+        "pw": previous.get("pw", 1.0),
+        "pn": previous.get("pn", 1.0),
+    }
     n_pre = base["n"] if base else 0
     counts = dict(n_post=n, n_pre=n_pre, looks=looks)
     if n < cfg.min_samples:
-        return Judgement("inconclusive", f"{n} samples with traffic after warm-up, need {cfg.min_samples}",
-                         **common, **counts, state=_round(kept))
+        return Judgement(
+            "inconclusive",
+            f"{n} samples with traffic after warm-up, need {cfg.min_samples}",
+            **common,
+            **counts,
+            state=_round(kept),
+        )
     recent = np.where(window, adjusted - (np.nanmean(adjusted) if window.any() else 0.0), np.nan)
     # With a baseline, its own and the controls' autocorrelation (fitted on 20 min, not on the last
     # few minutes, whose autocorrelations are noise) scale the recent samples' variance.
-    inflation, phi = (base["f"], base["phi"]) if base else max(_inflation(recent, int(window.sum())), (ref.inflation, ref.phi))
+    inflation, phi = (
+        (base["f"], base["phi"]) if base else max(_inflation(recent, int(window.sum())), (ref.inflation, ref.phi))
+    )
     recent_lrv = _long_run_variance(recent, inflation)
-    lrv = max(recent_lrv if math.isfinite(recent_lrv) else 0.0, base["lrv"] if base else 0.0, _batch_lrv(batches, batch)) or math.inf
+    lrv = (
+        max(recent_lrv if math.isfinite(recent_lrv) else 0.0, base["lrv"] if base else 0.0, _batch_lrv(batches, batch))
+        or math.inf
+    )
     shift = (np.array(sum_x) / n - np.array(base["x"])) if cols else np.zeros(0)
     beta_var = float(shift @ np.array(base["cov"]) @ shift) if cols else 0.0
     # The baseline shares the post period's noise process: its variance grows with what the batch
@@ -931,20 +1157,55 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     p_worse = min(kept["pw"], mixture_p_value(estimate, harm, variance, mixture, "below"))
     p_not_worse = min(kept["pn"], mixture_p_value(estimate, threshold, variance, mixture, "above"))
     kept.update(pw=p_worse, pn=p_not_worse)
-    method = ("difference in differences vs control" + (f", load-adjusted ({', '.join(COVARIATES[c] for c in cols)})"
-                                                     + (f" with the effect pooled over {base['pooled']} controls" if base.get("pooled") else " with the node's own fit")
-                                                     if cols else "")
-              if base else "vs control only (no pre-enable baseline)") + ", ARMA(1,1) long-run variance" \
-        + (f" x{factor:.2f} over the finite windows" if factor < 1 else "") \
-        + (f" bounded by {n_placebos} placebo controls" if n_placebos >= MIN_PLACEBOS else "") + ", normal-mixture confidence sequence" \
-        + (", samples by the flag their pods ran" if panel.by_flag else ", every sample after the flip counted as flag 1 (the speed query is not split by flag)")
-    numbers = dict(effect=math.exp(estimate), ci_low=math.exp(estimate - half), ci_high=math.exp(min(estimate + half, 700.0)),
-                   n_eff=n / inflation, inflation=inflation, phi=phi, adjustment=math.exp(-float(shift @ np.array(base["beta"]))) if cols else 1.0,
-                   p_worse=p_worse, p_not_worse=p_not_worse, placebos=n_placebos, placebo_sd=math.sqrt(placebo_var),
-                   model_sd=math.sqrt(model_var), beta_sd=math.sqrt(max(beta_var, 0.0)), method=method, **common, **counts)
-    summary = (f"effect x{numbers['effect']:.3f} ({int(cfg.confidence * 100)}% sequence x{numbers['ci_low']:.3f}..x{numbers['ci_high']:.3f}), "
-               f"threshold x{1 - cfg.tolerance:.3f}, load adjustment x{numbers['adjustment']:.3f}, "
-               f"n={n} after (effective {numbers['n_eff']:.1f}) / {n_pre} before, {ref.n_controls} controls, look {looks}")
+    method = (
+        (
+            "difference in differences vs control"
+            + (
+                f", load-adjusted ({', '.join(COVARIATES[c] for c in cols)})"
+                + (
+                    f" with the effect pooled over {base['pooled']} controls"
+                    if base.get("pooled")
+                    else " with the node's own fit"
+                )
+                if cols
+                else ""
+            )
+            if base
+            else "vs control only (no pre-enable baseline)"
+        )
+        + ", ARMA(1,1) long-run variance"
+        + (f" x{factor:.2f} over the finite windows" if factor < 1 else "")
+        + (f" bounded by {n_placebos} placebo controls" if n_placebos >= MIN_PLACEBOS else "")
+        + ", normal-mixture confidence sequence"
+        + (
+            ", samples by the flag their pods ran"
+            if panel.by_flag
+            else ", every sample after the flip counted as flag 1 (the speed query is not split by flag)"
+        )
+    )
+    numbers = dict(
+        effect=math.exp(estimate),
+        ci_low=math.exp(estimate - half),
+        ci_high=math.exp(min(estimate + half, 700.0)),
+        n_eff=n / inflation,
+        inflation=inflation,
+        phi=phi,
+        adjustment=math.exp(-float(shift @ np.array(base["beta"]))) if cols else 1.0,
+        p_worse=p_worse,
+        p_not_worse=p_not_worse,
+        placebos=n_placebos,
+        placebo_sd=math.sqrt(placebo_var),
+        model_sd=math.sqrt(model_var),
+        beta_sd=math.sqrt(max(beta_var, 0.0)),
+        method=method,
+        **common,
+        **counts,
+    )
+    summary = (
+        f"effect x{numbers['effect']:.3f} ({int(cfg.confidence * 100)}% sequence x{numbers['ci_low']:.3f}..x{numbers['ci_high']:.3f}), "
+        f"threshold x{1 - cfg.tolerance:.3f}, load adjustment x{numbers['adjustment']:.3f}, "
+        f"n={n} after (effective {numbers['n_eff']:.1f}) / {n_pre} before, {ref.n_controls} controls, look {looks}"
+    )
     if estimate + half < harm and estimate < threshold:
         return Judgement("fail", f"decode speed worse than tolerance: {summary}", **numbers, state=_round(kept))
     if estimate - half > threshold:
@@ -952,11 +1213,20 @@ def judge(panel: Panel, ref: Reference, node: str, changed_at: float, warmup: fl
     return Judgement("inconclusive", f"not enough evidence either way: {summary}", **numbers, state=_round(kept))
 
 
-def judge_nodes(panel: Panel, ref: Reference, nodes: Mapping[str, tuple[float, Mapping[str, Any] | None]], warmup: float,
-                now: float, baseline: float, cfg: JudgeConfig) -> dict[str, Judgement]:
+def judge_nodes(
+    panel: Panel,
+    ref: Reference,
+    nodes: Mapping[str, tuple[float, Mapping[str, Any] | None]],
+    warmup: float,
+    now: float,
+    baseline: float,
+    cfg: JudgeConfig,
+) -> dict[str, Judgement]:
     """Every judged node against the same reference: {node: (changed_at, previous state)}."""
-    return {node: judge(panel, ref, node, changed_at, warmup, now, baseline, cfg, state)
-            for node, (changed_at, state) in nodes.items()}
+    return {
+        node: judge(panel, ref, node, changed_at, warmup, now, baseline, cfg, state)
+        for node, (changed_at, state) in nodes.items()
+    }
 
 
 # ---------------------------------------------------------------- per-node bookkeeping across intervals
@@ -970,8 +1240,15 @@ class Decision:
     inconclusive_since: float | None
 
 
-def decide(judgement: Judgement, streak: int, inconclusive_since: float | None, now: float, consecutive: int,
-           on_no_data: str, deadline: float) -> Decision:
+def decide(
+    judgement: Judgement,
+    streak: int,
+    inconclusive_since: float | None,
+    now: float,
+    consecutive: int,
+    on_no_data: str,
+    deadline: float,
+) -> Decision:
     """K consecutive failing evaluations before a rollback; inconclusive past the deadline does what
     `onNoData` says (hold by default)."""
     if judgement.result == "fail":
@@ -984,5 +1261,7 @@ def decide(judgement: Judgement, streak: int, inconclusive_since: float | None, 
     since = inconclusive_since if inconclusive_since is not None else now
     if now - since >= deadline and on_no_data != "hold":
         verdict = "pass" if on_no_data == "promote" else "fail"
-        return Decision(verdict, f"inconclusive for {now - since:.0f} s, onNoData={on_no_data}: {judgement.reason}", 0, since)
+        return Decision(
+            verdict, f"inconclusive for {now - since:.0f} s, onNoData={on_no_data}: {judgement.reason}", 0, since
+        )
     return Decision(None, f"inconclusive: {judgement.reason}", 0, since)

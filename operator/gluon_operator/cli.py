@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=cmd_run)
-    n = sub.add_parser("prune-nodes", help="remove every label and annotation under our prefix from all nodes (post-delete hook)")
+    n = sub.add_parser(
+        "prune-nodes", help="remove every label and annotation under our prefix from all nodes (post-delete hook)"
+    )
     n.add_argument("--api-url", help="Kubernetes API URL without auth (tests); default in-cluster or kubeconfig")
     n.set_defaults(func=cmd_prune_nodes)
     return parser

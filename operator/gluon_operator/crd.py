@@ -81,26 +81,36 @@ def crd() -> dict[str, Any]:
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"plural": PLURAL, "singular": "gluonrollout", "kind": KIND, "shortNames": ["gr"], "categories": ["all"]},
-            "versions": [{
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "required": ["spec"],
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": spec_schema(),
-                        # Written only by the operator; free-form so status can grow without migrations.
-                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "names": {
+                "plural": PLURAL,
+                "singular": "gluonrollout",
+                "kind": KIND,
+                "shortNames": ["gr"],
+                "categories": ["all"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                # Written only by the operator; free-form so status can grow without migrations.
+                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            },
+                        }
                     },
-                }},
-            }],
+                }
+            ],
         },
     }
 

@@ -26,7 +26,9 @@ from .spec import GluonRolloutSpec, query_span
 DEFAULT_DEADLINE_SECONDS = 15.0
 
 
-def steady_controls(statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float) -> dict[int, list[str]]:
+def steady_controls(
+    statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float
+) -> dict[int, list[str]]:
     """The nodes whose flag held steady over `node`'s baseline and since, by the flag they held
     (docs/analysis.md, "The controls"): 0, eligible nodes not enabled (holdouts included) that have not
     changed since before its baseline; 1, Promoted nodes whose pods all ran flag 1 (their judge's
@@ -44,8 +46,14 @@ def steady_controls(statuses: Mapping[str, gating.NodeStatus], node: str, baseli
     return {0: sorted(off), 1: sorted(on)}
 
 
-def control_group(statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float,
-                  have: Mapping[str, Any] | None = None, min_controls: int = 1) -> tuple[int, list[str], float]:
+def control_group(
+    statuses: Mapping[str, gating.NodeStatus],
+    node: str,
+    baseline_seconds: float,
+    now: float,
+    have: Mapping[str, Any] | None = None,
+    min_controls: int = 1,
+) -> tuple[int, list[str], float]:
     """(flag, controls, baseline seconds) `node` is judged against. Either group only, never a mix:
     controls at two flags would put the median on one level or the other as members come and go.
     The group its judge chose at its first look is kept (its state: the estimate is relative to that
@@ -57,14 +65,22 @@ def control_group(statuses: Mapping[str, gating.NodeStatus], node: str, baseline
     changed = statuses[node].changed_at or now
     kept = _kept_flag(have, changed)
     if kept is None and max(len(groups[0]), len(groups[1])) < min_controls:
-        switches = sorted((_switched_at(s), n) for n, s in statuses.items() if n != node and s.state == gating.PROMOTED and _switched_at(s) < changed)
+        switches = sorted(
+            (_switched_at(s), n)
+            for n, s in statuses.items()
+            if n != node and s.state == gating.PROMOTED and _switched_at(s) < changed
+        )
         if len(switches) >= min_controls:
             begins = max(switches[min_controls - 1][0], changed - baseline_seconds)
             return 1, sorted(n for at, n in switches if at <= begins), changed - begins
     flag = kept if kept is not None else (1 if len(groups[1]) > len(groups[0]) else 0)
     if kept == 1 and isinstance(have, Mapping) and finite_number(have.get("baselineSeconds")):
         shorter = float(have["baselineSeconds"])  # the shortened baseline of its first look
-        switches = [n for n, s in statuses.items() if n != node and s.state == gating.PROMOTED and _switched_at(s) <= changed - shorter]
+        switches = [
+            n
+            for n, s in statuses.items()
+            if n != node and s.state == gating.PROMOTED and _switched_at(s) <= changed - shorter
+        ]
         return 1, sorted(switches), shorter
     return flag, groups[flag], float(baseline_seconds)
 
@@ -104,9 +120,18 @@ def prometheus_client(url: str, timeout: float) -> tuple[PrometheusClient, str |
     token = os.environ.get(contract.ENV_PROMETHEUS_TOKEN) or None
     note = None
     if token and not is_trusted(url, os.environ.get(contract.ENV_PROMETHEUS_TRUSTED_URLS)):
-        token, note = None, f"queried without credentials: {url} is not listed in {contract.ENV_PROMETHEUS_TRUSTED_URLS}"
-    client = PrometheusClient(url, token=token, ca_file=os.environ.get(contract.ENV_PROMETHEUS_CA) or None,
-                              timeout=timeout, retries=1, backoff=min(0.5, timeout / 10))
+        token, note = (
+            None,
+            f"queried without credentials: {url} is not listed in {contract.ENV_PROMETHEUS_TRUSTED_URLS}",
+        )
+    client = PrometheusClient(
+        url,
+        token=token,
+        ca_file=os.environ.get(contract.ENV_PROMETHEUS_CA) or None,
+        timeout=timeout,
+        retries=1,
+        backoff=min(0.5, timeout / 10),
+    )
     return client, note
 
 
@@ -114,8 +139,14 @@ def judged_nodes(statuses: Mapping[str, gating.NodeStatus]) -> list[str]:
     return [n for n, s in statuses.items() if s.state in (gating.ANALYZING, gating.PROMOTED)]
 
 
-async def analyse(namespace: str, rollout: str, spec: GluonRolloutSpec, statuses: Mapping[str, gating.NodeStatus],
-                  now: float, logger: logging.Logger) -> tuple[dict[str, gating.Verdict], dict[str, Any]]:
+async def analyse(
+    namespace: str,
+    rollout: str,
+    spec: GluonRolloutSpec,
+    statuses: Mapping[str, gating.NodeStatus],
+    now: float,
+    logger: logging.Logger,
+) -> tuple[dict[str, gating.Verdict], dict[str, Any]]:
     """A verdict for every node in Analyzing or Promoted (guard mode), and the summary for the status."""
     judged = judged_nodes(statuses)
     summary: dict[str, Any] = {"lastRun": now, "nodes": len(judged)}
@@ -123,35 +154,63 @@ async def analyse(namespace: str, rollout: str, spec: GluonRolloutSpec, statuses
         return {}, summary
     deadline = deadline_seconds()
     try:
-        judgements, details = await asyncio.wait_for(_judge(namespace, spec, statuses, judged, now, deadline, logger), deadline)
+        judgements, details = await asyncio.wait_for(
+            _judge(namespace, spec, statuses, judged, now, deadline, logger), deadline
+        )
         summary.update(details, error=None)
     except Exception as exc:  # noqa: BLE001 - every failure is an inconclusive verdict, never a stopped reconcile
         kind, error = _error(exc, deadline)
         METRICS.analysis_errors.labels(kind).inc()
         logger.warning("analysis of %s/%s: %s", namespace, rollout, error)
         summary.update(error=error, errorKind=kind)
-        source = "Prometheus error" if isinstance(exc, (PrometheusError, analysis.MalformedAnswer)) else "analysis error"
-        judgements = {n: analysis.Judgement("inconclusive", f"{source}: {error}",
-                                            state=statuses[n].numbers.get("sequential") or {}) for n in judged}
+        source = (
+            "Prometheus error" if isinstance(exc, (PrometheusError, analysis.MalformedAnswer)) else "analysis error"
+        )
+        judgements = {
+            n: analysis.Judgement(
+                "inconclusive", f"{source}: {error}", state=statuses[n].numbers.get("sequential") or {}
+            )
+            for n in judged
+        }
     verdicts = {}
     a = spec.analysis
     for node in judged:
         status, judgement = statuses[node], judgements[node]
-        decision = analysis.decide(judgement, _int(status.numbers.get("failStreak")), _float(status.numbers.get("inconclusiveSince")),
-                                   now, a.consecutiveFailures, a.onNoData, a.noDataDeadlineSeconds)
+        decision = analysis.decide(
+            judgement,
+            _int(status.numbers.get("failStreak")),
+            _float(status.numbers.get("inconclusiveSince")),
+            now,
+            a.consecutiveFailures,
+            a.onNoData,
+            a.noDataDeadlineSeconds,
+        )
         METRICS.verdicts.labels(namespace, rollout, judgement.result).inc()
         METRICS.observe_judgement(namespace, rollout, node, judgement)
-        numbers = judgement.to_dict() | {"failStreak": decision.streak, "inconclusiveSince": decision.inconclusive_since, "at": now}
+        numbers = judgement.to_dict() | {
+            "failStreak": decision.streak,
+            "inconclusiveSince": decision.inconclusive_since,
+            "at": now,
+        }
         verdicts[node] = gating.Verdict(decision.verdict or "inconclusive", decision.reason, numbers)
     return verdicts, summary
 
 
-async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, gating.NodeStatus], judged: list[str], now: float,
-                 deadline: float, logger: logging.Logger) -> tuple[dict[str, analysis.Judgement], dict[str, Any]]:
+async def _judge(
+    namespace: str,
+    spec: GluonRolloutSpec,
+    statuses: Mapping[str, gating.NodeStatus],
+    judged: list[str],
+    now: float,
+    deadline: float,
+    logger: logging.Logger,
+) -> tuple[dict[str, analysis.Judgement], dict[str, Any]]:
     a = spec.analysis
     labels = spec.podSelector.matchLabels
     queries = {"speed": analysis.render(a.query or analysis.DEFAULT_QUERY, namespace, labels, a.stepSeconds)}
-    queries |= {name: analysis.render(q, namespace, labels, a.stepSeconds) for name, q in analysis.COVARIATE_QUERIES.items()}
+    queries |= {
+        name: analysis.render(q, namespace, labels, a.stepSeconds) for name, q in analysis.COVARIATE_QUERIES.items()
+    }
     states = {n: statuses[n].numbers.get("sequential") for n in judged}
     changed = {n: statuses[n].changed_at or now for n in judged}
     needing = [changed[n] for n in judged if not _has_baseline(states[n], changed[n])]
@@ -161,7 +220,9 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
     start = max(now - query_span(a), min(now - a.windowSeconds, reach))  # within Prometheus's points limit (spec.py)
     client, note = prometheus_client(a.prometheusUrl or "", timeout=deadline)
     with METRICS.query_seconds.time():
-        answers = await asyncio.gather(*(client.query_range(q, start, now, a.stepSeconds) for q in queries.values()), return_exceptions=True)
+        answers = await asyncio.gather(
+            *(client.query_range(q, start, now, a.stepSeconds) for q in queries.values()), return_exceptions=True
+        )
     results = dict(zip(queries, answers))
     if isinstance(results["speed"], BaseException):
         raise results["speed"]
@@ -177,13 +238,22 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
     speed, flags = analysis.split_by_flag(results["speed"])
     cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic, a.minControls)
     groups = {n: control_group(statuses, n, a.baselineSeconds, now, states[n], a.minControls) for n in judged}
-    groups = {n: (flag, [c for c in controls if c in speed], seconds) for n, (flag, controls, seconds) in groups.items()}
+    groups = {
+        n: (flag, [c for c in controls if c in speed], seconds) for n, (flag, controls, seconds) in groups.items()
+    }
     began = time.process_time()
-    judgements = await asyncio.to_thread(_judge_all, speed, load, flags, groups, {n: (changed[n], states[n]) for n in judged}, now, a, cfg)
+    judgements = await asyncio.to_thread(
+        _judge_all, speed, load, flags, groups, {n: (changed[n], states[n]) for n in judged}, now, a, cfg
+    )
     cpu = time.process_time() - began
     METRICS.judge_seconds.observe(cpu)
     used = {c for _, controls, _ in groups.values() for c in controls}
-    details = {"query": queries["speed"], "queries": len(queries), "controls": len(used), "judgeCpuSeconds": round(cpu, 4)}
+    details = {
+        "query": queries["speed"],
+        "queries": len(queries),
+        "controls": len(used),
+        "judgeCpuSeconds": round(cpu, 4),
+    }
     if covariate_errors:
         details["covariateErrors"] = covariate_errors
     if note:
@@ -191,9 +261,16 @@ async def _judge(namespace: str, spec: GluonRolloutSpec, statuses: Mapping[str, 
     return judgements, details
 
 
-def _judge_all(speed: Mapping[str, analysis.Series], load: Mapping[str, Mapping[str, analysis.Series]], flags: Mapping[str, Any],
-               groups: Mapping[str, tuple[int, list[str], float]], nodes: Mapping[str, tuple[float, Any]], now: float, a: Any,
-               cfg: analysis.JudgeConfig) -> dict[str, analysis.Judgement]:
+def _judge_all(
+    speed: Mapping[str, analysis.Series],
+    load: Mapping[str, Mapping[str, analysis.Series]],
+    flags: Mapping[str, Any],
+    groups: Mapping[str, tuple[int, list[str], float]],
+    nodes: Mapping[str, tuple[float, Any]],
+    now: float,
+    a: Any,
+    cfg: analysis.JudgeConfig,
+) -> dict[str, analysis.Judgement]:
     """One reference per distinct control group (nodes enabled together share theirs)."""
     panel = analysis.build_panel(speed, load, flags)
     refs: dict[tuple[int, tuple[str, ...]], analysis.Reference] = {}
@@ -216,7 +293,9 @@ def _error(exc: BaseException, deadline: float) -> tuple[str, str]:
     if isinstance(exc, asyncio.TimeoutError):
         return "deadline", f"analysis did not finish within {deadline:g} s ({contract.ENV_ANALYSIS_DEADLINE})"
     if isinstance(exc, PrometheusError):
-        kind = {"server": "server", "bad": "bad_response", "tls": "tls", "unreachable": "unreachable"}.get(exc.kind.split()[0], exc.kind.split()[0])
+        kind = {"server": "server", "bad": "bad_response", "tls": "tls", "unreachable": "unreachable"}.get(
+            exc.kind.split()[0], exc.kind.split()[0]
+        )
         return kind, str(exc)[:1000]
     if isinstance(exc, analysis.MalformedAnswer):
         return "bad_response", f"malformed Prometheus answer: {exc}"[:1000]

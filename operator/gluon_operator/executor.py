@@ -36,7 +36,9 @@ from .world import Caches
 log = logging.getLogger("gluon_operator")
 
 JSON_PATCH = "application/json-patch+json"
-OWN_WRITE_GRACE_SECONDS = 2.0  # the watch shows our status write within this, normally; past it one read tells (own_write_overdue)
+OWN_WRITE_GRACE_SECONDS = (
+    2.0  # the watch shows our status write within this, normally; past it one read tells (own_write_overdue)
+)
 STRAY_RESTART_SECONDS = 15.0  # see restart_strays
 NODE_WRITE_CONCURRENCY = 8  # node patches in flight at once (the client's connection pool holds 10)
 # The API calls' own threads: asyncio's default executor has min(32, cores + 4) (6 on two cores), shared with
@@ -99,7 +101,9 @@ def timed_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         # Raw responses: nothing reads them, and deserializing costs time at fleet scale.
-        call = functools.partial(timed_call, fn, *args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+        call = functools.partial(
+            timed_call, fn, *args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs
+        )
         return await asyncio.get_running_loop().run_in_executor(API_THREADS, call)
     except Exception as exc:
         failure = classify(exc)
@@ -132,6 +136,7 @@ async def write_nodes(writes: list[NodeWrite], logger: logging.Logger) -> bool:
                 return False
             Caches.wrote(write.node, write.labels, write.annotations)
             return True
+
     return all(await asyncio.gather(*(write_one(w) for w in writes)))
 
 
@@ -158,7 +163,12 @@ async def restart_pods(restart: Restart, policy: str, logger: logging.Logger) ->
         outcome = await restart_pod(restart.namespace, pod, policy)
         METRICS.restarts.labels(outcome).inc()
         if outcome == "blocked":
-            logger.info("eviction of %s/%s on %s blocked by a disruption budget; retrying next reconcile", restart.namespace, pod, restart.node)
+            logger.info(
+                "eviction of %s/%s on %s blocked by a disruption budget; retrying next reconcile",
+                restart.namespace,
+                pod,
+                restart.node,
+            )
             return  # the budget also protects this node's other pods: one at a time
 
 
@@ -171,16 +181,25 @@ async def restart_strays(restart: Restart, policy: str, logger: logging.Logger) 
     last = Runtime.stray_restarts.get(restart.node)
     if last is not None and time.monotonic() - last < STRAY_RESTART_SECONDS:
         return
-    logger.warning("node %s: restarting %s (not injected, or refused by a stale agent view)", restart.node, ", ".join(restart.pods))
+    logger.warning(
+        "node %s: restarting %s (not injected, or refused by a stale agent view)", restart.node, ", ".join(restart.pods)
+    )
     await restart_pods(restart, policy, logger)
-    Runtime.stray_restarts[restart.node] = time.monotonic()  # only after it worked: a failed eviction retries next reconcile
+    Runtime.stray_restarts[restart.node] = (
+        time.monotonic()
+    )  # only after it worked: a failed eviction retries next reconcile
 
 
 async def label_pod(namespace: str, name: str, flag: str, logger: logging.Logger) -> None:
     """Best effort: a pod evicted meanwhile (404) or a transient error is retried at the next reconcile."""
     try:
-        await call(core().patch_namespaced_pod, name, namespace, {"metadata": {"labels": {contract.LABEL_POD_FLAG: flag}}},
-                   _content_type=MERGE_PATCH)
+        await call(
+            core().patch_namespaced_pod,
+            name,
+            namespace,
+            {"metadata": {"labels": {contract.LABEL_POD_FLAG: flag}}},
+            _content_type=MERGE_PATCH,
+        )
     except ApiFailure as failure:
         logger.info("flag label on %s/%s not written: %s", namespace, name, failure)
 
@@ -188,25 +207,43 @@ async def label_pod(namespace: str, name: str, flag: str, logger: logging.Logger
 # ---------------------------------------------------------------- the status
 
 
-async def write_status(namespace: str, name: str, uid: str, status: Mapping[str, Any], fresh: Mapping[str, Any]) -> dict[str, Any]:
+async def write_status(
+    namespace: str, name: str, uid: str, status: Mapping[str, Any], fresh: Mapping[str, Any]
+) -> dict[str, Any]:
     """Only what changed (an idle rollout costs no writes), each changed key replaced whole (a JSON patch:
     a merge patch would keep stale keys inside nested objects). Our own request, not kopf's patch: kopf 1.x
     applies a timer's patch outside the handler and a 409 there ends the timer for good (found by
     bench/faults.py); here a failure fails this reconcile, which kopf retries. Nulls are left out, as the
     API server prunes them from a structural schema, so what we wrote compares equal to what we read.
     Returns the status as it now is."""
-    changed = {key: value for key, value in ((k, without_none(v)) for k, v in fresh.items()) if status.get(key) != value}
+    changed = {
+        key: value for key, value in ((k, without_none(v)) for k, v in fresh.items()) if status.get(key) != value
+    }
     after = {k: v for k, v in {**status, **changed}.items() if v is not None}
     if not changed:
         return after
     if status:
-        body: Any = [{"op": "remove", "path": f"/status/{key}"} if value is None else {"op": "add", "path": f"/status/{key}", "value": value}
-                     for key, value in changed.items() if value is not None or key in status]
+        body: Any = [
+            {"op": "remove", "path": f"/status/{key}"}
+            if value is None
+            else {"op": "add", "path": f"/status/{key}", "value": value}
+            for key, value in changed.items()
+            if value is not None or key in status
+        ]
         content_type = JSON_PATCH
     else:
         body, content_type = {"status": {k: v for k, v in changed.items() if v is not None}}, MERGE_PATCH
     if body:
-        await call(custom().patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name, body, _content_type=content_type)
+        await call(
+            custom().patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            body,
+            _content_type=content_type,
+        )
         Runtime.written[uid] = (time.monotonic(), changed)
     return after
 
@@ -257,15 +294,21 @@ async def read_rollout(namespace: str, name: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- the plan
 
 
-async def execute(plan: Plan, namespace: str, name: str, uid: str, status: Mapping[str, Any], body: kopf.Body,
-                  logger: logging.Logger) -> dict[str, Any]:
+async def execute(
+    plan: Plan, namespace: str, name: str, uid: str, status: Mapping[str, Any], body: kopf.Body, logger: logging.Logger
+) -> dict[str, Any]:
     """Carry out `plan` in the safe order (see the module docstring); returns the status as written."""
     if plan.dry_run and plan.writes():
-        raise AssertionError(f"a dry run's plan asks for {plan.writes()} writes")  # plan.dry_run_only clears them: a bug, not input
+        raise AssertionError(
+            f"a dry run's plan asks for {plan.writes()} writes"
+        )  # plan.dry_run_only clears them: a bug, not input
     starts = [w for w in plan.node_writes if w.starts]
     if not await write_nodes([w for w in plan.node_writes if not w.starts], logger) and starts:
-        logger.warning("%d nodes not started (%s): an earlier node write of this reconcile failed", len(starts),
-                       ", ".join(w.node for w in starts[:5]))
+        logger.warning(
+            "%d nodes not started (%s): an earlier node write of this reconcile failed",
+            len(starts),
+            ", ".join(w.node for w in starts[:5]),
+        )
     elif starts:
         await write_nodes(starts, logger)
     for t in plan.transitions:

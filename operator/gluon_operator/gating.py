@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from gluon_agent import contract
-
 from gluon_agent.sglang_routes import ServingConfig
 
 from . import serving as routing
@@ -67,8 +66,9 @@ def failing_paths(report: AgentReport) -> list[str]:
     return out
 
 
-def rolled_back_for(rollback: RollbackRecord | None, fingerprint: str | None, now: float,
-                    retry_after: int | None) -> str | None:
+def rolled_back_for(
+    rollback: RollbackRecord | None, fingerprint: str | None, now: float, retry_after: int | None
+) -> str | None:
     """Why the node is still barred by an earlier rollback, or None."""
     if rollback is None or rollback.fingerprint != fingerprint:
         return None
@@ -93,11 +93,16 @@ def route_problem(report: AgentReport, serving: ServingConfig | str | None) -> t
     sglang = report.probe.sglang
     flag0 = routing.flag0_no_route(sglang, serving)
     if flag0:
-        return (f"{NO_SAFE_ROLLBACK}: flag 0 has no working route for the serving configuration ({routing.describe(serving)}): "
-                f"{flag0[0]}; a node enabled here could not be rolled back, so it is never enabled"), True
+        return (
+            f"{NO_SAFE_ROLLBACK}: flag 0 has no working route for the serving configuration ({routing.describe(serving)}): "
+            f"{flag0[0]}; a node enabled here could not be rolled back, so it is never enabled"
+        ), True
     flag1 = routing.flag1_no_route(sglang, serving)
     if flag1:
-        return f"flag 1 has no working route for the serving configuration ({routing.describe(serving)}): {flag1[0]}", False
+        return (
+            f"flag 1 has no working route for the serving configuration ({routing.describe(serving)}): {flag1[0]}",
+            False,
+        )
     return None
 
 
@@ -108,11 +113,15 @@ def proof_problem(report: AgentReport, serving: ServingConfig | str | None) -> s
     proved = report.selftest.serving.digest if report.selftest.serving else None
     if proved == serving.digest:
         return None
-    return (f"self-test proved serving config {proved or '(none: an agent without serving configs)'}; this rollout serves "
-            f"{serving.digest} ({routing.describe(serving)}); re-test requested")
+    return (
+        f"self-test proved serving config {proved or '(none: an agent without serving configs)'}; this rollout serves "
+        f"{serving.digest} ({routing.describe(serving)}); re-test requested"
+    )
 
 
-def eligibility(facts: NodeFacts, now: float, retry_after: int | None, serving: ServingConfig | str | None = None) -> Eligibility:
+def eligibility(
+    facts: NodeFacts, now: float, retry_after: int | None, serving: ServingConfig | str | None = None
+) -> Eligibility:
     """Eligible only when not skipped by a person, with a live agent, capable, able to serve the rollout's
     serving configuration on both flags with a self-test that proved that configuration, both paths passing
     for the current fingerprint, and not rolled back for that fingerprint. A report or record of the wrong
@@ -140,7 +149,9 @@ def eligibility(facts: NodeFacts, now: float, retry_after: int | None, serving: 
         detail = "; ".join(failing) if failing else f"label {verdict}, report {report.verdict}"
         return Eligibility(False, f"self-test not passed: {detail}" + (f" ({proof})" if proof else ""), fingerprint)
     if report.selftest.fingerprint != fingerprint:
-        return Eligibility(False, f"self-test is for fingerprint {report.selftest.fingerprint}, node is at {fingerprint}", fingerprint)
+        return Eligibility(
+            False, f"self-test is for fingerprint {report.selftest.fingerprint}, node is at {fingerprint}", fingerprint
+        )
     if proof:  # a passing node whose agent re-tests for this config: eligible once it has (proof_pending)
         return Eligibility(False, proof, fingerprint, proof_pending=report.selftest.serving is not None)
     record, unreadable = parse_rollback(facts.annotations)
@@ -197,7 +208,9 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     retry = sorted(p.name for p in stray if p.ready)
     starting = sorted(p.name for p in stray if not p.ready)
     replaced = sum(1 for p in pods if p.created < cutoff and p.controlled)
-    return PodSummary(old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry, starting, replaced)
+    return PodSummary(
+        old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry, starting, replaced
+    )
 
 
 # ---------------------------------------------------------------- the state machine
@@ -216,8 +229,15 @@ class NodeStatus:
     numbers: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "reason": self.reason, "since": self.since, "fingerprint": self.fingerprint,
-                "changedAt": self.changed_at, "holdout": self.holdout, "numbers": dict(self.numbers)}
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "since": self.since,
+            "fingerprint": self.fingerprint,
+            "changedAt": self.changed_at,
+            "holdout": self.holdout,
+            "numbers": dict(self.numbers),
+        }
 
     def record(self, rollout: str) -> dict[str, Any]:
         """The node's durable record (contract.ANNOTATION_NODE_RECORD), naming its rollout."""
@@ -225,8 +245,15 @@ class NodeStatus:
 
     @classmethod
     def from_record(cls, record: NodeRecord) -> "NodeStatus":
-        return cls(record.state, record.reason, finite_number(record.since) or 0.0, record.fingerprint,
-                   finite_number(record.changedAt), record.holdout, dict(record.numbers))
+        return cls(
+            record.state,
+            record.reason,
+            finite_number(record.since) or 0.0,
+            record.fingerprint,
+            finite_number(record.changedAt),
+            record.holdout,
+            dict(record.numbers),
+        )
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "NodeStatus":
@@ -235,9 +262,15 @@ class NodeStatus:
         raw = raw if isinstance(raw, Mapping) else {}
         state = raw.get("state") if raw.get("state") in contract.NODE_STATES else INELIGIBLE
         reason, fingerprint, numbers = raw.get("reason"), raw.get("fingerprint"), raw.get("numbers")
-        return cls(state, reason if isinstance(reason, str) else "", finite_number(raw.get("since")) or 0.0,
-                   fingerprint if isinstance(fingerprint, str) else None, finite_number(raw.get("changedAt")),
-                   raw.get("holdout") is True, numbers if isinstance(numbers, Mapping) else {})
+        return cls(
+            state,
+            reason if isinstance(reason, str) else "",
+            finite_number(raw.get("since")) or 0.0,
+            fingerprint if isinstance(fingerprint, str) else None,
+            finite_number(raw.get("changedAt")),
+            raw.get("holdout") is True,
+            numbers if isinstance(numbers, Mapping) else {},
+        )
 
 
 @dataclass(frozen=True)
@@ -263,16 +296,31 @@ def move(prev: NodeStatus, state: str, reason: str, now: float, **changes: Any) 
     return replace(prev, state=state, reason=reason, since=now, **changes)
 
 
-def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdict | None, now: float,
-            rollback_cleared: bool, recorded_rollback: RollbackRecord | None = None) -> Step:
+def advance(
+    prev: NodeStatus,
+    el: Eligibility,
+    pods: PodSummary,
+    verdict: Verdict | None,
+    now: float,
+    rollback_cleared: bool,
+    recorded_rollback: RollbackRecord | None = None,
+) -> Step:
     """Automatic transitions. Eligible -> Enabling is the planner's choice (plan.choose_enables).
     `recorded_rollback`: the node's rollback annotation when it still bars the node. A flag-on node that
     carries one was rolled back by a reconcile whose status write was lost (labels and record are written
     first, in one patch): the record, not the stale status, is the truth."""
     s = prev.state
     if s in FLAG_ON_STATES and recorded_rollback is not None and not rollback_cleared:
-        return Step(move(prev, ROLLED_BACK, recorded_rollback.reason, now, changed_at=finite_number(recorded_rollback.at) or now,
-                         numbers=recorded_rollback.numbers))
+        return Step(
+            move(
+                prev,
+                ROLLED_BACK,
+                recorded_rollback.reason,
+                now,
+                changed_at=finite_number(recorded_rollback.at) or now,
+                numbers=recorded_rollback.numbers,
+            )
+        )
     if s == ROLLED_BACK:
         if not rollback_cleared:
             return Step(move(prev, ROLLED_BACK, prev.reason, now, fingerprint=el.fingerprint))
@@ -280,36 +328,90 @@ def advance(prev: NodeStatus, el: Eligibility, pods: PodSummary, verdict: Verdic
         prev = move(prev, INELIGIBLE, "rollback cleared", now)
     if not el.eligible:
         if s in FLAG_ON_STATES:
-            return Step(move(prev, DISABLED, f"turned ineligible: {el.reason}", now, changed_at=now, fingerprint=el.fingerprint), "restart")
+            return Step(
+                move(
+                    prev, DISABLED, f"turned ineligible: {el.reason}", now, changed_at=now, fingerprint=el.fingerprint
+                ),
+                "restart",
+            )
         if s == DISABLED:
             return Step(move(prev, DISABLED, f"ineligible: {el.reason}", now, fingerprint=el.fingerprint))
         return Step(move(prev, INELIGIBLE, el.reason, now, fingerprint=el.fingerprint, holdout=False))
     if s in (INELIGIBLE, DISABLED):
         if s == DISABLED and pods.old:
-            return Step(move(prev, DISABLED, f"eligible again; waiting for {len(pods.old)} pods to restart at flag 0", now))
+            return Step(
+                move(prev, DISABLED, f"eligible again; waiting for {len(pods.old)} pods to restart at flag 0", now)
+            )
         return Step(move(prev, ELIGIBLE, el.reason, now, fingerprint=el.fingerprint))
     if s == ENABLING:
         if pods.refused:
-            return Step(move(prev, ROLLED_BACK, "the serving image's preflight chose 0: " + "; ".join(pods.refused),
-                             now, changed_at=now, numbers={"refused": pods.refused}), "rollback")
-        if pods.old:  # how many it will have, so that a moment with none (evicted, not yet replaced) is not taken for done
-            had = max(pods.replaced + len(pods.new_flags) + len(pods.retry) + len(pods.starting), whole_count(prev.numbers.get(RESTARTED_PODS)))
-            return Step(move(prev, ENABLING, f"restarting {len(pods.old)} serving pods", now,
-                             numbers={**prev.numbers, RESTARTED_PODS: had} if had else prev.numbers))
+            return Step(
+                move(
+                    prev,
+                    ROLLED_BACK,
+                    "the serving image's preflight chose 0: " + "; ".join(pods.refused),
+                    now,
+                    changed_at=now,
+                    numbers={"refused": pods.refused},
+                ),
+                "rollback",
+            )
+        if (
+            pods.old
+        ):  # how many it will have, so that a moment with none (evicted, not yet replaced) is not taken for done
+            had = max(
+                pods.replaced + len(pods.new_flags) + len(pods.retry) + len(pods.starting),
+                whole_count(prev.numbers.get(RESTARTED_PODS)),
+            )
+            return Step(
+                move(
+                    prev,
+                    ENABLING,
+                    f"restarting {len(pods.old)} serving pods",
+                    now,
+                    numbers={**prev.numbers, RESTARTED_PODS: had} if had else prev.numbers,
+                )
+            )
         if pods.retry:
-            return Step(move(prev, ENABLING, f"restarting {len(pods.retry)} serving pods not injected or refused by a stale agent view", now))
+            return Step(
+                move(
+                    prev,
+                    ENABLING,
+                    f"restarting {len(pods.retry)} serving pods not injected or refused by a stale agent view",
+                    now,
+                )
+            )
         if pods.starting:  # they run the template's flag, not 1: never Analyzing with them
-            return Step(move(prev, ENABLING, f"waiting for {len(pods.starting)} serving pods not injected or refused by a stale "
-                                             "agent view to start, to restart them", now))
+            return Step(
+                move(
+                    prev,
+                    ENABLING,
+                    f"waiting for {len(pods.starting)} serving pods not injected or refused by a stale "
+                    "agent view to start, to restart them",
+                    now,
+                )
+            )
         if not pods.new_ready or any(flag != "1" for flag in pods.new_flags.values()):
             return Step(move(prev, ENABLING, "waiting for restarted pods to be ready with flag 1", now))
         restarted = whole_count(prev.numbers.get(RESTARTED_PODS))
         if restarted and not pods.new_flags:
-            return Step(move(prev, ENABLING, f"waiting for the replacements of {restarted} restarted serving pods", now))
-        return Step(move(prev, ANALYZING, f"{len(pods.new_flags)} serving pods run with flag 1", now, numbers=without_restarted(prev.numbers)))
+            return Step(
+                move(prev, ENABLING, f"waiting for the replacements of {restarted} restarted serving pods", now)
+            )
+        return Step(
+            move(
+                prev,
+                ANALYZING,
+                f"{len(pods.new_flags)} serving pods run with flag 1",
+                now,
+                numbers=without_restarted(prev.numbers),
+            )
+        )
     if s in (ANALYZING, PROMOTED) and verdict is not None:
         if verdict.result == "fail":
-            return Step(move(prev, ROLLED_BACK, verdict.reason, now, changed_at=now, numbers=verdict.numbers), "rollback")
+            return Step(
+                move(prev, ROLLED_BACK, verdict.reason, now, changed_at=now, numbers=verdict.numbers), "rollback"
+            )
         if verdict.result == "pass" and s == ANALYZING:
             return Step(move(prev, PROMOTED, verdict.reason, now, numbers=verdict.numbers))
         return Step(move(prev, s, prev.reason if s == PROMOTED else verdict.reason, now, numbers=verdict.numbers))
@@ -327,13 +429,24 @@ def choose_holdouts(statuses: Mapping[str, NodeStatus], wanted: int, pending: It
     the order, so the group does not go to whichever nodes proved first (it would follow the agents' timing)."""
     have = sum(1 for s in statuses.values() if s.holdout and s.state == ELIGIBLE)
     waiting = set(pending)
-    pool = sorted((n for n, s in statuses.items() if s.state == ELIGIBLE and not s.holdout or n in waiting), key=holdout_rank)
+    pool = sorted(
+        (n for n, s in statuses.items() if s.state == ELIGIBLE and not s.holdout or n in waiting), key=holdout_rank
+    )
     return [n for n in pool[: max(0, wanted - have)] if n not in waiting]
 
 
 def enable(prev: NodeStatus, now: float) -> Step:
-    return Step(move(prev, ENABLING, "chosen by the rollout strategy", now, changed_at=now, numbers=without_restarted(prev.numbers)),
-                "restart")
+    return Step(
+        move(
+            prev,
+            ENABLING,
+            "chosen by the rollout strategy",
+            now,
+            changed_at=now,
+            numbers=without_restarted(prev.numbers),
+        ),
+        "restart",
+    )
 
 
 def without_restarted(numbers: Mapping[str, Any]) -> dict[str, Any]:
@@ -349,8 +462,10 @@ def restart_due(status: NodeStatus, now: float, delay: float) -> bool:
 
 
 def node_labels(status: NodeStatus) -> dict[str, str]:
-    return {contract.LABEL_ENABLED: "true" if status.state in FLAG_ON_STATES else "false",
-            contract.LABEL_STATE: status.state}
+    return {
+        contract.LABEL_ENABLED: "true" if status.state in FLAG_ON_STATES else "false",
+        contract.LABEL_STATE: status.state,
+    }
 
 
 # ---------------------------------------------------------------- the rollout
@@ -377,19 +492,42 @@ def phase(statuses: Mapping[str, NodeStatus], paused: bool, aborted: bool, inval
     return "Complete" if c[PROMOTED] else "Idle"
 
 
-def conditions(phase_name: str, statuses: Mapping[str, NodeStatus], invalid_message: str, now_iso: str) -> list[dict[str, Any]]:
+def conditions(
+    phase_name: str, statuses: Mapping[str, NodeStatus], invalid_message: str, now_iso: str
+) -> list[dict[str, Any]]:
     c = counts(statuses)
 
     def cond(kind: str, true: bool, reason: str, message: str) -> dict[str, Any]:
-        return {"type": kind, "status": "True" if true else "False", "reason": reason, "message": message,
-                "lastTransitionTime": now_iso}
+        return {
+            "type": kind,
+            "status": "True" if true else "False",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now_iso,
+        }
 
     return [
-        cond("Ready", phase_name == "Complete", phase_name, f"{c[PROMOTED]} promoted, {c[ELIGIBLE]} eligible waiting or held out"),
-        cond("Progressing", phase_name == "Progressing", phase_name, f"{c[ENABLING]} enabling, {c[ANALYZING]} analyzing"),
-        cond("Degraded", phase_name == "Aborted" or c[ROLLED_BACK] > 0, "RolledBack" if c[ROLLED_BACK] else phase_name,
-             f"{c[ROLLED_BACK]} rolled back, {c[DISABLED]} disabled"),
-        cond("Invalid", bool(invalid_message), "InvalidSpec" if invalid_message else "Valid", invalid_message or "spec is valid"),
+        cond(
+            "Ready",
+            phase_name == "Complete",
+            phase_name,
+            f"{c[PROMOTED]} promoted, {c[ELIGIBLE]} eligible waiting or held out",
+        ),
+        cond(
+            "Progressing", phase_name == "Progressing", phase_name, f"{c[ENABLING]} enabling, {c[ANALYZING]} analyzing"
+        ),
+        cond(
+            "Degraded",
+            phase_name == "Aborted" or c[ROLLED_BACK] > 0,
+            "RolledBack" if c[ROLLED_BACK] else phase_name,
+            f"{c[ROLLED_BACK]} rolled back, {c[DISABLED]} disabled",
+        ),
+        cond(
+            "Invalid",
+            bool(invalid_message),
+            "InvalidSpec" if invalid_message else "Valid",
+            invalid_message or "spec is valid",
+        ),
     ]
 
 

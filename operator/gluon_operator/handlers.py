@@ -91,7 +91,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = os.environ.get("GLUON_SCANNING", "on") == "off"
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     rng = random.Random()
-    settings.networking.error_backoffs = [decisions.backoff(attempt, 0.5, API_BACKOFF_CAP_SECONDS, rng) for attempt in range(API_RETRIES)]
+    settings.networking.error_backoffs = [
+        decisions.backoff(attempt, 0.5, API_BACKOFF_CAP_SECONDS, rng) for attempt in range(API_RETRIES)
+    ]
     # A deleted rollout's timer that was mid-reconcile is checked again after this many seconds (kopf's
     # default, 60 s, held every deletion that met a running reconcile for a minute).
     settings.background.cancellation_polling = 1.0
@@ -100,8 +102,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     cert, key = os.environ.get("GLUON_WEBHOOK_CERT"), os.environ.get("GLUON_WEBHOOK_KEY")
     if cert and key:
         settings.admission.server = AdmissionServer(
-            addr=os.environ.get("GLUON_WEBHOOK_ADDR", "0.0.0.0"), port=int(env_float("GLUON_WEBHOOK_PORT", 9443)),
-            certfile=cert, pkeyfile=key,
+            addr=os.environ.get("GLUON_WEBHOOK_ADDR", "0.0.0.0"),
+            port=int(env_float("GLUON_WEBHOOK_PORT", 9443)),
+            certfile=cert,
+            pkeyfile=key,
         )
     else:  # no certificate (tests, local runs): a plain-HTTP server on loopback that nothing calls
         settings.admission.server = AdmissionServer(addr="127.0.0.1", port=None, insecure=True)
@@ -114,6 +118,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
     def count(failure: Any) -> None:
         METRICS.api_errors.labels(failure.kind).inc()
+
     Caches.start(core(), int(env_float("GLUON_WATCH_TIMEOUT", 300)), count)
 
 
@@ -125,25 +130,41 @@ def stop_caches(**_: Any) -> None:
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def rollout_index(namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], body: kopf.Body, **_: Any) -> dict[str, Any]:
+def rollout_index(
+    namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], body: kopf.Body, **_: Any
+) -> dict[str, Any]:
     """Live rollouts by namespace: their pod selectors (the webhook, the pod caches) and node claims
     (overlaps). A rollout being deleted claims nothing and injects nothing; an Invalid one claims no node."""
     if meta.get("deletionTimestamp"):
         return {}
-    return {namespace: {"name": name, "podSelector": dict(spec.get("podSelector") or {}),
-                        "nodeSelector": dict(spec.get("nodeSelector") or {}), "created": unix(meta.get("creationTimestamp")),
-                        "claims": claims_nodes(rollout_view(body))}}
+    return {
+        namespace: {
+            "name": name,
+            "podSelector": dict(spec.get("podSelector") or {}),
+            "nodeSelector": dict(spec.get("nodeSelector") or {}),
+            "created": unix(meta.get("creationTimestamp")),
+            "claims": claims_nodes(rollout_view(body)),
+        }
+    }
 
 
 def claims(index: kopf.Index) -> list[Claim]:
-    return [Claim(namespace, r["name"], r["created"], r["nodeSelector"]) for namespace in index for r in index.get(namespace) or []
-            if r.get("claims", True)]
+    return [
+        Claim(namespace, r["name"], r["created"], r["nodeSelector"])
+        for namespace in index
+        for r in index.get(namespace) or []
+        if r.get("claims", True)
+    ]
 
 
 def pod_informers(index: kopf.Index) -> set[tuple[str, str]]:
     """(namespace, label selector) of every rollout with a usable pod selector."""
-    return {(namespace, label_selector(r["podSelector"])) for namespace in index for r in index.get(namespace) or []
-            if label_selector(r["podSelector"])}
+    return {
+        (namespace, label_selector(r["podSelector"]))
+        for namespace in index
+        for r in index.get(namespace) or []
+        if label_selector(r["podSelector"])
+    }
 
 
 # ---------------------------------------------------------------- the reconcile
@@ -160,22 +181,44 @@ def finished_analysis(uid: str, logger: logging.Logger) -> tuple[dict[str, gatin
     except Exception as exc:  # the deadline, or a bug in the analysis: no verdicts this round, the error in status
         kind = "deadline" if isinstance(exc, TimeoutError) else "error"
         METRICS.analysis_errors.labels(kind).inc()
-        message = f"analysis deadline of {ANALYSIS_DEADLINE_SECONDS:g} s passed" if kind == "deadline" else f"analysis failed: {exc!r}"
+        message = (
+            f"analysis deadline of {ANALYSIS_DEADLINE_SECONDS:g} s passed"
+            if kind == "deadline"
+            else f"analysis failed: {exc!r}"
+        )
         logger.warning("%s", message)
         return {}, {"lastRun": getattr(task, "started", time.time()), "error": message}
 
 
-def start_analysis(uid: str, namespace: str, name: str, spec: Any, statuses: Mapping[str, gating.NodeStatus], now: float,
-                   logger: logging.Logger) -> None:
-    task = asyncio.create_task(asyncio.wait_for(analyse(namespace, name, spec, dict(statuses), now, logger), ANALYSIS_DEADLINE_SECONDS))
+def start_analysis(
+    uid: str,
+    namespace: str,
+    name: str,
+    spec: Any,
+    statuses: Mapping[str, gating.NodeStatus],
+    now: float,
+    logger: logging.Logger,
+) -> None:
+    task = asyncio.create_task(
+        asyncio.wait_for(analyse(namespace, name, spec, dict(statuses), now, logger), ANALYSIS_DEADLINE_SECONDS)
+    )
     task.started = now  # type: ignore[attr-defined]
     Analyses.tasks[uid] = task
 
 
 # backoff: a failed reconcile (API errors) is retried after one interval, not kopf's default minute.
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_SECONDS, backoff=RECONCILE_SECONDS, id="reconcile")
-async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: Mapping[str, Any], meta: Mapping[str, Any],
-                    body: kopf.Body, rollout_index: kopf.Index, logger: logging.Logger, **_: Any) -> None:
+async def reconcile(
+    name: str,
+    namespace: str,
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    body: kopf.Body,
+    rollout_index: kopf.Index,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
     uid = meta["uid"]
     if meta.get("deletionTimestamp"):
         return  # the cleanup handler's work now
@@ -187,8 +230,16 @@ async def reconcile(name: str, namespace: str, spec: Mapping[str, Any], status: 
                 raise kopf.TemporaryError(f"API call failed: {failure}", delay=API_RETRY_SECONDS) from failure
 
 
-async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str, Any], status: Mapping[str, Any], body: Mapping[str, Any],
-                         rollout_index: kopf.Index, logger: logging.Logger) -> None:
+async def reconcile_once(
+    uid: str,
+    namespace: str,
+    name: str,
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    body: Mapping[str, Any],
+    rollout_index: kopf.Index,
+    logger: logging.Logger,
+) -> None:
     if own_write_pending(uid, status):
         if not own_write_overdue(uid):
             METRICS.reconciles.labels("waiting").inc()
@@ -220,7 +271,9 @@ async def reconcile_once(uid: str, namespace: str, name: str, spec: Mapping[str,
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-async def cleanup(namespace: str, name: str, status: Mapping[str, Any], meta: Mapping[str, Any], logger: logging.Logger, **_: Any) -> None:
+async def cleanup(
+    namespace: str, name: str, status: Mapping[str, Any], meta: Mapping[str, Any], logger: logging.Logger, **_: Any
+) -> None:
     """Deleting a rollout takes its labels, records and serving config off the nodes it managed: new pods start at flag 0.
     Running pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
     uid = meta.get("uid", "")
@@ -240,27 +293,44 @@ async def clean_nodes(uid: str, namespace: str, name: str, status: Mapping[str, 
         nodes = set()
         for node, view in Caches.world([]).nodes.items():
             record, _ = read_json(NodeRecord, view.annotations.get(contract.ANNOTATION_NODE_RECORD), "record")
-            if record is not None and record.rollout == f"{namespace}/{name}" or record is None and node in (status.get("nodes") or {}):
+            if (
+                record is not None
+                and record.rollout == f"{namespace}/{name}"
+                or record is None
+                and node in (status.get("nodes") or {})
+            ):
                 nodes.add(node)
     failed = []
     for node in sorted(nodes):
         try:
-            await patch_node(node, {contract.LABEL_ENABLED: None, contract.LABEL_STATE: None},
-                             {contract.ANNOTATION_NODE_RECORD: None, contract.ANNOTATION_SERVING_CONFIG: None})
+            await patch_node(
+                node,
+                {contract.LABEL_ENABLED: None, contract.LABEL_STATE: None},
+                {contract.ANNOTATION_NODE_RECORD: None, contract.ANNOTATION_SERVING_CONFIG: None},
+            )
         except ApiFailure as failure:
             if failure.status != 404:  # a node deleted meanwhile has nothing left to clean
                 logger.warning("cleanup of node %s: %s", node, failure)
                 failed.append(node)
     if failed:  # the finalizer stays until every node is clean
-        raise kopf.TemporaryError(f"{len(failed)} nodes not cleaned yet ({', '.join(failed[:5])}); retrying", delay=RECONCILE_SECONDS)
+        raise kopf.TemporaryError(
+            f"{len(failed)} nodes not cleaned yet ({', '.join(failed[:5])}); retrying", delay=RECONCILE_SECONDS
+        )
 
 
 # ---------------------------------------------------------------- the admission webhook
 
 
 @kopf.on.mutate("pods", id="inject", operations=["CREATE"], ignore_failures=True)
-def inject(body: kopf.Body, patch: kopf.Patch, namespace: str | None, rollout_index: kopf.Index,
-           warnings: list[str], logger: logging.Logger, **_: Any) -> None:
+def inject(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    namespace: str | None,
+    rollout_index: kopf.Index,
+    warnings: list[str],
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
     """Never raises (kopf answers a handler's exception with allowed=false): webhook.admit decides."""
     admission = webhook.admit(dict(body), namespace, rollout_index, Runtime.injection)
     METRICS.webhook_reviews.labels(admission.outcome).inc()

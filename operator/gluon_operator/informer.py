@@ -71,8 +71,16 @@ class Index:
 class Informer:
     """One kind, several indexes. `synced` is set after the first complete list."""
 
-    def __init__(self, name: str, list_call: ListCall, indexers: Mapping[str, Indexer], label_selector: str | None = None,
-                 watch_timeout: int = 300, backoff_cap: float = BACKOFF_CAP_SECONDS, on_error: Callable[[ApiFailure], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        list_call: ListCall,
+        indexers: Mapping[str, Indexer],
+        label_selector: str | None = None,
+        watch_timeout: int = 300,
+        backoff_cap: float = BACKOFF_CAP_SECONDS,
+        on_error: Callable[[ApiFailure], None] | None = None,
+    ) -> None:
         self.name, self.list_call, self.label_selector = name, list_call, label_selector
         self.on_error = on_error
         self.indexers = dict(indexers)
@@ -102,7 +110,9 @@ class Informer:
         with self.lock:
             self.indexes, self._keys = indexes, keys
 
-    def _apply(self, indexes: dict[str, Index], keys: dict[str, dict[str, list[Any]]], kind: str, obj: Mapping[str, Any]) -> None:
+    def _apply(
+        self, indexes: dict[str, Index], keys: dict[str, dict[str, list[Any]]], kind: str, obj: Mapping[str, Any]
+    ) -> None:
         meta = obj.get("metadata") or {}
         uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
         for index, fed in keys.pop(uid, {}).items():
@@ -115,7 +125,14 @@ class Informer:
                 entries = dict(indexer(obj) or {})
             except Exception as exc:  # one odd object must not stop the list or the watch for all
                 self.unreadable += 1
-                log.warning("%s informer: %s/%s left out of %s: %r", self.name, meta.get("namespace"), meta.get("name"), index, exc)
+                log.warning(
+                    "%s informer: %s/%s left out of %s: %r",
+                    self.name,
+                    meta.get("namespace"),
+                    meta.get("name"),
+                    index,
+                    exc,
+                )
                 entries = {}
             indexes[index]._set(uid, entries)
             fed_now[index] = list(entries)
@@ -154,8 +171,13 @@ class Informer:
         expired (410) fails the list, which is then retried from the start after a back-off."""
         token = None
         while True:
-            response = self.list_call(_preload_content=False, _request_timeout=(REQUEST_TIMEOUT[0], 120), limit=LIST_PAGE,
-                                      **({"_continue": token} if token else {}), **self._selector())
+            response = self.list_call(
+                _preload_content=False,
+                _request_timeout=(REQUEST_TIMEOUT[0], 120),
+                limit=LIST_PAGE,
+                **({"_continue": token} if token else {}),
+                **self._selector(),
+            )
             body = records.loads(response.data, max_bytes=records.PAGE_BYTES_LIMIT)
             del response
             if not version:
@@ -167,8 +189,15 @@ class Informer:
 
     def _watch(self, version: str) -> str | None:
         """Until the server ends the watch (returns the last version) or says 410 (returns None)."""
-        response = self.list_call(watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
-                                  _preload_content=False, _request_timeout=(REQUEST_TIMEOUT[0], self.watch_timeout + 30), **self._selector())
+        response = self.list_call(
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.watch_timeout,
+            _preload_content=False,
+            _request_timeout=(REQUEST_TIMEOUT[0], self.watch_timeout + 30),
+            **self._selector(),
+        )
         try:
             for line in response:
                 if self.stop.is_set():
@@ -203,7 +232,9 @@ class Informer:
                 failures += 1
                 if self.on_error is not None:
                     self.on_error(failure)
-                if listing and failure.status == 400:  # the request itself is refused (e.g. its label selector): no retry helps
+                if (
+                    listing and failure.status == 400
+                ):  # the request itself is refused (e.g. its label selector): no retry helps
                     self.refused = str(failure)
                     log.error("%s informer: the API server refuses the list: %s; not retried", self.name, failure)
                     return

@@ -24,35 +24,84 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.nodes = Gauge(contract.M_ROLLOUT_NODES, "Nodes per state of each rollout", ["namespace", "rollout", "state"], registry=r)
-        self.transitions = Counter(contract.M_ROLLOUT_TRANSITIONS, "Node state transitions", ["from_state", "to_state"], registry=r)
-        self.verdicts = Counter(contract.M_ROLLOUT_VERDICTS, "Analysis verdicts by result", ["namespace", "rollout", "result"], registry=r)
+        self.nodes = Gauge(
+            contract.M_ROLLOUT_NODES, "Nodes per state of each rollout", ["namespace", "rollout", "state"], registry=r
+        )
+        self.transitions = Counter(
+            contract.M_ROLLOUT_TRANSITIONS, "Node state transitions", ["from_state", "to_state"], registry=r
+        )
+        self.verdicts = Counter(
+            contract.M_ROLLOUT_VERDICTS, "Analysis verdicts by result", ["namespace", "rollout", "result"], registry=r
+        )
         self.rollbacks = Counter(contract.M_ROLLOUT_ROLLBACKS, "Node rollbacks by reason", ["reason"], registry=r)
-        self.effect = Gauge(contract.M_ROLLOUT_EFFECT, "Estimated throughput ratio flag=1 vs control per node", ["namespace", "rollout", "node"], registry=r)
+        self.effect = Gauge(
+            contract.M_ROLLOUT_EFFECT,
+            "Estimated throughput ratio flag=1 vs control per node",
+            ["namespace", "rollout", "node"],
+            registry=r,
+        )
         node = ["namespace", "rollout", "node"]
-        self.effect_lower = Gauge(contract.M_ROLLOUT_EFFECT_LOWER, "Lower end of the anytime-valid interval of the effect ratio", node, registry=r)
-        self.effect_upper = Gauge(contract.M_ROLLOUT_EFFECT_UPPER, "Upper end of the anytime-valid interval of the effect ratio", node, registry=r)
-        self.effective_samples = Gauge(contract.M_ROLLOUT_EFFECTIVE_SAMPLES, "Post-flip samples worth of independent ones", node, registry=r)
-        self.load_adjustment = Gauge(contract.M_ROLLOUT_LOAD_ADJUSTMENT, "Ratio the load-gauge adjustment applied to the effect", node, registry=r)
-        self.sequential_p = Gauge(contract.M_ROLLOUT_SEQUENTIAL_P, "Always-valid p-value of the sequential test", node + ["hypothesis"], registry=r)
-        self.looks = Gauge(contract.M_ROLLOUT_ANALYSIS_LOOKS, "Evaluations of the node since its flag flipped", node, registry=r)
-        self.no_safe_rollback = Gauge(contract.M_ROLLOUT_NO_SAFE_ROLLBACK, "Nodes where flag 0 has no working route for the "
-                                      "rollout's serving configuration (never enabled: no safe rollback)", ["namespace", "rollout"], registry=r)
-        self.judge_seconds = Histogram(contract.M_ROLLOUT_JUDGE_SECONDS, "CPU seconds of one rollout's judgement (every node)", registry=r,
-                                       buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
-        self.analysis_errors = Counter(contract.M_ROLLOUT_ANALYSIS_ERRORS, "Analysis errors by kind", ["kind"], registry=r)
+        self.effect_lower = Gauge(
+            contract.M_ROLLOUT_EFFECT_LOWER,
+            "Lower end of the anytime-valid interval of the effect ratio",
+            node,
+            registry=r,
+        )
+        self.effect_upper = Gauge(
+            contract.M_ROLLOUT_EFFECT_UPPER,
+            "Upper end of the anytime-valid interval of the effect ratio",
+            node,
+            registry=r,
+        )
+        self.effective_samples = Gauge(
+            contract.M_ROLLOUT_EFFECTIVE_SAMPLES, "Post-flip samples worth of independent ones", node, registry=r
+        )
+        self.load_adjustment = Gauge(
+            contract.M_ROLLOUT_LOAD_ADJUSTMENT,
+            "Ratio the load-gauge adjustment applied to the effect",
+            node,
+            registry=r,
+        )
+        self.sequential_p = Gauge(
+            contract.M_ROLLOUT_SEQUENTIAL_P,
+            "Always-valid p-value of the sequential test",
+            node + ["hypothesis"],
+            registry=r,
+        )
+        self.looks = Gauge(
+            contract.M_ROLLOUT_ANALYSIS_LOOKS, "Evaluations of the node since its flag flipped", node, registry=r
+        )
+        self.no_safe_rollback = Gauge(
+            contract.M_ROLLOUT_NO_SAFE_ROLLBACK,
+            "Nodes where flag 0 has no working route for the "
+            "rollout's serving configuration (never enabled: no safe rollback)",
+            ["namespace", "rollout"],
+            registry=r,
+        )
+        self.judge_seconds = Histogram(
+            contract.M_ROLLOUT_JUDGE_SECONDS,
+            "CPU seconds of one rollout's judgement (every node)",
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+        )
+        self.analysis_errors = Counter(
+            contract.M_ROLLOUT_ANALYSIS_ERRORS, "Analysis errors by kind", ["kind"], registry=r
+        )
         self.query_seconds = Histogram(contract.M_ROLLOUT_QUERY_SECONDS, "Prometheus query latency", registry=r)
         self.api_errors = Counter(contract.M_ROLLOUT_API_ERRORS, "Kubernetes API errors by kind", ["kind"], registry=r)
         self.restarts = Counter(contract.M_ROLLOUT_RESTARTS, "Serving pod restarts by outcome", ["outcome"], registry=r)
-        self.operator_cpu = Counter(contract.M_ROLLOUT_OPERATOR_CPU, "CPU seconds of the operator's own work, by phase", ["phase"], registry=r)
+        self.operator_cpu = Counter(
+            contract.M_ROLLOUT_OPERATOR_CPU, "CPU seconds of the operator's own work, by phase", ["phase"], registry=r
+        )
         self.reconciles = Counter(contract.M_ROLLOUT_RECONCILES, "Reconciles by outcome", ["outcome"], registry=r)
         for phase in CPU_PHASES:
             self.operator_cpu.labels(phase)
         for outcome in RECONCILE_OUTCOMES:
             self.reconciles.labels(outcome)
         # ---- the admission webhook: every review it answered, by outcome (all are allowed)
-        self.webhook_reviews = Counter(contract.M_ROLLOUT_WEBHOOK_REVIEWS, "Admission reviews answered, by outcome",
-                                       ["outcome"], registry=r)
+        self.webhook_reviews = Counter(
+            contract.M_ROLLOUT_WEBHOOK_REVIEWS, "Admission reviews answered, by outcome", ["outcome"], registry=r
+        )
         for outcome in webhook.OUTCOMES:
             self.webhook_reviews.labels(outcome)
         self._server_started = False
@@ -76,8 +125,13 @@ class OperatorMetrics:
     def observe_judgement(self, namespace: str, rollout: str, node: str, judgement: Any) -> None:
         """The judge's numbers for one node (an analysis.Judgement), where it has them."""
         labels = (namespace, rollout, node)
-        for gauge, value in ((self.effect, judgement.effect), (self.effect_lower, judgement.ci_low), (self.effect_upper, judgement.ci_high),
-                             (self.effective_samples, judgement.n_eff), (self.load_adjustment, judgement.adjustment)):
+        for gauge, value in (
+            (self.effect, judgement.effect),
+            (self.effect_lower, judgement.ci_low),
+            (self.effect_upper, judgement.ci_high),
+            (self.effective_samples, judgement.n_eff),
+            (self.load_adjustment, judgement.adjustment),
+        ):
             if value is not None:
                 gauge.labels(*labels).set(value)
         for hypothesis, value in (("worse", judgement.p_worse), ("not_worse", judgement.p_not_worse)):
@@ -86,7 +140,9 @@ class OperatorMetrics:
         if judgement.looks:
             self.looks.labels(*labels).set(judgement.looks)
 
-    def observe_rollout(self, namespace: str, rollout: str, statuses: Mapping[str, object], no_safe_rollback: int = 0) -> None:
+    def observe_rollout(
+        self, namespace: str, rollout: str, statuses: Mapping[str, object], no_safe_rollback: int = 0
+    ) -> None:
         self.no_safe_rollback.labels(namespace, rollout).set(no_safe_rollback)
         for result in VERDICT_RESULTS:
             self.verdicts.labels(namespace, rollout, result)

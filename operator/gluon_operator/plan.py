@@ -39,9 +39,19 @@ from typing import Any, Mapping, Sequence
 from gluon_agent import contract
 
 from . import gating, webhook
-from .serving import PodServing, Resolution, describe, resolve_serving
-from .gating import DISABLED, ELIGIBLE, ENABLING, FLAG_ON_STATES, IN_PROGRESS, INELIGIBLE, PROMOTED, ROLLED_BACK, NodeStatus
+from .gating import (
+    DISABLED,
+    ELIGIBLE,
+    ENABLING,
+    FLAG_ON_STATES,
+    IN_PROGRESS,
+    INELIGIBLE,
+    PROMOTED,
+    ROLLED_BACK,
+    NodeStatus,
+)
 from .records import NodeRecord, dumps, finite, read_json
+from .serving import PodServing, Resolution, describe, resolve_serving
 from .spec import GluonRolloutSpec, parse_spec, resolve
 
 FULL_STATUS_NODES = 500  # up to this many nodes, status.nodes lists every node (kubectl get -o yaml reads as before)
@@ -51,7 +61,11 @@ CONFLICT_NAMES = 20  # nodes named in the Conflict condition's message
 FIRST_SIGHT_EVENTS = 10  # nodes new to the rollout, one Event each up to this many; beyond, one summary Event
 FLEET = "fleet"  # the one batch without strategy.batches
 CANARY_GATE = "canary"
-DECIDING_NUMBERS = ("failStreak", "inconclusiveSince", gating.RESTARTED_PODS)  # record fields beside the state that the next reconcile reads
+DECIDING_NUMBERS = (
+    "failStreak",
+    "inconclusiveSince",
+    gating.RESTARTED_PODS,
+)  # record fields beside the state that the next reconcile reads
 
 
 # ---------------------------------------------------------------- the world, as plain data
@@ -85,8 +99,17 @@ class PodView:
     serving: PodServing | None = None  # what its serving container states of its SGLang setup (serving.py)
 
     def facts(self) -> gating.PodFacts:
-        return gating.PodFacts(self.name, self.created, self.flag, self.preflight_reason, self.ready, self.deleting, self.injected,
-                               self.transient, self.controlled)
+        return gating.PodFacts(
+            self.name,
+            self.created,
+            self.flag,
+            self.preflight_reason,
+            self.ready,
+            self.deleting,
+            self.injected,
+            self.transient,
+            self.controlled,
+        )
 
 
 @dataclass(frozen=True)
@@ -134,8 +157,15 @@ def iso(now: float) -> str:
 
 def rollout_view(obj: Mapping[str, Any]) -> RolloutView:
     meta = obj.get("metadata") or {}
-    return RolloutView(meta.get("namespace") or "", meta.get("name") or "", dict(obj.get("spec") or {}), dict(obj.get("status") or {}),
-                       dict(meta.get("annotations") or {}), meta.get("generation"), unix(meta.get("creationTimestamp")))
+    return RolloutView(
+        meta.get("namespace") or "",
+        meta.get("name") or "",
+        dict(obj.get("spec") or {}),
+        dict(obj.get("status") or {}),
+        dict(meta.get("annotations") or {}),
+        meta.get("generation"),
+        unix(meta.get("creationTimestamp")),
+    )
 
 
 def claim_of(view: RolloutView) -> Claim:
@@ -148,7 +178,9 @@ def claims_nodes(view: RolloutView) -> bool:
     parse, or its status says Invalid for this generation (what only the API server could tell, e.g. a pod
     selector it refuses)."""
     _, problems = parse_spec(dict(view.spec))
-    return not problems and not (view.status.get("phase") == "Invalid" and view.status.get("observedGeneration") == view.generation)
+    return not problems and not (
+        view.status.get("phase") == "Invalid" and view.status.get("observedGeneration") == view.generation
+    )
 
 
 def selects_node(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -224,9 +256,15 @@ class Plan:
         return len(self.node_writes) + sum(len(r.pods) for r in self.restarts) + len(self.pod_labels)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dryRun": self.dry_run, "nodeWrites": [asdict(w) for w in self.node_writes], "restarts": [asdict(r) for r in self.restarts],
-                "podLabels": [asdict(p) for p in self.pod_labels], "events": [asdict(e) for e in self.events],
-                "transitions": [asdict(t) for t in self.transitions], "status": self.status}
+        return {
+            "dryRun": self.dry_run,
+            "nodeWrites": [asdict(w) for w in self.node_writes],
+            "restarts": [asdict(r) for r in self.restarts],
+            "podLabels": [asdict(p) for p in self.pod_labels],
+            "events": [asdict(e) for e in self.events],
+            "transitions": [asdict(t) for t in self.transitions],
+            "status": self.status,
+        }
 
 
 # ---------------------------------------------------------------- the reconcile
@@ -250,15 +288,22 @@ class NodeWork:
     proof_pending: bool = False  # passing, but its agent still re-tests for the rollout's serving configuration
 
 
-def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdict], analysis: Mapping[str, Any] | None,
-         now: float) -> Plan:
+def plan(
+    rollout: RolloutView,
+    world: World,
+    verdicts: Mapping[str, gating.Verdict],
+    analysis: Mapping[str, Any] | None,
+    now: float,
+) -> Plan:
     spec, problems = parse_spec(dict(rollout.spec))
     if problems or spec is None:
         return invalid_plan(rollout, "; ".join(problems), now)
     out = Plan(dry_run=spec.dryRun, spec=spec)
     owned, conflicts = claimed_nodes(rollout, spec, world)
     serving = rollout_serving(rollout, spec, world)
-    work = {name: node_work(rollout, spec, world, world.nodes[name], verdicts.get(name), now, serving) for name in owned}
+    work = {
+        name: node_work(rollout, spec, world, world.nodes[name], verdicts.get(name), now, serving) for name in owned
+    }
     out.no_safe_rollback = sorted(n for n, w in work.items() if w.no_safe_rollback)
 
     aborted = abort_record(rollout, spec, work)
@@ -269,7 +314,9 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
                 w.action = "restart"
     statuses = {n: w.status for n, w in work.items()}
     pending = [n for n, w in work.items() if w.proof_pending and not w.held]
-    for name in gating.choose_holdouts({n: s for n, s in statuses.items() if not work[n].held}, spec.strategy.holdoutNodes, pending):
+    for name in gating.choose_holdouts(
+        {n: s for n, s in statuses.items() if not work[n].held}, spec.strategy.holdoutNodes, pending
+    ):
         work[name].status = replace(work[name].status, holdout=True, reason="holdout: control group kept at flag 0")
     approval = approvals(rollout, spec, now)
     chosen, waiting = choose_enables(spec, work, approval, bool(aborted))
@@ -286,11 +333,19 @@ def plan(rollout: RolloutView, world: World, verdicts: Mapping[str, gating.Verdi
     # Writes that free a slot before those that take one: an operator stopped between two writes, or a
     # write that fails, never leaves more nodes in progress than the strategy allows.
     out.node_writes.sort(key=lambda write: write.starts)
-    for gate in granted_gates(approval)[len(approval["_before"]):]:
-        out.events.append(Event("Normal", "Approved", f"approval gate {gate!r} granted by annotation {contract.ANNOTATION_ROLLOUT_APPROVE}"))
+    for gate in granted_gates(approval)[len(approval["_before"]) :]:
+        out.events.append(
+            Event(
+                "Normal",
+                "Approved",
+                f"approval gate {gate!r} granted by annotation {contract.ANNOTATION_ROLLOUT_APPROVE}",
+            )
+        )
     if aborted and not rollout.status.get("aborted"):
         out.events.append(Event("Warning", "Aborted", aborted["reason"][:1000]))
-    out.status = finite(rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now, serving))  # JSON has no NaN
+    out.status = finite(
+        rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now, serving)
+    )  # JSON has no NaN
     if spec.dryRun:
         dry_run_only(rollout, out)
     return out
@@ -312,8 +367,14 @@ def invalid_plan(rollout: RolloutView, message: str, now: float) -> Plan:
     status = rollout.status
     if status.get("phase") != "Invalid" or status.get("invalid") != message:
         out.events.append(Event("Warning", "InvalidSpec", message[:1000]))
-    out.status = {"phase": "Invalid", "invalid": message, "observedGeneration": rollout.generation,
-                  "conditions": gating.merge_conditions(status.get("conditions") or [], gating.conditions("Invalid", {}, message, iso(now)))}
+    out.status = {
+        "phase": "Invalid",
+        "invalid": message,
+        "observedGeneration": rollout.generation,
+        "conditions": gating.merge_conditions(
+            status.get("conditions") or [], gating.conditions("Invalid", {}, message, iso(now))
+        ),
+    }
     return out
 
 
@@ -334,7 +395,9 @@ def claimed_nodes(rollout: RolloutView, spec: GluonRolloutSpec, world: World) ->
 
 def recorded_status(rollout: RolloutView, view: NodeView) -> tuple[NodeStatus | None, str | None]:
     """This rollout's record on the node (None when absent, another rollout's, or unreadable: why)."""
-    record, problem = read_json(NodeRecord, view.annotations.get(contract.ANNOTATION_NODE_RECORD), "the node record annotation")
+    record, problem = read_json(
+        NodeRecord, view.annotations.get(contract.ANNOTATION_NODE_RECORD), "the node record annotation"
+    )
     if record is None or record.rollout != rollout.key:
         return None, problem
     return NodeStatus.from_record(record), None
@@ -359,8 +422,13 @@ def batch_of(spec: GluonRolloutSpec, view: NodeView) -> str | None:
 def rollout_serving(rollout: RolloutView, spec: GluonRolloutSpec, world: World) -> Resolution:
     """The serving configuration of every pod the rollout selects (on any node), with spec.serving."""
     selector = spec.podSelector.model_dump()
-    pods = [(p.name, p.serving or PodServing()) for (namespace, _), views in world.pods.items() if namespace == rollout.namespace
-            for p in views if not p.deleting and webhook.selector_matches(selector, p.labels)]
+    pods = [
+        (p.name, p.serving or PodServing())
+        for (namespace, _), views in world.pods.items()
+        if namespace == rollout.namespace
+        for p in views
+        if not p.deleting and webhook.selector_matches(selector, p.labels)
+    ]
     return resolve_serving(pods, spec.serving.model_dump())
 
 
@@ -369,8 +437,15 @@ def serving_expectation(serving: Resolution) -> Any:
     return serving.config if serving.config is not None else serving.problem
 
 
-def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: NodeView, verdict: gating.Verdict | None,
-              now: float, serving: Resolution | None = None) -> NodeWork:
+def node_work(
+    rollout: RolloutView,
+    spec: GluonRolloutSpec,
+    world: World,
+    view: NodeView,
+    verdict: gating.Verdict | None,
+    now: float,
+    serving: Resolution | None = None,
+) -> NodeWork:
     recorded, _ = recorded_status(rollout, view)
     fallback = (rollout.status.get("nodes") or {}).get(view.name)  # a status written before records were on nodes
     known = True
@@ -381,10 +456,18 @@ def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: 
     else:
         prior, known = NodeStatus(since=now), False
     retry = spec.analysis.retryAfterSeconds
-    el = gating.eligibility(gating.NodeFacts(view.name, view.labels, view.annotations, bool(world.agents.get(view.name))), now, retry,
-                            serving_expectation(serving) if serving is not None else None)
+    el = gating.eligibility(
+        gating.NodeFacts(view.name, view.labels, view.annotations, bool(world.agents.get(view.name))),
+        now,
+        retry,
+        serving_expectation(serving) if serving is not None else None,
+    )
     no_safe_rollback, proof_pending = el.no_safe_rollback, el.proof_pending
-    if not el.eligible and prior.state in FLAG_ON_STATES and (el.no_safe_rollback or serving is not None and serving.config is None):
+    if (
+        not el.eligible
+        and prior.state in FLAG_ON_STATES
+        and (el.no_safe_rollback or serving is not None and serving.config is None)
+    ):
         # Turning it off would restart its pods at a flag that cannot serve (or at a config nobody resolved):
         # it keeps its state, and the condition and Events say so.
         el = gating.Eligibility(True, f"kept as it is: {el.reason}", el.fingerprint, el.no_safe_rollback)
@@ -392,18 +475,26 @@ def node_work(rollout: RolloutView, spec: GluonRolloutSpec, world: World, view: 
     cleared = gating.rolled_back_for(rollback, el.fingerprint, now, retry) is None
     batch, held = batch_of(spec, view), held_reason(view)
     if el.eligible and batch is None:
-        el = gating.Eligibility(False, f"outside strategy.batches: node label {spec.strategy.batches.nodeLabel!r} is "  # type: ignore[union-attr]
-                                       f"{view.labels.get(spec.strategy.batches.nodeLabel)!r}, not in its order", el.fingerprint)  # type: ignore[union-attr]
+        el = gating.Eligibility(
+            False,
+            f"outside strategy.batches: node label {spec.strategy.batches.nodeLabel!r} is "  # type: ignore[union-attr]
+            f"{view.labels.get(spec.strategy.batches.nodeLabel)!r}, not in its order",
+            el.fingerprint,
+        )  # type: ignore[union-attr]
     if el.eligible and held and prior.state not in FLAG_ON_STATES:
         el = gating.Eligibility(False, held, el.fingerprint)
     selector = spec.podSelector.model_dump()
-    pods = [p for p in world.pods.get((rollout.namespace, view.name), ()) if webhook.selector_matches(selector, p.labels)]
+    pods = [
+        p for p in world.pods.get((rollout.namespace, view.name), ()) if webhook.selector_matches(selector, p.labels)
+    ]
     summary = gating.summarize_pods([p.facts() for p in pods], prior.changed_at)
     step = gating.advance(prior, el, summary, verdict, now, cleared, None if cleared else rollback)
     status = step.status
     if held and status.state in FLAG_ON_STATES:
         status = replace(status, reason=f"{status.reason} ({held.split(':')[0]}: its pods left alone)")
-    return NodeWork(view, batch, prior, recorded, pods, summary, held, status, step.action, known, no_safe_rollback, proof_pending)
+    return NodeWork(
+        view, batch, prior, recorded, pods, summary, held, status, step.action, known, no_safe_rollback, proof_pending
+    )
 
 
 def abort_record(rollout: RolloutView, spec: GluonRolloutSpec, work: Mapping[str, NodeWork]) -> dict[str, Any] | None:
@@ -411,7 +502,10 @@ def abort_record(rollout: RolloutView, spec: GluonRolloutSpec, work: Mapping[str
     person edits the spec: a new generation re-arms the rollout)."""
     by_person = rollout.annotations.get(contract.ANNOTATION_ROLLOUT_ABORT)
     if by_person is not None:
-        return {"reason": f"{contract.ANNOTATION_ROLLOUT_ABORT}: {by_person or 'no reason given'}", "byAnnotation": True}
+        return {
+            "reason": f"{contract.ANNOTATION_ROLLOUT_ABORT}: {by_person or 'no reason given'}",
+            "byAnnotation": True,
+        }
     previous = rollout.status.get("aborted")
     if previous and not previous.get("byAnnotation") and previous.get("generation") == rollout.generation:
         return dict(previous)
@@ -420,7 +514,10 @@ def abort_record(rollout: RolloutView, spec: GluonRolloutSpec, work: Mapping[str
         limit = resolve(spec.abort.maxFailedNodes, len(members), round_up=False)
         if failed > limit:
             where = "" if batch == FLEET else f"batch {batch}: "
-            return {"generation": rollout.generation, "reason": f"{where}{failed} nodes rolled back > maxFailedNodes {limit}"}
+            return {
+                "generation": rollout.generation,
+                "reason": f"{where}{failed} nodes rolled back > maxFailedNodes {limit}",
+            }
     return None
 
 
@@ -436,9 +533,17 @@ def approvals(rollout: RolloutView, spec: GluonRolloutSpec, now: float) -> dict[
     """status.approval: the mode, the gate waited for, the gates granted (gate, at). Keys with a leading
     underscore are working state, not written."""
     previous = rollout.status.get("approval") or {}
-    granted = [dict(g) for g in previous.get("granted") or [] if isinstance(g, Mapping) and isinstance(g.get("gate"), str)]
-    return {"mode": spec.strategy.approval, "waitingFor": None, "granted": granted, "_before": list(granted),
-            "_asked": rollout.annotations.get(contract.ANNOTATION_ROLLOUT_APPROVE), "_now": now}
+    granted = [
+        dict(g) for g in previous.get("granted") or [] if isinstance(g, Mapping) and isinstance(g.get("gate"), str)
+    ]
+    return {
+        "mode": spec.strategy.approval,
+        "waitingFor": None,
+        "granted": granted,
+        "_before": list(granted),
+        "_asked": rollout.annotations.get(contract.ANNOTATION_ROLLOUT_APPROVE),
+        "_now": now,
+    }
 
 
 def granted_gates(approval: Mapping[str, Any]) -> list[str]:
@@ -455,7 +560,9 @@ def gate_open(approval: dict[str, Any], gate: str) -> bool:
     return False
 
 
-def choose_enables(spec: GluonRolloutSpec, work: Mapping[str, NodeWork], approval: dict[str, Any], aborted: bool) -> tuple[list[str], str | None]:
+def choose_enables(
+    spec: GluonRolloutSpec, work: Mapping[str, NodeWork], approval: dict[str, Any], aborted: bool
+) -> tuple[list[str], str | None]:
     """Batch by batch in order, each with its own canaries: at most canaryNodes until they are promoted,
     then at most maxParallel in progress; a batch starts when the one before has nothing left to do.
     Held nodes neither count nor get chosen. Returns (nodes to enable, the approval gate waited for)."""
@@ -491,8 +598,14 @@ def core(status: NodeStatus | None) -> tuple[Any, ...] | None:
     """The record's fields that decide something (a change is worth a node write)."""
     if status is None:
         return None
-    return (status.state, status.since, status.changed_at, status.fingerprint, status.holdout,
-            *(status.numbers.get(k) for k in DECIDING_NUMBERS))
+    return (
+        status.state,
+        status.since,
+        status.changed_at,
+        status.fingerprint,
+        status.holdout,
+        *(status.numbers.get(k) for k in DECIDING_NUMBERS),
+    )
 
 
 def serving_annotation(serving: Resolution | None) -> str | None:
@@ -501,7 +614,9 @@ def serving_annotation(serving: Resolution | None) -> str | None:
     return dumps(serving.config.as_dict()) if serving is not None and serving.config is not None else None
 
 
-def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: float, out: Plan, serving: Resolution | None = None) -> None:
+def node_plan(
+    rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: float, out: Plan, serving: Resolution | None = None
+) -> None:
     """This node's write, restarts, pod labels and Event."""
     name, new, view = w.view.name, w.status, w.view
     labels = gating.node_labels(new)
@@ -510,8 +625,15 @@ def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: fl
     if wanted is not None and view.annotations.get(contract.ANNOTATION_SERVING_CONFIG) != wanted:
         annotations[contract.ANNOTATION_SERVING_CONFIG] = wanted
     if w.action == "rollback":
-        annotations[contract.ANNOTATION_ROLLBACK] = dumps({"rollout": rollout.name, "fingerprint": new.fingerprint, "at": new.since,
-                                                           "reason": new.reason, "numbers": dict(new.numbers)})
+        annotations[contract.ANNOTATION_ROLLBACK] = dumps(
+            {
+                "rollout": rollout.name,
+                "fingerprint": new.fingerprint,
+                "at": new.since,
+                "reason": new.reason,
+                "numbers": dict(new.numbers),
+            }
+        )
     if core(w.recorded) != core(new) or contract.ANNOTATION_ROLLBACK in annotations:
         annotations[contract.ANNOTATION_NODE_RECORD] = dumps(new.record(rollout.key))
     if annotations or any(view.labels.get(k) != v for k, v in labels.items()):
@@ -521,8 +643,12 @@ def node_plan(rollout: RolloutView, spec: GluonRolloutSpec, w: NodeWork, now: fl
     # Restarts only against a change the node's own record already carries (written by an earlier reconcile).
     persisted = w.recorded is not None and w.recorded.state == new.state and w.recorded.changed_at == new.changed_at
     restarting = persisted and not w.held and spec.strategy.restart != "None"
-    if restarting and new.state in (ENABLING, DISABLED, ROLLED_BACK) and gating.restart_due(new, now, spec.strategy.restartDelaySeconds) \
-            and w.summary.old:
+    if (
+        restarting
+        and new.state in (ENABLING, DISABLED, ROLLED_BACK)
+        and gating.restart_due(new, now, spec.strategy.restartDelaySeconds)
+        and w.summary.old
+    ):
         out.restarts.append(Restart(rollout.namespace, name, tuple(w.summary.old), "old"))
     if restarting and new.state in FLAG_ON_STATES and w.summary.retry:
         out.restarts.append(Restart(rollout.namespace, name, tuple(w.summary.retry), "stray"))
@@ -553,9 +679,16 @@ def first_sight_events(out: Plan) -> list[Event]:
         return [node_event(node, "new", out.statuses[node]) for node in seen]
     states = Counter(out.statuses[node].state for node in seen)
     reasons = Counter(out.statuses[node].reason for node in seen if out.statuses[node].state == INELIGIBLE)
-    message = (f"{len(seen)} nodes new to this rollout: " + ", ".join(f"{count} {state}" for state, count in sorted(states.items())) +
-               ("; commonest reasons for Ineligible: " + "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(3))
-                if reasons else ""))
+    message = (
+        f"{len(seen)} nodes new to this rollout: "
+        + ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
+        + (
+            "; commonest reasons for Ineligible: "
+            + "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(3))
+            if reasons
+            else ""
+        )
+    )
     return [Event("Normal", "NodesSeen", message[:1000])]
 
 
@@ -567,6 +700,7 @@ def status_nodes(statuses: Mapping[str, NodeStatus], dry_run: bool) -> tuple[dic
     """(status.nodes, how many left out). Every node up to FULL_STATUS_NODES; beyond, only those needing
     attention (not Promoted, not steadily Ineligible), at most ATTENTION_CAP: each node's full record is
     on the Node (contract.ANNOTATION_NODE_RECORD) either way."""
+
     def entry(s: NodeStatus) -> dict[str, Any]:
         return {**s.to_dict(), "dryRun": True} if dry_run else s.to_dict()
 
@@ -576,9 +710,18 @@ def status_nodes(statuses: Mapping[str, NodeStatus], dry_run: bool) -> tuple[dic
     return {n: entry(statuses[n]) for n in chosen}, len(statuses) - len(chosen)
 
 
-def rollout_status(rollout: RolloutView, spec: GluonRolloutSpec, out: Plan, work: Mapping[str, NodeWork], aborted: dict[str, Any] | None,
-                   approval: dict[str, Any], conflicts: list[str], analysis: Mapping[str, Any] | None, now: float,
-                   serving: Resolution | None = None) -> dict[str, Any]:
+def rollout_status(
+    rollout: RolloutView,
+    spec: GluonRolloutSpec,
+    out: Plan,
+    work: Mapping[str, NodeWork],
+    aborted: dict[str, Any] | None,
+    approval: dict[str, Any],
+    conflicts: list[str],
+    analysis: Mapping[str, Any] | None,
+    now: float,
+    serving: Resolution | None = None,
+) -> dict[str, Any]:
     statuses = out.statuses
     phase = gating.phase(statuses, spec.paused, bool(aborted), False)
     if approval["waitingFor"] and phase in ("Progressing", "Idle"):
@@ -600,7 +743,9 @@ def rollout_status(rollout: RolloutView, spec: GluonRolloutSpec, out: Plan, work
         "invalid": None,
         "aborted": aborted,
         "analysis": analysis if analysis is not None else rollout.status.get("analysis"),
-        "approval": {k: v for k, v in approval.items() if not k.startswith("_")} if spec.strategy.approval != "Automatic" or approval["granted"] else None,
+        "approval": {k: v for k, v in approval.items() if not k.startswith("_")}
+        if spec.strategy.approval != "Automatic" or approval["granted"]
+        else None,
         "conflicts": {"nodes": conflicts[:CONFLICT_NAMES], "count": len(conflicts)} if conflicts else None,
         "dryRun": None,
         "serving": serving.status() if serving is not None else None,
@@ -616,26 +761,49 @@ def no_safe_rollback_status(serving: Resolution | None, nodes: list[str]) -> dic
     """status.noSafeRollback: the nodes where flag 0 has no working route, and why (None when there are none)."""
     if not nodes:
         return None
-    return {"count": len(nodes), "nodes": nodes[:NO_SAFE_ROLLBACK_NAMES],
-            "reason": (f"flag 0 ({contract.FLAG_ENV}=0) has no working route for the serving configuration"
-                       f"{f' ({describe(serving.config)})' if serving is not None and serving.config else ''} on "
-                       f"{len(nodes)} node(s): no safe rollback, so the operator does not enable them; a pod template with "
-                       f"{contract.FLAG_ENV}=0 would crash serving there (README: when flag 0 has no route)")}
+    return {
+        "count": len(nodes),
+        "nodes": nodes[:NO_SAFE_ROLLBACK_NAMES],
+        "reason": (
+            f"flag 0 ({contract.FLAG_ENV}=0) has no working route for the serving configuration"
+            f"{f' ({describe(serving.config)})' if serving is not None and serving.config else ''} on "
+            f"{len(nodes)} node(s): no safe rollback, so the operator does not enable them; a pod template with "
+            f"{contract.FLAG_ENV}=0 would crash serving there (README: when flag 0 has no route)"
+        ),
+    }
 
 
 def serving_conditions(serving: Resolution, no_safe_rollback: list[str], now_iso: str) -> list[dict[str, Any]]:
     """ServingConfigResolved (the pods' configuration is known and agreed) and RollbackUnsafe (flag 0 has no route)."""
     resolved = serving.config is not None
-    reason = "Resolved" if resolved else ("PodsDisagree" if "different serving configurations" in (serving.problem or "") else "Unresolved")
-    message = (f"serving config {serving.config.digest}: {describe(serving.config)}" if serving.config is not None
-               else serving.problem or "")
+    reason = (
+        "Resolved"
+        if resolved
+        else ("PodsDisagree" if "different serving configurations" in (serving.problem or "") else "Unresolved")
+    )
+    message = (
+        f"serving config {serving.config.digest}: {describe(serving.config)}"
+        if serving.config is not None
+        else serving.problem or ""
+    )
     unsafe = no_safe_rollback_status(serving, no_safe_rollback)
     return [
-        {"type": "ServingConfigResolved", "status": "True" if resolved else "False", "reason": reason, "message": message[:1000],
-         "lastTransitionTime": now_iso},
-        {"type": "RollbackUnsafe", "status": "True" if unsafe else "False", "reason": "Flag0HasNoRoute" if unsafe else "Flag0Routed",
-         "message": unsafe["reason"] if unsafe else "flag 0 has a working route on every node that can serve the configuration",
-         "lastTransitionTime": now_iso},
+        {
+            "type": "ServingConfigResolved",
+            "status": "True" if resolved else "False",
+            "reason": reason,
+            "message": message[:1000],
+            "lastTransitionTime": now_iso,
+        },
+        {
+            "type": "RollbackUnsafe",
+            "status": "True" if unsafe else "False",
+            "reason": "Flag0HasNoRoute" if unsafe else "Flag0Routed",
+            "message": unsafe["reason"]
+            if unsafe
+            else "flag 0 has a working route on every node that can serve the configuration",
+            "lastTransitionTime": now_iso,
+        },
     ]
 
 
@@ -645,8 +813,14 @@ def serving_events(rollout: RolloutView, serving: Resolution, no_safe_rollback: 
     events = []
     before = rollout.status.get("serving") or {}
     if serving.config is not None and before.get("digest") not in (None, serving.config.digest):
-        events.append(Event("Normal", "ServingConfig", f"serving config {serving.config.digest} ({describe(serving.config)}) "
-                                                        f"written to the nodes; their agents re-test it"))
+        events.append(
+            Event(
+                "Normal",
+                "ServingConfig",
+                f"serving config {serving.config.digest} ({describe(serving.config)}) "
+                f"written to the nodes; their agents re-test it",
+            )
+        )
     if serving.config is None and before.get("problem") != serving.problem:
         events.append(Event("Warning", "ServingConfigUnresolved", (serving.problem or "")[:1000]))
     unsafe = no_safe_rollback_status(serving, no_safe_rollback)
@@ -656,10 +830,18 @@ def serving_events(rollout: RolloutView, serving: Resolution, no_safe_rollback: 
 
 
 def conflict_condition(conflicts: list[str], now_iso: str) -> dict[str, Any]:
-    named = ", ".join(conflicts[:CONFLICT_NAMES]) + (f" and {len(conflicts) - CONFLICT_NAMES} more" if len(conflicts) > CONFLICT_NAMES else "")
-    return {"type": "Conflict", "status": "True" if conflicts else "False", "reason": "NodesOwnedByAnOlderRollout" if conflicts else "NoOverlap",
-            "message": f"left to an older rollout whose nodeSelector also matches: {named}" if conflicts else "no node is claimed by an older rollout",
-            "lastTransitionTime": now_iso}
+    named = ", ".join(conflicts[:CONFLICT_NAMES]) + (
+        f" and {len(conflicts) - CONFLICT_NAMES} more" if len(conflicts) > CONFLICT_NAMES else ""
+    )
+    return {
+        "type": "Conflict",
+        "status": "True" if conflicts else "False",
+        "reason": "NodesOwnedByAnOlderRollout" if conflicts else "NoOverlap",
+        "message": f"left to an older rollout whose nodeSelector also matches: {named}"
+        if conflicts
+        else "no node is claimed by an older rollout",
+        "lastTransitionTime": now_iso,
+    }
 
 
 def dry_run_only(rollout: RolloutView, out: Plan) -> None:
@@ -673,19 +855,36 @@ def dry_run_only(rollout: RolloutView, out: Plan) -> None:
         flag_change = t is not None and (t.new in FLAG_ON_STATES) != (t.old in FLAG_ON_STATES)
         if not flag_change and r is None and (t is None or t.new != ROLLED_BACK):
             continue
-        action = {ENABLING: "enable", DISABLED: "disable", ROLLED_BACK: "roll back"}.get(status.state, "restart") if t else "restart"
-        entry: dict[str, Any] = {"node": name, "action": action, "from": t.old if t else status.state, "to": status.state, "reason": status.reason}
+        action = (
+            {ENABLING: "enable", DISABLED: "disable", ROLLED_BACK: "roll back"}.get(status.state, "restart")
+            if t
+            else "restart"
+        )
+        entry: dict[str, Any] = {
+            "node": name,
+            "action": action,
+            "from": t.old if t else status.state,
+            "to": status.state,
+            "reason": status.reason,
+        }
         if r is not None:
             entry["restart"] = list(r.pods)
         entries.append(entry)
     plan_entries = entries[:DRY_RUN_CAP]
-    report = {"plan": plan_entries, "more": len(entries) - len(plan_entries), "wouldWriteNodes": len(out.node_writes),
-              "wouldRestartPods": sum(len(r.pods) for r in out.restarts), "wouldLabelPods": len(out.pod_labels)}
+    report = {
+        "plan": plan_entries,
+        "more": len(entries) - len(plan_entries),
+        "wouldWriteNodes": len(out.node_writes),
+        "wouldRestartPods": sum(len(r.pods) for r in out.restarts),
+        "wouldLabelPods": len(out.pod_labels),
+    }
     out.status["dryRun"] = report
     previous = (rollout.status.get("dryRun") or {}).get("plan")
     out.events = [e for e in out.events if e.reason in ("Approved", "Aborted")]
     if previous != plan_entries:
-        summary = "; ".join(f"{e['node']}: {e['action']} ({e['reason']})" for e in plan_entries[:10]) or "nothing to change"
+        summary = (
+            "; ".join(f"{e['node']}: {e['action']} ({e['reason']})" for e in plan_entries[:10]) or "nothing to change"
+        )
         out.events.append(Event("Normal", "DryRun", f"dry run, would: {summary}"[:1000]))
     out.node_writes, out.restarts, out.pod_labels, out.transitions = [], [], [], []
     # Keep `since` stable across dry-run reconciles (nothing is persisted), so an idle dry run writes no status.

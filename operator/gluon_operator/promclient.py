@@ -53,12 +53,18 @@ class PrometheusClient:
         if not self.ca_file or not self.url.lower().startswith("https:"):
             return None
         if not os.path.isfile(self.ca_file):
-            raise PrometheusError(promql, "tls configuration", f"the CA file {self.ca_file} does not exist (the chart mounts "
-                                  "prometheusAuth's Secret as optional: give it a ca.crt key, or use a trusted http URL)")
+            raise PrometheusError(
+                promql,
+                "tls configuration",
+                f"the CA file {self.ca_file} does not exist (the chart mounts "
+                "prometheusAuth's Secret as optional: give it a ca.crt key, or use a trusted http URL)",
+            )
         try:
             return ssl.create_default_context(cafile=self.ca_file)
         except (ssl.SSLError, OSError, ValueError) as exc:
-            raise PrometheusError(promql, "tls configuration", f"the CA file {self.ca_file} is not usable: {exc}") from None
+            raise PrometheusError(
+                promql, "tls configuration", f"the CA file {self.ca_file} is not usable: {exc}"
+            ) from None
 
     async def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": promql} | ({"time": f"{at:.3f}"} if at is not None else {})
@@ -87,7 +93,7 @@ class PrometheusClient:
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 last = PrometheusError(promql, "unreachable", f"{type(exc).__name__}: {exc}"[:500])
             if attempt < self.retries:
-                await asyncio.sleep(self.backoff * 2 ** attempt * (0.5 + random.random() / 2))
+                await asyncio.sleep(self.backoff * 2**attempt * (0.5 + random.random() / 2))
         assert last is not None
         raise last
 
@@ -106,7 +112,9 @@ def _result(promql: str, status: int, body: Any) -> list[dict[str, Any]]:
         message = body.get("error", body) if isinstance(body, dict) else body
         raise PrometheusError(promql, f"server error {status}", str(message)[:500])
     if not isinstance(body, dict):
-        raise PrometheusError(promql, "bad response", f"HTTP {status}, the answer is JSON {type(body).__name__}, not an object")
+        raise PrometheusError(
+            promql, "bad response", f"HTTP {status}, the answer is JSON {type(body).__name__}, not an object"
+        )
     if body.get("status") != "success":
         # 4xx: a bad query or a bad parameter; retrying will not help.
         raise PrometheusError(promql, str(body.get("errorType") or f"error {status}"), str(body.get("error"))[:500])

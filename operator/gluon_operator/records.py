@@ -188,7 +188,9 @@ class PreflightVerdict(Lenient):
     reason: StrictStr | None = None
     agent: AgentAnswer | None = None
     final: StrictBool | None = None  # a refusal no restart can change (e.g. the image's python is too old)
-    truncated: StrictBool | None = None  # cut to the kubelet's 4096 bytes: the reason is cut, flag, final and agent kept
+    truncated: StrictBool | None = (
+        None  # cut to the kubelet's 4096 bytes: the reason is cut, flag, final and agent kept
+    )
 
 
 Record = TypeVar("Record", bound=BaseModel)

@@ -33,8 +33,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gluon_agent.sglang_routes import MAX_VERIFY_Q_LEN, ServingConfig, flag_routes, no_route
 
-ALGORITHM, DRAFT_TOKENS, STEPS, TOPK = ("--speculative-algorithm", "--speculative-num-draft-tokens",
-                                        "--speculative-num-steps", "--speculative-eagle-topk")
+ALGORITHM, DRAFT_TOKENS, STEPS, TOPK = (
+    "--speculative-algorithm",
+    "--speculative-num-draft-tokens",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+)
 DSPARK_BLOCK = "--speculative-dspark-block-size"
 DCP_SIZE, PAGE_SIZE, DP_ATTENTION = "--dcp-size", "--page-size", "--enable-dp-attention"
 ENV_PERSIST, ENV_DCP_BACKEND = "SGLANG_AITER_MLA_PERSIST", "SGLANG_AITER_MLA_DCP_DECODE_BACKEND"
@@ -115,7 +119,9 @@ def integer(flags: Mapping[str, str | bool], name: str) -> int | Unknown | None:
     value = flags[name]
     if isinstance(value, str) and re.fullmatch(r"\d+", value.strip()):
         return int(value)
-    return Unknown(f"{name} {value if isinstance(value, str) else '(no value)'!r} is not a number this reader can resolve")
+    return Unknown(
+        f"{name} {value if isinstance(value, str) else '(no value)'!r} is not a number this reader can resolve"
+    )
 
 
 def verify_q_lens(flags: Mapping[str, str | bool]) -> list[int] | Unknown | None:
@@ -136,8 +142,10 @@ def verify_q_lens(flags: Mapping[str, str | bool]) -> list[int] | Unknown | None
     elif draft:
         q_len = draft
     else:
-        return Unknown(f"{ALGORITHM} {algorithm} without {DRAFT_TOKENS} (or {TOPK} 1 with {STEPS}): SGLang picks the "
-                       "draft tokens per model, which the pod spec does not show")
+        return Unknown(
+            f"{ALGORITHM} {algorithm} without {DRAFT_TOKENS} (or {TOPK} 1 with {STEPS}): SGLang picks the "
+            "draft tokens per model, which the pod spec does not show"
+        )
     if q_len > MAX_VERIFY_Q_LEN:
         return Unknown(f"a verify q_len of {q_len} is beyond the {MAX_VERIFY_Q_LEN} the self-test covers")
     return [q_len] if q_len >= 2 else []
@@ -159,8 +167,12 @@ def container_serving(container: Mapping[str, Any]) -> PodServing:
     values, elsewhere = literal_env(container)
     flags = flag_values(tokens_of(container, values))
     stated: dict[str, Any] = {}
-    for key, value in (("verifyQLens", verify_q_lens(flags)), ("dcpSize", integer(flags, DCP_SIZE)),
-                       ("pageSize", integer(flags, PAGE_SIZE)), ("persist", env_bool(ENV_PERSIST, values, elsewhere))):
+    for key, value in (
+        ("verifyQLens", verify_q_lens(flags)),
+        ("dcpSize", integer(flags, DCP_SIZE)),
+        ("pageSize", integer(flags, PAGE_SIZE)),
+        ("persist", env_bool(ENV_PERSIST, values, elsewhere)),
+    ):
         if value is not None:
             stated[key] = value
     if DP_ATTENTION in flags:
@@ -186,11 +198,18 @@ class Resolution:
 
     def status(self) -> dict[str, Any]:
         """status.serving."""
-        return {"config": self.config.as_dict() if self.config else None, "digest": self.config.digest if self.config else None,
-                "sources": dict(self.sources), "pods": self.pods, "problem": self.problem}
+        return {
+            "config": self.config.as_dict() if self.config else None,
+            "digest": self.config.digest if self.config else None,
+            "sources": dict(self.sources),
+            "pods": self.pods,
+            "problem": self.problem,
+        }
 
 
-def pod_config(stated: Mapping[str, Any], override: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+def pod_config(
+    stated: Mapping[str, Any], override: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """(the config's JSON form, where each field came from, what stays unknown): the pod first, then the spec."""
     out, sources, unknown = {}, {}, []
     for name in FIELDS:
@@ -212,7 +231,9 @@ def resolve_serving(pods: Iterable[tuple[str, PodServing]], override: Mapping[st
     override = {k: v for k, v in (override or {}).items() if v is not None}
     listed = sorted(pods, key=lambda p: p[0]) or [("", PodServing())]
     count = sum(1 for name, _ in listed if name)
-    groups: dict[str, tuple[str, PodServing, list[str]]] = {}  # a fleet's pods state a few setups: each is resolved once
+    groups: dict[
+        str, tuple[str, PodServing, list[str]]
+    ] = {}  # a fleet's pods state a few setups: each is resolved once
     for name, pod in listed:
         groups.setdefault(repr(sorted(pod.stated.items())), (name, pod, []))[2].append(name)
     by_digest: dict[str, tuple[ServingConfig, list[str]]] = {}
@@ -237,11 +258,15 @@ def resolve_serving(pods: Iterable[tuple[str, PodServing]], override: Mapping[st
 def disagreement(by_digest: Mapping[str, tuple[ServingConfig, list[str]]]) -> str:
     configs = [c.as_dict() for c, _ in by_digest.values()]
     differ = [f for f in FIELDS if len({str(c[f]) for c in configs}) > 1]
-    groups = "; ".join(f"{', '.join(names[:3])}{' and more' if len(names) > 3 else ''}: "
-                       + ", ".join(f"{f}={config.as_dict()[f]}" for f in differ)
-                       for config, names in by_digest.values())
-    return (f"the serving pods run {len(by_digest)} different serving configurations ({groups}): no node is enabled "
-            "until they agree (a rollout of the serving workload in progress ends this)")
+    groups = "; ".join(
+        f"{', '.join(names[:3])}{' and more' if len(names) > 3 else ''}: "
+        + ", ".join(f"{f}={config.as_dict()[f]}" for f in differ)
+        for config, names in by_digest.values()
+    )
+    return (
+        f"the serving pods run {len(by_digest)} different serving configurations ({groups}): no node is enabled "
+        "until they agree (a rollout of the serving workload in progress ends this)"
+    )
 
 
 # ---------------------------------------------------------------- what each flag can run
@@ -250,8 +275,17 @@ def disagreement(by_digest: Mapping[str, tuple[ServingConfig, list[str]]]) -> st
 def without_route(sglang: Mapping[str, Any] | None, config: ServingConfig, flag: str) -> list[str]:
     """Why `flag` cannot serve this configuration on an SGLang (the probe's decode_routes; None: current
     upstream): one line per q_len whose route aborts or is refused, with the route's upstream evidence."""
-    key = tuple(sorted((k, v) for k, v in sglang.items()  # a report's values are anyone's: only scalars count
-                       if k in ROUTE_FACTS and (v is None or isinstance(v, (str, bool, int, float))))) if sglang else None
+    key = (
+        tuple(
+            sorted(
+                (k, v)
+                for k, v in sglang.items()  # a report's values are anyone's: only scalars count
+                if k in ROUTE_FACTS and (v is None or isinstance(v, (str, bool, int, float)))
+            )
+        )
+        if sglang
+        else None
+    )
     return list(_without_route(key, config, flag))
 
 
@@ -274,7 +308,11 @@ def flag1_no_route(sglang: Mapping[str, Any] | None, config: ServingConfig) -> l
 
 def describe(config: ServingConfig) -> str:
     """The configuration in a person's words (status, Events, explain)."""
-    parts = [f"verify q_len {', '.join(map(str, config.verify_q_lens))}" if config.verify_q_lens else "no speculative decoding"]
+    parts = [
+        f"verify q_len {', '.join(map(str, config.verify_q_lens))}"
+        if config.verify_q_lens
+        else "no speculative decoding"
+    ]
     if config.dcp_size > 1:
         parts.append(f"DCP {config.dcp_size} ({config.dcp_decode_backend} decode backend)")
     if not config.persist:

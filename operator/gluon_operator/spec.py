@@ -35,10 +35,16 @@ def count_or_percent(minimum: int) -> object:
             return value
         if isinstance(value, str) and re.fullmatch(pattern, value):
             return value
-        raise ValueError(f"must be a count >= {minimum} or a percentage such as '10%' ({minimum or 0}..100%), not {value!r}")
+        raise ValueError(
+            f"must be a count >= {minimum} or a percentage such as '10%' ({minimum or 0}..100%), not {value!r}"
+        )
 
-    schema = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
-              "minimum": minimum, "pattern": pattern}
+    schema = {
+        "x-kubernetes-int-or-string": True,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "minimum": minimum,
+        "pattern": pattern,
+    }
     return Annotated[int | str, PlainValidator(check), WithJsonSchema(schema)]
 
 
@@ -79,8 +85,10 @@ def label_key_problem(key: str) -> str | None:
     if prefix and len(prefix) > LABEL_PREFIX_MAX:
         return f"prefix part must be no more than {LABEL_PREFIX_MAX} characters"
     if prefix and not re.fullmatch(DNS_SUBDOMAIN, prefix):
-        return ("prefix part must be a lowercase RFC 1123 subdomain: lowercase alphanumeric characters, '-' or '.', "
-                "starting and ending with an alphanumeric character")
+        return (
+            "prefix part must be a lowercase RFC 1123 subdomain: lowercase alphanumeric characters, '-' or '.', "
+            "starting and ending with an alphanumeric character"
+        )
     if not name:
         return "name part must be non-empty"
     if len(name) > LABEL_NAME_MAX:
@@ -108,7 +116,9 @@ def selector_problems(selector: "LabelSelector", where: str) -> list[str]:
             problems.append(f"{where}.matchLabels: key {key[:100]!r} is not a valid label key: {key_problem}")
         value_problem = label_value_problem(value)
         if value_problem:
-            problems.append(f"{where}.matchLabels[{key[:100]!r}]: value {value[:100]!r} is not a valid label value: {value_problem}")
+            problems.append(
+                f"{where}.matchLabels[{key[:100]!r}]: value {value[:100]!r} is not a valid label value: {value_problem}"
+            )
     for i, requirement in enumerate(selector.matchExpressions):
         here = f"{where}.matchExpressions[{i}]"
         key_problem = label_key_problem(requirement.key)
@@ -133,8 +143,10 @@ SELECTOR_TERMS_MAX = 64  # labels or expressions in one selector (Kubernetes set
 LABEL_KEY_MAX = LABEL_PREFIX_MAX + 1 + LABEL_NAME_MAX
 LABEL_KEY_SCHEMA_PATTERN = f"^({DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,{LABEL_NAME_MAX - 2}}}[A-Za-z0-9])?$"
 LabelValue = Annotated[str, Field(json_schema_extra={"maxLength": LABEL_NAME_MAX, "pattern": LABEL_VALUE_PATTERN})]
-KEY_MESSAGE = (f"must be a valid label key: an optional DNS subdomain prefix (at most {LABEL_PREFIX_MAX} characters) and '/', then a "
-               f"name of at most {LABEL_NAME_MAX} {LABEL_CHARS}")
+KEY_MESSAGE = (
+    f"must be a valid label key: an optional DNS subdomain prefix (at most {LABEL_PREFIX_MAX} characters) and '/', then a "
+    f"name of at most {LABEL_NAME_MAX} {LABEL_CHARS}"
+)
 
 
 class Requirement(Model):
@@ -142,17 +154,35 @@ class Requirement(Model):
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: list[LabelValue] = Field(default_factory=list)
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"x-kubernetes-validations": [
-        {"rule": "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : !has(self.values) || size(self.values) == 0",
-         "message": "values must be given with operator In or NotIn, and only then"}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : !has(self.values) || size(self.values) == 0",
+                    "message": "values must be given with operator In or NotIn, and only then",
+                }
+            ]
+        },
+    )
 
 
 class LabelSelector(Model):
     """A Kubernetes label selector (matchLabels AND matchExpressions)."""
 
-    matchLabels: dict[str, LabelValue] = Field(default_factory=dict, max_length=SELECTOR_TERMS_MAX, json_schema_extra={
-        "x-kubernetes-validations": [{"rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && k.matches('{LABEL_KEY_SCHEMA_PATTERN.replace(chr(92), chr(92) * 2)}') "
-                                              f"&& k.lastIndexOf('/') <= {LABEL_PREFIX_MAX})", "message": "every key " + KEY_MESSAGE}]})
+    matchLabels: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=SELECTOR_TERMS_MAX,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && k.matches('{LABEL_KEY_SCHEMA_PATTERN.replace(chr(92), chr(92) * 2)}') "
+                    f"&& k.lastIndexOf('/') <= {LABEL_PREFIX_MAX})",
+                    "message": "every key " + KEY_MESSAGE,
+                }
+            ]
+        },
+    )
     matchExpressions: list[Requirement] = Field(default_factory=list, max_length=SELECTOR_TERMS_MAX)
 
 
@@ -162,21 +192,38 @@ class Batches(Model):
 
     nodeLabel: str = Field(min_length=1, max_length=317, description="The node label whose value names a node's group.")
     order: list[Annotated[str, Field(max_length=63)]] = Field(
-        min_length=1, max_length=100, description="The groups' label values, first rolled out first.")
+        min_length=1, max_length=100, description="The groups' label values, first rolled out first."
+    )
 
 
 class Strategy(Model):
-    canaryNodes: CountOrPercent = Field(1, description="Nodes enabled first (per batch); the rest wait until these are promoted. A count or a percentage of the batch's nodes, rounded up.")
+    canaryNodes: CountOrPercent = Field(
+        1,
+        description="Nodes enabled first (per batch); the rest wait until these are promoted. A count or a percentage of the batch's nodes, rounded up.",
+    )
     maxParallel: PositiveCountOrPercent = Field(
-        1, description="Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the batch's nodes, rounded up (at least 1).")
+        1,
+        description="Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the batch's nodes, rounded up (at least 1).",
+    )
     approval: Literal["Automatic", "AfterCanary", "EachBatch"] = Field(
-        "Automatic", description="Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first canaries are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by annotating the rollout " + contract.ANNOTATION_ROLLOUT_APPROVE + "=<gate> (kubectl gluon promote).")
-    batches: Batches | None = Field(None, description="Roll out group by group; a group whose failures pass abort.maxFailedNodes aborts the rest.")
+        "Automatic",
+        description="Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first canaries are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by annotating the rollout "
+        + contract.ANNOTATION_ROLLOUT_APPROVE
+        + "=<gate> (kubectl gluon promote).",
+    )
+    batches: Batches | None = Field(
+        None, description="Roll out group by group; a group whose failures pass abort.maxFailedNodes aborts the rest."
+    )
     restart: Literal["Evict", "Delete", "None"] = Field(
-        "Evict", description="How a node's serving pods restart: Eviction API (honours PDBs), delete, or not at all.")
+        "Evict", description="How a node's serving pods restart: Eviction API (honours PDBs), delete, or not at all."
+    )
     holdoutNodes: int = Field(0, ge=0, description="Eligible nodes kept at flag 0 as a permanent control group.")
     restartDelaySeconds: int = Field(
-        5, ge=0, le=3600, description="Wait after labelling a node before restarting its pods, so its agent sees the label.")
+        5,
+        ge=0,
+        le=3600,
+        description="Wait after labelling a node before restarting its pods, so its agent sees the label.",
+    )
 
 
 # Prometheus refuses a range query of more points per series than this (web/api/v1: "exceeded maximum
@@ -188,29 +235,60 @@ PROMETHEUS_MAX_POINTS = 11_000
 def span_rule(schema: dict) -> None:
     """The CRD's check of query_span against the limit. The API server checks a default ({}) before it fills
     in the fields' own defaults, so an absent field reads as its default here too."""
-    fields = {name: f"(has(self.{name}) ? self.{name} : {schema['properties'][name]['default']})"
-              for name in ("baselineSeconds", "warmupSeconds", "windowSeconds", "stepSeconds")}
-    rule = (f"({fields['baselineSeconds']} + {fields['warmupSeconds']} + 4 * {fields['windowSeconds']}) / {fields['stepSeconds']} "
-            f"<= {PROMETHEUS_MAX_POINTS}")
-    schema["x-kubernetes-validations"] = [{"rule": rule, "message": (
-        f"baselineSeconds + warmupSeconds + 4 x windowSeconds, divided by stepSeconds, must be at most {PROMETHEUS_MAX_POINTS} "
-        "(Prometheus's limit of points per series in one query): raise stepSeconds or shorten the window or baseline")}]
+    fields = {
+        name: f"(has(self.{name}) ? self.{name} : {schema['properties'][name]['default']})"
+        for name in ("baselineSeconds", "warmupSeconds", "windowSeconds", "stepSeconds")
+    }
+    rule = (
+        f"({fields['baselineSeconds']} + {fields['warmupSeconds']} + 4 * {fields['windowSeconds']}) / {fields['stepSeconds']} "
+        f"<= {PROMETHEUS_MAX_POINTS}"
+    )
+    schema["x-kubernetes-validations"] = [
+        {
+            "rule": rule,
+            "message": (
+                f"baselineSeconds + warmupSeconds + 4 x windowSeconds, divided by stepSeconds, must be at most {PROMETHEUS_MAX_POINTS} "
+                "(Prometheus's limit of points per series in one query): raise stepSeconds or shorten the window or baseline"
+            ),
+        }
+    ]
 
 
 class Analysis(Model):
     model_config = ConfigDict(extra="forbid", json_schema_extra=span_rule)
 
-    prometheusUrl: str | None = Field(None, max_length=2048, pattern=r"^https?://[^\s]+$",
-                                      description="Prometheus base URL (http or https); without it nodes wait in Analyzing.")
-    query: str | None = Field(None, min_length=1, max_length=4096, description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node (default: decode tokens/s per sequence).")
+    prometheusUrl: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="Prometheus base URL (http or https); without it nodes wait in Analyzing.",
+    )
+    query: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node (default: decode tokens/s per sequence).",
+    )
     direction: Literal["higher", "lower"] = "higher"
     intervalSeconds: int = Field(60, ge=1, le=DAY)
-    stepSeconds: int = Field(30, ge=1, le=DAY, description="Sample spacing and rate window ({{window}}); at least two scrape intervals.")
+    stepSeconds: int = Field(
+        30, ge=1, le=DAY, description="Sample spacing and rate window ({{window}}); at least two scrape intervals."
+    )
     windowSeconds: int = Field(300, ge=10, le=DAY, description="How much recent history each evaluation judges.")
-    baselineSeconds: int = Field(1200, ge=10, le=DAY, description="How much history before a node's flag flipped is its own baseline (its error is shared by every later evaluation, so longer is better).")
+    baselineSeconds: int = Field(
+        1200,
+        ge=10,
+        le=DAY,
+        description="How much history before a node's flag flipped is its own baseline (its error is shared by every later evaluation, so longer is better).",
+    )
     warmupSeconds: int = Field(120, ge=0, le=DAY)
     minSamples: int = Field(5, ge=1)
-    minControls: int = Field(3, ge=1, le=1000, description="Control nodes (flag steady over the node's baseline and since) a node is judged against at least; with fewer it stays inconclusive (docs/analysis.md).")
+    minControls: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Control nodes (flag steady over the node's baseline and since) a node is judged against at least; with fewer it stays inconclusive (docs/analysis.md).",
+    )
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
     tolerance: float = Field(0.05, ge=0, lt=1, description="How much worse than control still passes (0.05 = 5%).")
     confidence: float = Field(0.95, ge=0.5, le=0.9999)
@@ -228,7 +306,9 @@ def query_span(a: Analysis) -> int:
 
 class Abort(Model):
     maxFailedNodes: CountOrPercent = Field(
-        2, description="Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage of the batch's nodes, rounded down.")
+        2,
+        description="Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage of the batch's nodes, rounded down.",
+    )
 
 
 PAGE_SIZES = tuple(2**i for i in range(13))  # SGLang's --page-size as the self-test keys its split granularity on it
@@ -239,9 +319,16 @@ class Serving(Model):
     those first; a field here fills in only where the pods are silent or unreadable)."""
 
     verifyQLens: list[Annotated[int, Field(ge=2, le=MAX_VERIFY_Q_LEN)]] | None = Field(
-        None, max_length=8, description="Speculative decoding's target-verify q_len (draft tokens; DSpark: block size + 1); [] for none.")
-    dcpSize: int | None = Field(None, ge=1, le=64, description="SGLang's --dcp-size (decode context parallel, PR #34432).")
-    dcpDecodeBackend: Literal["gluon", "asm"] | None = Field(None, description="SGLANG_AITER_MLA_DCP_DECODE_BACKEND (PR #40750).")
+        None,
+        max_length=8,
+        description="Speculative decoding's target-verify q_len (draft tokens; DSpark: block size + 1); [] for none.",
+    )
+    dcpSize: int | None = Field(
+        None, ge=1, le=64, description="SGLang's --dcp-size (decode context parallel, PR #34432)."
+    )
+    dcpDecodeBackend: Literal["gluon", "asm"] | None = Field(
+        None, description="SGLANG_AITER_MLA_DCP_DECODE_BACKEND (PR #40750)."
+    )
     persist: StrictBool | None = Field(None, description="SGLANG_AITER_MLA_PERSIST.")
     pageSize: Literal[PAGE_SIZES] | None = Field(None, description="SGLang's --page-size (a power of 2 up to 4096).")  # type: ignore[valid-type]
     dpAttention: StrictBool | None = Field(None, description="SGLang's --enable-dp-attention.")
@@ -254,33 +341,51 @@ class GluonRolloutSpec(Model):
     analysis: Analysis = Field(default_factory=Analysis)
     abort: Abort = Field(default_factory=Abort)
     paused: StrictBool = Field(False, description="Enable no further nodes; nodes already on stay on.")
-    dryRun: StrictBool = Field(False, description="Decide and report (status.dryRun, Events), change nothing on nodes or pods. The analysis still runs.")
-    serving: Serving = Field(default_factory=Serving, description="The serving pods' SGLang setup where their args and env do not say it: decides which decode routes each node's self-test must prove.")
+    dryRun: StrictBool = Field(
+        False,
+        description="Decide and report (status.dryRun, Events), change nothing on nodes or pods. The analysis still runs.",
+    )
+    serving: Serving = Field(
+        default_factory=Serving,
+        description="The serving pods' SGLang setup where their args and env do not say it: decides which decode routes each node's self-test must prove.",
+    )
 
 
 def semantic_problems(spec: GluonRolloutSpec) -> list[str]:
     problems = []
     a = spec.analysis
     if a.windowSeconds < a.minSamples * a.stepSeconds:
-        problems.append(f"spec.analysis.windowSeconds ({a.windowSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s")
+        problems.append(
+            f"spec.analysis.windowSeconds ({a.windowSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s"
+        )
     if a.baselineSeconds < a.minSamples * a.stepSeconds:
-        problems.append(f"spec.analysis.baselineSeconds ({a.baselineSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s")
+        problems.append(
+            f"spec.analysis.baselineSeconds ({a.baselineSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s"
+        )
     points = query_span(a) // a.stepSeconds
     if points > PROMETHEUS_MAX_POINTS:
         needed = -(-query_span(a) // PROMETHEUS_MAX_POINTS)
-        problems.append(f"spec.analysis: baselineSeconds ({a.baselineSeconds}) + warmupSeconds ({a.warmupSeconds}) + 4 x windowSeconds "
-                        f"({a.windowSeconds}) is {query_span(a)} s of samples, {points} points at stepSeconds {a.stepSeconds}: over "
-                        f"Prometheus's limit of {PROMETHEUS_MAX_POINTS} points per series, so every query would fail; use stepSeconds "
-                        f">= {needed} or a shorter window or baseline")
+        problems.append(
+            f"spec.analysis: baselineSeconds ({a.baselineSeconds}) + warmupSeconds ({a.warmupSeconds}) + 4 x windowSeconds "
+            f"({a.windowSeconds}) is {query_span(a)} s of samples, {points} points at stepSeconds {a.stepSeconds}: over "
+            f"Prometheus's limit of {PROMETHEUS_MAX_POINTS} points per series, so every query would fail; use stepSeconds "
+            f">= {needed} or a shorter window or baseline"
+        )
     if a.windowSeconds < a.intervalSeconds:
-        problems.append(f"spec.analysis.windowSeconds ({a.windowSeconds}) must be >= spec.analysis.intervalSeconds ({a.intervalSeconds})")
+        problems.append(
+            f"spec.analysis.windowSeconds ({a.windowSeconds}) must be >= spec.analysis.intervalSeconds ({a.intervalSeconds})"
+        )
     if (a.prometheusUrl is None) != (a.query is None) and a.query is not None:
         problems.append("spec.analysis.query needs spec.analysis.prometheusUrl")
     if a.query is not None and "{{node}}" not in a.query and " by (node)" not in a.query.replace("by(", "by ("):
         problems.append("spec.analysis.query must return one series per node: use {{node}} or `by (node)`")
-    problems += selector_problems(spec.podSelector, "spec.podSelector") + selector_problems(spec.nodeSelector, "spec.nodeSelector")
+    problems += selector_problems(spec.podSelector, "spec.podSelector") + selector_problems(
+        spec.nodeSelector, "spec.nodeSelector"
+    )
     if not spec.podSelector.matchLabels and not spec.podSelector.matchExpressions:
-        problems.append("spec.podSelector must select something: an empty selector would match every pod in the namespace")
+        problems.append(
+            "spec.podSelector must select something: an empty selector would match every pod in the namespace"
+        )
     return problems
 
 

@@ -114,8 +114,10 @@ def serving_container(containers: list[dict[str, Any]], annotations: Mapping[str
     wanted = annotations.get(contract.ANNOTATION_POD_SERVING_CONTAINER)
     if wanted is not None:
         if not isinstance(wanted, str) or wanted not in by_name:  # annotations are strings; a review may lie
-            raise NotInjectable(f"annotation {contract.ANNOTATION_POD_SERVING_CONTAINER}={wanted!r} names no container "
-                                f"of this pod (it has {', '.join(sorted(by_name))})")
+            raise NotInjectable(
+                f"annotation {contract.ANNOTATION_POD_SERVING_CONTAINER}={wanted!r} names no container "
+                f"of this pod (it has {', '.join(sorted(by_name))})"
+            )
         return by_name[wanted]
     default = annotations.get(contract.FOREIGN_ANNOTATION_DEFAULT_CONTAINER)
     if isinstance(default, str) and default in by_name:
@@ -123,7 +125,9 @@ def serving_container(containers: list[dict[str, Any]], annotations: Mapping[str
     for container in containers:
         if container["name"] not in KNOWN_SIDECARS:
             return container
-    raise NotInjectable(f"every container is a known sidecar: name the serving one with {contract.ANNOTATION_POD_SERVING_CONTAINER}")
+    raise NotInjectable(
+        f"every container is a known sidecar: name the serving one with {contract.ANNOTATION_POD_SERVING_CONTAINER}"
+    )
 
 
 def wired(containers: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
@@ -158,7 +162,9 @@ def reserved_name_clash(spec: Mapping[str, Any], annotations: Mapping[str, Any])
 def strip(spec: dict[str, Any], image: str) -> dict[str, Any]:
     """The checked spec without anything an earlier injection added (so re-injection is a no-op)."""
     spec["volumes"] = [v for v in spec["volumes"] if v.get("name") != VOLUME]
-    spec["initContainers"] = [c for c in spec["initContainers"] if c.get("name") not in (INSTALL_CONTAINER, PREFLIGHT_CONTAINER)]
+    spec["initContainers"] = [
+        c for c in spec["initContainers"] if c.get("name") not in (INSTALL_CONTAINER, PREFLIGHT_CONTAINER)
+    ]
     for container in spec["containers"]:
         container["volumeMounts"] = [m for m in container["volumeMounts"] if m.get("name") != VOLUME]
         wrapped = container.pop("command", None)
@@ -174,8 +180,10 @@ def strip(spec: dict[str, Any], image: str) -> dict[str, Any]:
 SHELL_WRAPPER = f'. {MOUNT}/{FLAG_FILE} && export {contract.FLAG_ENV} && exec "$@"'
 # Runs under any python, 2.7 included: a python3 below the floor exits TOO_OLD_EXIT instead of failing
 # somewhere in our code with an error that would read as transient.
-LAUNCHER = (f"import sys; sys.version_info < {PYTHON_FLOOR} and sys.exit({TOO_OLD_EXIT}); import runpy; "
-            "runpy.run_module('gluon_agent.preflight', run_name='__main__', alter_sys=True)")
+LAUNCHER = (
+    f"import sys; sys.version_info < {PYTHON_FLOOR} and sys.exit({TOO_OLD_EXIT}); import runpy; "
+    "runpy.run_module('gluon_agent.preflight', run_name='__main__', alter_sys=True)"
+)
 
 
 def python_deadline(deadline_s: int) -> int:
@@ -183,7 +191,9 @@ def python_deadline(deadline_s: int) -> int:
     return max(deadline_s * 2 // 3, deadline_s - DEADLINE_GRACE_S)
 
 
-def preflight_script(deadline_s: int, mount: str = MOUNT, termination_log: str = TERMINATION_LOG, agent_port: int = contract.AGENT_PORT) -> str:
+def preflight_script(
+    deadline_s: int, mount: str = MOUNT, termination_log: str = TERMINATION_LOG, agent_port: int = contract.AGENT_PORT
+) -> str:
     """The preflight container's POSIX sh program (dash, bash, busybox). It keeps the image's PYTHONPATH and
     adds ours in front (only `gluon_agent` lives there), and bounds the whole run with a watchdog of its
     own rather than `timeout`, whose syntax differs between coreutils and older busybox. Whatever Python
@@ -197,19 +207,19 @@ def preflight_script(deadline_s: int, mount: str = MOUNT, termination_log: str =
         f"PYTHONPATH={mount}/lib${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH",
         f"rm -f {mount}/deadline-passed",
         f"say() {{ printf '%s' \"$1\" > {termination_log}; printf '%s\\n' \"$1\"; }}",
-        f"refuse() {{ printf \"%s='0'\\n\" {contract.FLAG_ENV} > {mount}/{FLAG_FILE}; say \"{{\\\"flag\\\": \\\"0\\\", $1}}\"; exit 0; }}",
+        f'refuse() {{ printf "%s=\'0\'\\n" {contract.FLAG_ENV} > {mount}/{FLAG_FILE}; say "{{\\"flag\\": \\"0\\", $1}}"; exit 0; }}',
         f"py=$(command -v python3 || command -v python) || refuse '{refusal}\"the serving image has no python3 on PATH\"'",
-        f"\"$py\" -c \"{LAUNCHER}\" --flag-dir {mount} --termination-log {termination_log} --deadline {python_deadline(deadline_s)}{port} &",
+        f'"$py" -c "{LAUNCHER}" --flag-dir {mount} --termination-log {termination_log} --deadline {python_deadline(deadline_s)}{port} &',
         "pid=$!",
         f"( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep {deadline_s} & s=$!; wait $s; : > {mount}/deadline-passed; kill -KILL $pid ) 2>/dev/null &",
         "dog=$!",
         "wait $pid; status=$?",
         "kill $dog 2>/dev/null",
-        "[ \"$status\" = 0 ] && exit 0",
-        f"[ \"$status\" = {TOO_OLD_EXIT} ] && refuse \"{refusal.replace(chr(34), chr(92) + chr(34))}\\\"the serving image's python "
-        f"($(\"$py\" -V 2>&1 | tr -cd 'A-Za-z0-9. +-')) is older than {'.'.join(map(str, PYTHON_FLOOR))}, which the preflight needs\\\"\"",
-        f"[ -e {mount}/deadline-passed ] && refuse '\"reason\": \"the preflight passed its deadline of {deadline_s} s and was killed\"'",
-        "refuse \"\\\"reason\\\": \\\"the preflight exited with status $status\\\"\"",
+        '[ "$status" = 0 ] && exit 0',
+        f'[ "$status" = {TOO_OLD_EXIT} ] && refuse "{refusal.replace(chr(34), chr(92) + chr(34))}\\"the serving image\'s python '
+        f'($("$py" -V 2>&1 | tr -cd \'A-Za-z0-9. +-\')) is older than {".".join(map(str, PYTHON_FLOOR))}, which the preflight needs\\""',
+        f'[ -e {mount}/deadline-passed ] && refuse \'"reason": "the preflight passed its deadline of {deadline_s} s and was killed"\'',
+        'refuse "\\"reason\\": \\"the preflight exited with status $status\\""',
     ]
     return "\n".join(lines) + "\n"
 
@@ -223,9 +233,13 @@ def preflight_environment(serving: Mapping[str, Any]) -> dict[str, Any]:
     it will serve: a PYTHONPATH set in the pod spec, or a stack on a mounted volume. The image's ENV
     reaches the preflight by itself: same image, same process environment."""
     env = [e for e in serving["env"] if e.get("name") not in PREFLIGHT_OWN_ENV]
-    mounts = [{k: v for k, v in m.items() if k != "mountPropagation"} | {"readOnly": True} for m in serving["volumeMounts"]]
-    out: dict[str, Any] = {"env": env + [downward("HOST_IP", "status.hostIP"), downward("NODE_NAME", "spec.nodeName")],
-                           "volumeMounts": mounts + [{"name": VOLUME, "mountPath": MOUNT}]}
+    mounts = [
+        {k: v for k, v in m.items() if k != "mountPropagation"} | {"readOnly": True} for m in serving["volumeMounts"]
+    ]
+    out: dict[str, Any] = {
+        "env": env + [downward("HOST_IP", "status.hostIP"), downward("NODE_NAME", "spec.nodeName")],
+        "volumeMounts": mounts + [{"name": VOLUME, "mountPath": MOUNT}],
+    }
     if serving["envFrom"]:
         out["envFrom"] = copy.deepcopy(serving["envFrom"])
     return out
@@ -267,7 +281,9 @@ def wire_container(container: dict[str, Any], config: Injection) -> None:
     if config.mode == "shell":
         command = container.get("command")
         if not command:
-            raise NotInjectable(f"container {container['name']!r} has no command: shell mode needs it to wrap (use fileKeyRef)")
+            raise NotInjectable(
+                f"container {container['name']!r} has no command: shell mode needs it to wrap (use fileKeyRef)"
+            )
         container["command"] = ["/bin/sh", "-c", SHELL_WRAPPER, "sh"] + command
         container["volumeMounts"] = container["volumeMounts"] + [{"name": VOLUME, "mountPath": MOUNT, "readOnly": True}]
 
@@ -307,7 +323,9 @@ def mutation(pod: Mapping[str, Any], rollout: str, config: Injection) -> dict[st
     original = pod.get("spec") or {}
     changes: dict[str, Any] = {}
     if spec != original:
-        changes["spec"] = {k: spec[k] for k in ("volumes", "initContainers", "containers") if spec.get(k) != original.get(k)}
+        changes["spec"] = {
+            k: spec[k] for k in ("volumes", "initContainers", "containers") if spec.get(k) != original.get(k)
+        }
     if annotations_of(pod).get(contract.ANNOTATION_POD_INJECTED) != rollout:
         changes["metadata"] = {"annotations": {contract.ANNOTATION_POD_INJECTED: rollout}}
     return changes or None
@@ -344,7 +362,11 @@ def admit(pod: Mapping[str, Any], namespace: str | None, rollouts: Mapping[Any, 
     except NotInjectable as exc:
         return Admission("not-injected", None, (f"gluon-rollout did not inject: {exc}",))
     except Exception as exc:  # noqa: BLE001 - a pod shape nobody foresaw (or our bug) must not deny a pod
-        return Admission("error", None, (f"gluon-rollout did not inject (internal error, pod admitted as it is): {type(exc).__name__}: {exc}",))
+        return Admission(
+            "error",
+            None,
+            (f"gluon-rollout did not inject (internal error, pod admitted as it is): {type(exc).__name__}: {exc}",),
+        )
 
 
 def no_rollback_warning(pod: Mapping[str, Any]) -> tuple[str, ...]:
@@ -354,19 +376,29 @@ def no_rollback_warning(pod: Mapping[str, Any]) -> tuple[str, ...]:
     counts (the rollout's spec.serving fills in only on the operator's side)."""
     try:  # a warning is advice: a pod whose setup cannot be read gets none, and never an error
         container = serving_container(checked_spec(pod)["containers"], annotations_of(pod))
-        stated = {k: v for k, v in serving.container_serving(container).stated.items() if not isinstance(v, serving.Unknown)}
+        stated = {
+            k: v for k, v in serving.container_serving(container).stated.items() if not isinstance(v, serving.Unknown)
+        }
         config = serving.ServingConfig.from_dict(stated)
     except Exception:  # noqa: BLE001
         return ()
     reasons = serving.flag0_no_route(None, config)
     if not reasons:
         return ()
-    template = any(isinstance(e, dict) and e.get("name") == contract.FLAG_ENV and e.get("value") == "0" for e in container.get("env") or [])
-    return (f"gluon-rollout: this pod's SGLang setup ({serving.describe(config)}) has no working route at {contract.FLAG_ENV}=0 "
-            f"({reasons[0]}): flag 0 is no safe fallback here, so "
-            + (f"the template's {contract.FLAG_ENV}=0 would crash serving" if template else
-               f"the injected default {contract.FLAG_ENV}=0 would crash serving")
-            + "; the rollout will not enable such nodes (see the README: when flag 0 has no route)",)
+    template = any(
+        isinstance(e, dict) and e.get("name") == contract.FLAG_ENV and e.get("value") == "0"
+        for e in container.get("env") or []
+    )
+    return (
+        f"gluon-rollout: this pod's SGLang setup ({serving.describe(config)}) has no working route at {contract.FLAG_ENV}=0 "
+        f"({reasons[0]}): flag 0 is no safe fallback here, so "
+        + (
+            f"the template's {contract.FLAG_ENV}=0 would crash serving"
+            if template
+            else f"the injected default {contract.FLAG_ENV}=0 would crash serving"
+        )
+        + "; the rollout will not enable such nodes (see the README: when flag 0 has no route)",
+    )
 
 
 def review_problem(review: Any) -> str | None:
@@ -376,8 +408,10 @@ def review_problem(review: Any) -> str | None:
     if not isinstance(review, dict):
         return f"the body is a JSON {type(review).__name__}, not an AdmissionReview object"
     if review.get("kind") != "AdmissionReview" or review.get("apiVersion") not in REVIEW_VERSIONS:
-        return (f"the body is not an AdmissionReview: apiVersion {str(review.get('apiVersion'))[:80]!r}, kind "
-                f"{str(review.get('kind'))[:80]!r} (want {REVIEW_VERSIONS[0]}, AdmissionReview)")
+        return (
+            f"the body is not an AdmissionReview: apiVersion {str(review.get('apiVersion'))[:80]!r}, kind "
+            f"{str(review.get('kind'))[:80]!r} (want {REVIEW_VERSIONS[0]}, AdmissionReview)"
+        )
     request = review.get("request")
     if not isinstance(request, dict):
         return "the AdmissionReview has no request object"

@@ -46,7 +46,13 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
     annotations on a Node can be large, and the cache holds every Node of the fleet."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(contract.PREFIX)}
-    return NodeView(meta["name"], dict(meta.get("labels") or {}), annotations, bool(spec.get("unschedulable")), condition_true(status, "Ready"))
+    return NodeView(
+        meta["name"],
+        dict(meta.get("labels") or {}),
+        annotations,
+        bool(spec.get("unschedulable")),
+        condition_true(status, "Ready"),
+    )
 
 
 def is_agent(obj: Mapping[str, Any]) -> bool:
@@ -59,7 +65,11 @@ def agent_entry(obj: Mapping[str, Any]) -> dict[str, bool] | None:
     node = spec.get("nodeName")
     if not node or not is_agent(obj):
         return None
-    return {node: status.get("phase") == "Running" and bool(condition_true(status, "Ready")) and not meta.get("deletionTimestamp")}
+    return {
+        node: status.get("phase") == "Running"
+        and bool(condition_true(status, "Ready"))
+        and not meta.get("deletionTimestamp")
+    }
 
 
 def preflight_verdict(status: Mapping[str, Any]) -> tuple[PreflightVerdict | None, str | None]:
@@ -85,19 +95,41 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
     agent = verdict.agent if verdict else None
     serving = pod_serving(obj)
     transient = not (verdict and verdict.final) and (agent is None or agent.current is False or agent.enabled is False)
-    injected = (contract.ANNOTATION_POD_INJECTED in (meta.get("annotations") or {}) or verdict is not None or problem is not None
-                or any(isinstance(c, Mapping) and c.get("name") == webhook.PREFLIGHT_CONTAINER for c in spec.get("initContainers") or []))
-    return PodView(meta.get("namespace") or "", meta.get("name") or "", node, dict(meta.get("labels") or {}), unix(meta.get("creationTimestamp")),
-                   bool(condition_true(status, "Ready")), bool(meta.get("deletionTimestamp")), verdict.flag if verdict else None,
-                   verdict.reason if verdict else problem, injected, verdict is not None and verdict.flag == "0" and transient,
-                   any(isinstance(o, Mapping) and o.get("controller") is True for o in meta.get("ownerReferences") or []), serving)
+    injected = (
+        contract.ANNOTATION_POD_INJECTED in (meta.get("annotations") or {})
+        or verdict is not None
+        or problem is not None
+        or any(
+            isinstance(c, Mapping) and c.get("name") == webhook.PREFLIGHT_CONTAINER
+            for c in spec.get("initContainers") or []
+        )
+    )
+    return PodView(
+        meta.get("namespace") or "",
+        meta.get("name") or "",
+        node,
+        dict(meta.get("labels") or {}),
+        unix(meta.get("creationTimestamp")),
+        bool(condition_true(status, "Ready")),
+        bool(meta.get("deletionTimestamp")),
+        verdict.flag if verdict else None,
+        verdict.reason if verdict else problem,
+        injected,
+        verdict is not None and verdict.flag == "0" and transient,
+        any(isinstance(o, Mapping) and o.get("controller") is True for o in meta.get("ownerReferences") or []),
+        serving,
+    )
 
 
 def pod_serving(obj: Mapping[str, Any]) -> PodServing | None:
     """What the pod's serving container (as the webhook picks it) states of its SGLang setup; None for a pod
     whose shape the webhook could not read either."""
     containers = (obj.get("spec") or {}).get("containers")
-    if not isinstance(containers, list) or not containers or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in containers):
+    if (
+        not isinstance(containers, list)
+        or not containers
+        or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in containers)
+    ):
         return None
     try:  # no deep copy of the spec (webhook.checked_spec's): this runs on every pod event of the cache
         return container_serving(webhook.serving_container(containers, webhook.annotations_of(obj)))
@@ -112,8 +144,14 @@ def label_selector(selector: Mapping[str, Any]) -> str:
         terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
         for expr in selector.get("matchExpressions") or []:
             key, op, values = expr["key"], expr["operator"], ",".join(sorted(expr.get("values") or []))
-            terms.append({"In": f"{key} in ({values})", "NotIn": f"{key} notin ({values})", "Exists": key,
-                          "DoesNotExist": f"!{key}"}[op])
+            terms.append(
+                {
+                    "In": f"{key} in ({values})",
+                    "NotIn": f"{key} notin ({values})",
+                    "Exists": key,
+                    "DoesNotExist": f"!{key}",
+                }[op]
+            )
     except (AttributeError, KeyError, TypeError):
         return ""
     return ",".join(terms)
@@ -160,10 +198,21 @@ class Caches:
     def start(cls, core: Any, timeout: int, on_error: Callable[[ApiFailure], None]) -> None:
         cls.close()
         cls.core, cls.timeout, cls.on_error, cls.written, cls.pods = core, timeout, on_error, {}, {}
-        cls.nodes = Informer("nodes", core.list_node, {"nodes": lambda o: {o["metadata"]["name"]: node_view(o)}},
-                             watch_timeout=timeout, on_error=on_error).start()
-        cls.agents = Informer("agents", core.list_pod_for_all_namespaces, {"agents": agent_entry}, label_selector=AGENT_LABEL,
-                              watch_timeout=timeout, on_error=on_error).start()
+        cls.nodes = Informer(
+            "nodes",
+            core.list_node,
+            {"nodes": lambda o: {o["metadata"]["name"]: node_view(o)}},
+            watch_timeout=timeout,
+            on_error=on_error,
+        ).start()
+        cls.agents = Informer(
+            "agents",
+            core.list_pod_for_all_namespaces,
+            {"agents": agent_entry},
+            label_selector=AGENT_LABEL,
+            watch_timeout=timeout,
+            on_error=on_error,
+        ).start()
 
     @classmethod
     def close(cls) -> None:
@@ -178,12 +227,19 @@ class Caches:
         for key in set(cls.pods) - wanted:
             cls.pods.pop(key).close()
         for namespace, selector in wanted - set(cls.pods):
+
             def serving(obj: Mapping[str, Any]) -> dict[Any, Any] | None:
                 view = pod_view(obj)
                 return {view.node: view} if view is not None else None
+
             cls.pods[(namespace, selector)] = Informer(
-                f"pods {namespace} {selector}", functools.partial(cls.core.list_namespaced_pod, namespace), {"serving": serving},
-                label_selector=selector, watch_timeout=cls.timeout, on_error=cls.on_error).start()
+                f"pods {namespace} {selector}",
+                functools.partial(cls.core.list_namespaced_pod, namespace),
+                {"serving": serving},
+                label_selector=selector,
+                watch_timeout=cls.timeout,
+                on_error=cls.on_error,
+            ).start()
 
     @classmethod
     def wait_synced(cls, pods: PodsKey | None, timeout: float) -> bool:
@@ -210,12 +266,17 @@ class Caches:
         nodes = {name: (nodes_index.get(name) or [None])[0] for name in nodes_index}
         for name, (at, labels, annotations) in list(cls.written.items()):
             view = nodes.get(name)
-            shown = view is not None and all(view.labels.get(k) == v for k, v in labels.items()) and \
-                all(view.annotations.get(k) == v for k, v in annotations.items())
+            shown = (
+                view is not None
+                and all(view.labels.get(k) == v for k, v in labels.items())
+                and all(view.annotations.get(k) == v for k, v in annotations.items())
+            )
             if view is None or shown or time.monotonic() - at > STALE_WRITE_SECONDS:
                 del cls.written[name]
                 continue
-            nodes[name] = replace(view, labels=merged(view.labels, labels), annotations=merged(view.annotations, annotations))
+            nodes[name] = replace(
+                view, labels=merged(view.labels, labels), annotations=merged(view.annotations, annotations)
+            )
         agents = {node: any(agents_index.get(node) or []) for node in agents_index}
         serving: dict[tuple[str, str], list[PodView]] = {}
         informer = cls.pods.get(pods) if pods else None
@@ -233,4 +294,3 @@ def merged(current: Mapping[str, str], patch: Mapping[str, Any]) -> dict[str, st
         else:
             out[key] = value
     return out
-

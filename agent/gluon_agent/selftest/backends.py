@@ -162,11 +162,24 @@ class ZeroPadCall(Bound):
             # make_mla_decode_meta_data_buffer: sized once for the graph's batch and q rows; both dtypes
             # the KV cache's, even for a bf16 q; max_split_per_batch is not passed
             sizes = get_mla_metadata_info_v1(
-                p.batch, max(serving.max_seqlen_qo, p.q_len), AITER_HEAD_TILE, p.kv.dtype, p.kv.dtype,
-                is_sparse=False, fast_mode=SGLANG_FAST_MODE, num_kv_splits=self.splits,
+                p.batch,
+                max(serving.max_seqlen_qo, p.q_len),
+                AITER_HEAD_TILE,
+                p.kv.dtype,
+                p.kv.dtype,
+                is_sparse=False,
+                fast_mode=SGLANG_FAST_MODE,
+                num_kv_splits=self.splits,
                 intra_batch_mode=SGLANG_INTRA_BATCH_MODE,
             )
-            names = ("work_meta_data", "work_indptr", "work_info_set", "reduce_indptr", "reduce_final_map", "reduce_partial_map")
+            names = (
+                "work_meta_data",
+                "work_indptr",
+                "work_info_set",
+                "reduce_indptr",
+                "reduce_final_map",
+                "reduce_partial_map",
+            )
             self.meta = {n: torch.empty(size, dtype=dtype, device=device) for n, (size, dtype) in zip(names, sizes)}
 
     def refresh(self) -> None:
@@ -177,8 +190,17 @@ class ZeroPadCall(Bound):
         p, m = self.p, self.meta
         # make_mla_meta_data (nhead_kv 1, not causal for the scheduler, page_size not passed)
         get_mla_metadata_v1(
-            self.qo_indptr, p.kv_indptr, self.kv_last_page_lens, AITER_HEAD_TILE, 1, False,
-            m["work_meta_data"], m["work_info_set"], m["work_indptr"], m["reduce_indptr"], m["reduce_final_map"],
+            self.qo_indptr,
+            p.kv_indptr,
+            self.kv_last_page_lens,
+            AITER_HEAD_TILE,
+            1,
+            False,
+            m["work_meta_data"],
+            m["work_info_set"],
+            m["work_indptr"],
+            m["reduce_indptr"],
+            m["reduce_final_map"],
             m["reduce_partial_map"],
             kv_granularity=max(self.serving.page_size, 16),
             max_seqlen_qo=p.q_len,
@@ -195,10 +217,20 @@ class ZeroPadCall(Bound):
 
         p, m = self.p, self.meta
         self.q16[:, : p.heads].copy_(p.q)
-        persistent = {"work_meta_data": m["work_meta_data"], "work_indptr": m["work_indptr"],
-                      "work_info_set": m["work_info_set"], "reduce_indptr": m["reduce_indptr"],
-                      "reduce_final_map": m["reduce_final_map"], "reduce_partial_map": m["reduce_partial_map"],
-                      "num_kv_splits": self.splits, "intra_batch_mode": SGLANG_INTRA_BATCH_MODE} if self.persistent else {}
+        persistent = (
+            {
+                "work_meta_data": m["work_meta_data"],
+                "work_indptr": m["work_indptr"],
+                "work_info_set": m["work_info_set"],
+                "reduce_indptr": m["reduce_indptr"],
+                "reduce_final_map": m["reduce_final_map"],
+                "reduce_partial_map": m["reduce_partial_map"],
+                "num_kv_splits": self.splits,
+                "intra_batch_mode": SGLANG_INTRA_BATCH_MODE,
+            }
+            if self.persistent
+            else {}
+        )
         # _forward_mla_decode
         mla_decode_fwd(
             self.q16,
@@ -239,17 +271,22 @@ class Refused(Bound):
         raise RuntimeError(self.message)
 
 
-AITER_DEFAULT_ROUTES = {ACCELERATED: {"kernel": "mla_gluon"}, FALLBACK: {"kernel": "mla_decode_fwd", "persistent": True}}
+AITER_DEFAULT_ROUTES = {
+    ACCELERATED: {"kernel": "mla_gluon"},
+    FALLBACK: {"kernel": "mla_decode_fwd", "persistent": True},
+}
 
 
 def aiter_binder(path: str) -> Binder:
     """The aiter call this path's route makes: mla_gluon, mla_decode_fwd (persistent or not), or SGLang's
     own refusal; with no route given, each path's route in an SGLang with PRs #37438 and #37601."""
+
     def bind(p: Problem, call: Call, serving: Serving) -> Bound:
         if serving.route is None:
             serving = replace(serving, route=AITER_DEFAULT_ROUTES[path])
         kinds = {"mla_gluon": GluonCall, "mla_decode_fwd": ZeroPadCall, "refused": Refused}
         return kinds[serving.route["kernel"]](p, call, serving)
+
     return bind
 
 
@@ -259,16 +296,20 @@ class TritonCall(Bound):
 
     def launch(self, out: torch.Tensor) -> None:
         p = self.p
-        self.kernel(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, self.call.max_kv_len, q_len=p.q_len)
+        self.kernel(
+            p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, self.call.max_kv_len, q_len=p.q_len
+        )
 
 
 def triton_binder(kernel: str) -> Binder:
     """Our portable kernel's call; Triton is imported on first use, so the aiter paths' children never
     pay for it (a few tenths of a second of a child's imports on the H200 machines)."""
+
     def bind(p: Problem, call: Call, serving: Serving) -> Bound:
         from . import triton_mla
 
         return TritonCall(p, call, serving, getattr(triton_mla, kernel))
+
     return bind
 
 

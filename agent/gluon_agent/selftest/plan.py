@@ -73,7 +73,7 @@ def mtp_cases(q_lens: Iterable[int], on_gpu: bool) -> tuple[Case, ...]:
 
 
 def parse_q_lens(text: str) -> tuple[int, ...]:
-    """"2,3,4" -> (2, 3, 4); an empty string is no MTP cases. Each between 2 and MTP_MAX_Q_LEN."""
+    """ "2,3,4" -> (2, 3, 4); an empty string is no MTP cases. Each between 2 and MTP_MAX_Q_LEN."""
     values = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         if not part.isdigit() or not 2 <= int(part) <= MTP_MAX_Q_LEN:
@@ -82,7 +82,9 @@ def parse_q_lens(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def path_plan(backend_set: str, routes_by_flag: dict[str, dict[str, Any]], q_lens: Iterable[int]) -> dict[str, dict[str, Any]]:
+def path_plan(
+    backend_set: str, routes_by_flag: dict[str, dict[str, Any]], q_lens: Iterable[int]
+) -> dict[str, dict[str, Any]]:
     """What each path runs: the serving config's q_lens > 1 as extra cases, and for aiter the route its
     flag takes at each q_len (sglang_routes.flag_routes: accelerated is flag 1, fallback flag 0). The
     portable kernel stands in for both routes and runs every q_len on both paths."""
@@ -90,9 +92,15 @@ def path_plan(backend_set: str, routes_by_flag: dict[str, dict[str, Any]], q_len
     plans = {}
     for path, flag in (("accelerated", "1"), ("fallback", "0")):
         routes = routes_by_flag.get(flag, {}) if backend_set == "aiter" else {}
-        plans[path] = {"q_lens": extra, "routes": routes,
-                       "no_route": [f"q_len {q}: {r['aborts']}" for q, r in sorted(routes.items(), key=lambda kv: int(kv[0]))
-                                    if r.get("aborts")]}
+        plans[path] = {
+            "q_lens": extra,
+            "routes": routes,
+            "no_route": [
+                f"q_len {q}: {r['aborts']}"
+                for q, r in sorted(routes.items(), key=lambda kv: int(kv[0]))
+                if r.get("aborts")
+            ],
+        }
     return plans
 
 
@@ -218,9 +226,16 @@ def speed_gate(backend_set: str, speedup_by_case: dict[str, float]) -> str | Non
 def gpu_failures(gpus: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each GPU path that did not pass, with its first reason: which GPU failed, and why."""
     return [
-        {"gpu": gpu["index"], "device": gpu["device"], "path": path, "result": result,
-         "reason": (gpu["paths"][path]["reasons"] or [""])[0]}
-        for gpu in gpus for path, result in gpu["result"].items() if result != "pass"
+        {
+            "gpu": gpu["index"],
+            "device": gpu["device"],
+            "path": path,
+            "result": result,
+            "reason": (gpu["paths"][path]["reasons"] or [""])[0],
+        }
+        for gpu in gpus
+        for path, result in gpu["result"].items()
+        if result != "pass"
     ]
 
 
@@ -243,4 +258,3 @@ def thresholds(backend_set: str) -> dict[str, Any]:
         "min_speedup": MIN_SPEEDUP.get(backend_set),
         "memory_limit_bytes": MEMORY_LIMIT_BYTES,
     }
-

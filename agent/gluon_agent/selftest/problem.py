@@ -49,15 +49,20 @@ class Problem:
 
     def new_output(self, poison: float = float("nan")) -> torch.Tensor:
         """An output buffer poisoned so that an element the kernel never wrote is caught."""
-        return torch.full((self.batch * self.q_len, self.heads, D_LATENT), poison, dtype=torch.bfloat16, device=self.q.device)
+        return torch.full(
+            (self.batch * self.q_len, self.heads, D_LATENT), poison, dtype=torch.bfloat16, device=self.q.device
+        )
 
 
-def make_problem(lengths: list[int], heads: int = 12, device: str | torch.device = "cpu", seed: int | None = None,
-                 q_len: int = 1) -> Problem:
+def make_problem(
+    lengths: list[int], heads: int = 12, device: str | torch.device = "cpu", seed: int | None = None, q_len: int = 1
+) -> Problem:
     if q_len < 1:
         raise ValueError(f"q_len must be at least 1, got {q_len}")
     if not lengths or min(lengths) < q_len:
-        raise ValueError(f"every sequence needs at least one KV token per query token (q_len={q_len}), got lengths {lengths}")
+        raise ValueError(
+            f"every sequence needs at least one KV token per query token (q_len={q_len}), got lengths {lengths}"
+        )
     seed = secrets.randbits(63) if seed is None else seed
     gen = torch.Generator(device=device).manual_seed(seed)
     cpu_gen = torch.Generator().manual_seed(seed)

@@ -62,13 +62,27 @@ def interpret(outcome: ChildOutcome) -> tuple[dict[str, Any] | None, str | None]
 SpecSource = Callable[[], "dict[str, Any] | None"]  # blocks until the spec is known; None: cancelled
 
 
-def run_path(device: str, index: int, path: str, spec_text: Callable[[], str | None], python: str, env: Mapping[str, str],
-             timeout: float) -> dict[str, Any] | None:
+def run_path(
+    device: str,
+    index: int,
+    path: str,
+    spec_text: Callable[[], str | None],
+    python: str,
+    env: Mapping[str, str],
+    timeout: float,
+) -> dict[str, Any] | None:
     """One path's child, started at once (it imports torch meanwhile), its spec sent when known.
     None when it was cancelled before its spec was sent."""
     child_env = dict(env)
     child_env[DEVICE_INDEX_ENV] = str(index)
-    argv = [python, "-m", "gluon_agent.selftest.worker", "-", device, path]  # the device is prewarmed while the spec comes
+    argv = [
+        python,
+        "-m",
+        "gluon_agent.selftest.worker",
+        "-",
+        device,
+        path,
+    ]  # the device is prewarmed while the spec comes
     outcome = run_isolated(argv, timeout=timeout, env=child_env, stdin_text=spec_text)
     if outcome.status == "cancelled":
         return None
@@ -77,8 +91,9 @@ def run_path(device: str, index: int, path: str, spec_text: Callable[[], str | N
     return {"result": result, "reasons": reasons, "child": child, "child_seconds": round(outcome.seconds, 2)}
 
 
-def run_device(device: str, index: int, spec_source: SpecSource, python: str, env: Mapping[str, str],
-               timeout: float) -> dict[str, Any] | None:
+def run_device(
+    device: str, index: int, spec_source: SpecSource, python: str, env: Mapping[str, str], timeout: float
+) -> dict[str, Any] | None:
     """Both path children start together, so their imports overlap (and overlap the probe when the spec
     comes from it); the fallback gets its spec only once the accelerated child has ended, so GPU work,
     memory and timings are never shared. None when cancelled."""
@@ -92,8 +107,16 @@ def run_device(device: str, index: int, spec_source: SpecSource, python: str, en
             if path == "fallback":
                 accelerated_done.wait()
             mine = spec.get("paths", {}).get(path, {})
-            return json.dumps(spec | {"device": device, "path": path, "mtp_q_lens": mine.get("q_lens", []),
-                                      "routes": mine.get("routes", {})})
+            return json.dumps(
+                spec
+                | {
+                    "device": device,
+                    "path": path,
+                    "mtp_q_lens": mine.get("q_lens", []),
+                    "routes": mine.get("routes", {}),
+                }
+            )
+
         return deliver
 
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -142,13 +165,19 @@ def guess_devices(cpu_interpret: bool, cpu_devices: int) -> list[str]:
         value = os.environ.get(variable)
         if value is not None:
             return [f"cuda:{i}" for i, d in enumerate(x for x in value.split(",") if x.strip() not in ("", "-1"))]
-    nvidia = [p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia"):].isdigit()]
+    nvidia = [p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia") :].isdigit()]
     amd = sorted(Path("/dev/dri").glob("renderD*")) if Path("/dev/kfd").exists() else []
     return [f"cuda:{i}" for i in range(len(nvidia) or len(amd))]
 
 
-def run_devices(devices: list[str], spec_source: SpecSource, python: str, env: Mapping[str, str], timeout: float,
-                pool: ThreadPoolExecutor) -> list[Future]:
+def run_devices(
+    devices: list[str],
+    spec_source: SpecSource,
+    python: str,
+    env: Mapping[str, str],
+    timeout: float,
+    pool: ThreadPoolExecutor,
+) -> list[Future]:
     return [pool.submit(run_device, d, i, spec_source, python, env, timeout) for i, d in enumerate(devices)]
 
 
@@ -187,10 +216,20 @@ def run_selftest(
         sglang = report.get("sglang")
         config = serving or ServingConfig(verify_q_lens=tuple(mtp_q_lens))
         routes = flag_routes(sglang, config)
-        spec = {"backend_set": chosen, "seed": seed, "timing": timing, "memory_limit_bytes": plan.MEMORY_LIMIT_BYTES,
-                "sglang": sglang, "paths": plan.path_plan(chosen, routes, config.q_lens),
-                "serving_setup": {"speculative": bool(config.verify_q_lens), "page_size": config.page_size,
-                                  "dp_attention": config.dp_attention, "max_seqlen_qo": max(config.q_lens)}}
+        spec = {
+            "backend_set": chosen,
+            "seed": seed,
+            "timing": timing,
+            "memory_limit_bytes": plan.MEMORY_LIMIT_BYTES,
+            "sglang": sglang,
+            "paths": plan.path_plan(chosen, routes, config.q_lens),
+            "serving_setup": {
+                "speculative": bool(config.verify_q_lens),
+                "page_size": config.page_size,
+                "dp_attention": config.dp_attention,
+                "max_seqlen_qo": max(config.q_lens),
+            },
+        }
         devices = devices_for(report, cpu_interpret, cpu_devices)
         if early and devices == early:
             futures = started_early
@@ -207,12 +246,16 @@ def run_selftest(
         "schema_version": SCHEMA_VERSION,
         "mode": "cpu-interpret" if cpu_interpret else "gpu",
         "backend_set": chosen,
-        "backends": {p: gpus[0]["paths"][p]["child"]["backend"] for p in PATHS if gpus and gpus[0]["paths"][p]["child"]},
+        "backends": {
+            p: gpus[0]["paths"][p]["child"]["backend"] for p in PATHS if gpus and gpus[0]["paths"][p]["child"]
+        },
         "thresholds": plan.thresholds(chosen),
         "sglang": report.get("sglang"),
         "serving": config.as_dict() | {"digest": config.digest},
-        "routes": {path: {"q_lens": [1, *p["q_lens"]], "routes": p["routes"], "no_route": p["no_route"]}
-                   for path, p in spec["paths"].items()},
+        "routes": {
+            path: {"q_lens": [1, *p["q_lens"]], "routes": p["routes"], "no_route": p["no_route"]}
+            for path, p in spec["paths"].items()
+        },
         "fingerprint": fingerprint(report),
         "fingerprint_parts": fingerprint_parts(report),
         "seed": seed,
@@ -231,16 +274,22 @@ def format_table(report: Mapping[str, Any]) -> str:
         f"fingerprint={report['fingerprint']} seconds={report['seconds']}",
     ]
     lines += [f"  problem: {p}" for p in report["problems"]]
-    lines += [f"  GPU {f['gpu']} ({f['device']}) {f['path']} {f['result']}: {f['reason']}" for f in report.get("failures", [])]
+    lines += [
+        f"  GPU {f['gpu']} ({f['device']}) {f['path']} {f['result']}: {f['reason']}" for f in report.get("failures", [])
+    ]
     routes = report.get("sglang") or {}
     if routes:
-        lines.append(f"  serving SGLang {routes.get('version')}: flag-0 route {routes.get('flag0_route')}, "
-                     f"q_len>1 through Gluon {routes.get('mtp_through_gluon')} ({routes.get('evidence')})")
+        lines.append(
+            f"  serving SGLang {routes.get('version')}: flag-0 route {routes.get('flag0_route')}, "
+            f"q_len>1 through Gluon {routes.get('mtp_through_gluon')} ({routes.get('evidence')})"
+        )
     serving = report.get("serving") or {}
     if serving:
-        lines.append(f"  serving config {serving.get('digest')}: q_lens {[1, *serving.get('verifyQLens', [])]}, "
-                     f"DCP {serving.get('dcpSize')} ({serving.get('dcpDecodeBackend')}), persist {serving.get('persist')}, "
-                     f"page size {serving.get('pageSize')}, DP attention {serving.get('dpAttention')}")
+        lines.append(
+            f"  serving config {serving.get('digest')}: q_lens {[1, *serving.get('verifyQLens', [])]}, "
+            f"DCP {serving.get('dcpSize')} ({serving.get('dcpDecodeBackend')}), persist {serving.get('persist')}, "
+            f"page size {serving.get('pageSize')}, DP attention {serving.get('dpAttention')}"
+        )
     for path, planned in (report.get("routes") or {}).items():
         lines += [f"  {path}: no route: {reason}" for reason in planned.get("no_route", [])]
     for gpu in report["gpus"]:
@@ -253,7 +302,9 @@ def format_table(report: Mapping[str, Any]) -> str:
                 rel = "-" if case["rel_l2"] is None else f"{case['rel_l2']:.2e}"
                 cos = "-" if case["cos_diff"] is None else f"{case['cos_diff']:.2e}"
                 mark = "ok" if not case["problems"] else "FAIL"
-                lines.append(f"  {path:<11} {case['backend']:<18} {case['case']:<14} rel_l2={rel} cos_diff={cos} {mark}")
+                lines.append(
+                    f"  {path:<11} {case['backend']:<18} {case['case']:<14} rel_l2={rel} cos_diff={cos} {mark}"
+                )
             for t in child.get("timing", []):
                 lines.append(
                     f"  {path:<11} {t['backend']:<18} {t['case']:<14} {t['ms'] * 1e3:9.1f} us "
@@ -261,7 +312,9 @@ def format_table(report: Mapping[str, Any]) -> str:
                 )
             for g in child.get("graph", []):
                 ratio = "-" if g["ratio"] is None else f"{g['ratio']:.2f}"
-                lines.append(f"  {path:<11} {g['backend']:<18} graph replay/eager={ratio} {'ok' if not g['problems'] else 'FAIL'}")
+                lines.append(
+                    f"  {path:<11} {g['backend']:<18} graph replay/eager={ratio} {'ok' if not g['problems'] else 'FAIL'}"
+                )
             lines += [f"  {path:<11} reason: {r}" for r in info["reasons"]]
         for case, value in gpu["speedup"].items():
             lines.append(f"  speedup {case}: {value:.2f}x")

@@ -44,7 +44,7 @@ def capture(calls: Sequence[Callable[[], None]], guard: ContextManager | None = 
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), (guard or contextlib.nullcontext()):
+    with torch.cuda.graph(graph), guard or contextlib.nullcontext():
         for call in calls:
             call()
     return graph

@@ -112,13 +112,32 @@ def query_split_range(KV_INDPTR, row, s, num_splits, qlen, BLOCK: tl.constexpr, 
 
 @triton.jit
 def _split_kernel(
-    Q, KV, KV_INDPTR, KV_INDICES, PART_O, PART_LSE,
-    qk_scale_log2, kv_scale, num_heads, num_splits, qlen,
-    stride_qb, stride_qh, stride_kv,
-    stride_pb, stride_ps, stride_ph,
-    stride_lb, stride_ls,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_PE: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, D_CHUNK: tl.constexpr, MTP: tl.constexpr,
+    Q,
+    KV,
+    KV_INDPTR,
+    KV_INDICES,
+    PART_O,
+    PART_LSE,
+    qk_scale_log2,
+    kv_scale,
+    num_heads,
+    num_splits,
+    qlen,
+    stride_qb,
+    stride_qh,
+    stride_kv,
+    stride_pb,
+    stride_ps,
+    stride_ph,
+    stride_lb,
+    stride_ls,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_NOPE: tl.constexpr,
+    D_PE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    D_CHUNK: tl.constexpr,
+    MTP: tl.constexpr,
 ):
     b = tl.program_id(0)  # a query row: a sequence, or with MTP one position of one
     s = tl.program_id(1)
@@ -201,11 +220,19 @@ def _split_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    PART_O, PART_LSE, O, num_splits,
-    stride_pb, stride_ps, stride_ph,
-    stride_lb, stride_ls,
-    stride_ob, stride_oh,
-    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    PART_O,
+    PART_LSE,
+    O,
+    num_splits,
+    stride_pb,
+    stride_ps,
+    stride_ph,
+    stride_lb,
+    stride_ls,
+    stride_ob,
+    stride_oh,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     # One pass over [BLOCK_S, BLOCK_D] tiles of splits with a running max (online softmax across splits):
     # one 128K sequence's 256 splits are then one dependent load, not two chains of eight.
@@ -296,29 +323,52 @@ def mla_decode(
     if heads > HEAD_TILE or dim != D_LATENT + D_ROPE or kv.shape[-1] != dim:
         raise ValueError(f"mla_decode: q {tuple(q.shape)} / kv {tuple(kv.shape)} are not MLA 576 with <= 16 heads")
     if q_len < 1 or batch != (kv_indptr.numel() - 1) * q_len:
-        raise ValueError(f"mla_decode: q has {batch} rows, kv_indptr {kv_indptr.numel() - 1} sequences of "
-                         f"q_len {q_len}: they must agree")
+        raise ValueError(
+            f"mla_decode: q has {batch} rows, kv_indptr {kv_indptr.numel() - 1} sequences of "
+            f"q_len {q_len}: they must agree"
+        )
     if q.stride(-1) != 1 or kv.stride(-1) != 1:
         raise ValueError("mla_decode: q and kv need a contiguous last dimension")
     if kv.stride(0) % 4 or kv.data_ptr() % 4:
-        raise ValueError(f"mla_decode: kv rows must start at byte offsets that are multiples of 4 (row stride "
-                         f"{kv.stride(0)}, address {kv.data_ptr()}) to be read as 32-bit words")
+        raise ValueError(
+            f"mla_decode: kv rows must start at byte offsets that are multiples of 4 (row stride "
+            f"{kv.stride(0)}, address {kv.data_ptr()}) to be read as 32-bit words"
+        )
     splits = split_count(batch, max_kv_len, q.device, config)
     part_o = torch.empty(batch, splits, HEAD_TILE, D_LATENT, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(batch, splits, HEAD_TILE, dtype=torch.float32, device=q.device)
     global last_split_launch
     last_split_launch = _split_kernel[(batch, splits)](
-        q, kv, kv_indptr, kv_indices, part_o, part_lse,
-        sm_scale * kv_scale * LOG2E, kv_scale, heads, splits, q_len,
-        q.stride(0), q.stride(1), kv.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        BLOCK_H=HEAD_TILE, BLOCK_N=config.block_n, D_NOPE=D_LATENT, D_PE=D_ROPE,
+        q,
+        kv,
+        kv_indptr,
+        kv_indices,
+        part_o,
+        part_lse,
+        sm_scale * kv_scale * LOG2E,
+        kv_scale,
+        heads,
+        splits,
+        q_len,
+        q.stride(0),
+        q.stride(1),
+        kv.stride(0),
+        part_o.stride(0),
+        part_o.stride(1),
+        part_o.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        BLOCK_H=HEAD_TILE,
+        BLOCK_N=config.block_n,
+        D_NOPE=D_LATENT,
+        D_PE=D_ROPE,
         # fp8 e4m3 -> fp16 is one conversion per pair and fp16 keeps 3 more mantissa bits than bf16 for P.
         # Triton's interpreter multiplies 16-bit floats as raw bits in tl.dot (seen with 3.9): fp32 there.
         DOT_DTYPE=tl.float32 if interpreting() else tl.float16,
-        D_CHUNK=config.d_chunk, MTP=q_len > 1,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        D_CHUNK=config.d_chunk,
+        MTP=q_len > 1,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return reduce_partials(part_o, part_lse, out)
 
@@ -330,11 +380,20 @@ def reduce_partials(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Ten
     heads = out.shape[1]
     block_d, block_s = reduce_tile(batch * heads, splits, out.device)
     _reduce_kernel[(batch, heads, D_LATENT // block_d)](
-        part_o, part_lse, out, splits,
-        part_o.stride(0), part_o.stride(1), part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_D=block_d, BLOCK_S=block_s, num_warps=4,
+        part_o,
+        part_lse,
+        out,
+        splits,
+        part_o.stride(0),
+        part_o.stride(1),
+        part_o.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_D=block_d,
+        BLOCK_S=block_s,
+        num_warps=4,
     )
     return out
 

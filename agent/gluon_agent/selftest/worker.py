@@ -63,13 +63,18 @@ def serving_for(spec: dict[str, Any], q_len: int) -> Serving:
     """The serving setup the spec names, with this path's route for q_len (None: the default route)."""
     setup = spec.get("serving_setup") or {}
     route = (spec.get("routes") or {}).get(str(q_len))
-    return Serving(speculative=bool(setup.get("speculative")), page_size=int(setup.get("page_size", 1)),
-                   dp_attention=bool(setup.get("dp_attention")), max_seqlen_qo=int(setup.get("max_seqlen_qo", 1)),
-                   route=route)
+    return Serving(
+        speculative=bool(setup.get("speculative")),
+        page_size=int(setup.get("page_size", 1)),
+        dp_attention=bool(setup.get("dp_attention")),
+        max_seqlen_qo=int(setup.get("max_seqlen_qo", 1)),
+        route=route,
+    )
 
 
-def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: int, heads: int,
-               serving: Serving = Serving()) -> tuple[plan.CaseResult, Problem]:
+def check_case(
+    backend: Backend, case: plan.Case, device: torch.device, seed: int, heads: int, serving: Serving = Serving()
+) -> tuple[plan.CaseResult, Problem]:
     p = make_problem(list(case.lengths), heads=heads, device=device, seed=seed, q_len=case.q_len)
     ref = reference_of(p)
     out = p.new_output(plan.POISON)
@@ -82,8 +87,14 @@ def check_case(backend: Backend, case: plan.Case, device: torch.device, seed: in
         raised = f"{type(exc).__name__}: {str(exc)[:600]}"
     numbers = compare(out, ref) if raised is None else {"rel_l2": None, "cos_diff": None}
     result = plan.CaseResult(
-        case=case.name, backend=backend.name, batch=p.batch, kv_lens=sorted(set(p.lengths)),
-        seconds=round(time.perf_counter() - started, 4), q_len=p.q_len, raised=raised, **numbers,
+        case=case.name,
+        backend=backend.name,
+        batch=p.batch,
+        kv_lens=sorted(set(p.lengths)),
+        seconds=round(time.perf_counter() - started, 4),
+        q_len=p.q_len,
+        raised=raised,
+        **numbers,
     )
     return plan.judge_case(result), p
 
@@ -93,8 +104,9 @@ def rotations_for(p: Problem, device: torch.device) -> int:
     return max(1, min(MAX_ROTATIONS, -(-ROTATION_L2_MULTIPLE * l2 // p.kv_bytes)))
 
 
-def time_case(backend: Backend, case: plan.Case, first: Problem, device: torch.device, seed: int,
-              serving: Serving = Serving()) -> dict[str, Any]:
+def time_case(
+    backend: Backend, case: plan.Case, first: Problem, device: torch.device, seed: int, serving: Serving = Serving()
+) -> dict[str, Any]:
     """Median ms per call under graph replay (as SGLang decodes), rotating through fresh inputs. The work
     metadata is filled before capture and not timed: SGLang fills it once per step for every layer."""
     problems = [first] + [
@@ -126,7 +138,9 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float | None:
     return float((a - b).norm() / b.norm())
 
 
-def check_graph(backend: Backend, device: torch.device, seed: int, heads: int, serving: Serving = Serving()) -> plan.GraphResult:
+def check_graph(
+    backend: Backend, device: torch.device, seed: int, heads: int, serving: Serving = Serving()
+) -> plan.GraphResult:
     """Capture once at the largest length, then replay at each length with new token tables written in
     place and the metadata refilled outside the graph, as a serving engine's decode graph is reused across
     steps. Nothing of ours may allocate or copy from the host inside the capture (CaptureGuard)."""
@@ -141,7 +155,9 @@ def check_graph(backend: Backend, device: torch.device, seed: int, heads: int, s
     replays, replay_ms, eager_ms = [], None, None
     for kv_len in plan.GPU_GRAPH_LENGTHS:
         p.kv_indptr.copy_(torch.arange(batch + 1, device=device, dtype=torch.int32) * kv_len)
-        p.kv_indices[: batch * kv_len] = torch.randperm(p.kv.shape[0], generator=gen, device=device)[: batch * kv_len].int()
+        p.kv_indices[: batch * kv_len] = torch.randperm(p.kv.shape[0], generator=gen, device=device)[
+            : batch * kv_len
+        ].int()
         view = dataclasses.replace(p, lengths=[kv_len] * batch)
         bound.refresh()
         static_out.fill_(plan.POISON)
@@ -155,12 +171,21 @@ def check_graph(backend: Backend, device: torch.device, seed: int, heads: int, s
         eager_bound.launch(eager)
         synchronize(device)
         ref = reference_of(view)
-        replays.append({"kv_len": kv_len, "rel_l2": compare(replayed, ref)["rel_l2"], "rel_vs_eager": relative(replayed, eager.float())})
+        replays.append(
+            {
+                "kv_len": kv_len,
+                "rel_l2": compare(replayed, ref)["rel_l2"],
+                "rel_vs_eager": relative(replayed, eager.float()),
+            }
+        )
         if kv_len == capture_len:
             eager_ms = timing.eager_ms(lambda: eager_bound.launch(eager))
             replay_ms = timing.median_ms(graph.replay, warm=False)  # the eager runs have just warmed the GPU
-    return plan.judge_graph(plan.GraphResult(backend.name, batch, capture_len, replays, replay_ms, eager_ms,
-                                             capture_violations=guard.violations))
+    return plan.judge_graph(
+        plan.GraphResult(
+            backend.name, batch, capture_len, replays, replay_ms, eager_ms, capture_violations=guard.violations
+        )
+    )
 
 
 def fake_device_rule(variable: str, path: str | None = None) -> str | None:

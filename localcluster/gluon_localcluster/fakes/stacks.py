@@ -29,6 +29,7 @@ def child_env(env: dict[str, str], *paths: Path) -> dict[str, str]:
     """`env` for a child that imports gluon_agent (self-test workers): `paths`, then this checkout's agent."""
     return dict(env, PYTHONPATH=os.pathsep.join(str(p) for p in (*paths, AGENT_SOURCE)))
 
+
 AITER_FAILURES = {
     "importerror": "raise ImportError('libmla_gluon.so: cannot open shared object file')",
     "runtimeerror": "raise RuntimeError('aiter gluon kernels require triton>=3.6')",
@@ -158,7 +159,8 @@ def sglang_image(root: Path, version: str, gluon: bool = True, flag0_guard: bool
     files = {
         "sglang/__init__.py": "raise RuntimeError('SIMULATION: the probe must not import sglang')\n",
         f"sglang-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n",
-        attention + "aiter_backend.py": "# SIMULATION\n" + (SGLANG_INIT_PS_OFF_FOR_GLUON if flag0_guard else SGLANG_INIT_PS_OFF_ALWAYS),
+        attention + "aiter_backend.py": "# SIMULATION\n"
+        + (SGLANG_INIT_PS_OFF_FOR_GLUON if flag0_guard else SGLANG_INIT_PS_OFF_ALWAYS),
     }
     if gluon:
         files[attention + "aiter_mla_gluon.py"] = "# SIMULATION\n" + SGLANG_GLUON_DECODE[mtp]

@@ -34,7 +34,9 @@ class Cluster:
             self.api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
             self.namespace = namespace or context_namespace(kubeconfig, context)
         except (config.ConfigException, OSError) as exc:
-            raise PluginError(f"cannot load the kubeconfig ({kubeconfig or 'KUBECONFIG or ~/.kube/config'}): {exc}") from exc
+            raise PluginError(
+                f"cannot load the kubeconfig ({kubeconfig or 'KUBECONFIG or ~/.kube/config'}): {exc}"
+            ) from exc
         self.core = client.CoreV1Api(self.api_client)
         self.custom = client.CustomObjectsApi(self.api_client)
 
@@ -47,20 +49,44 @@ class Cluster:
         except ApiException as exc:
             raise PluginError(api_problem(what, exc.status, exc.body)) from exc
         except Exception as exc:  # urllib3's connection and timeout errors
-            raise PluginError(f"cannot reach the API server at {self.api_client.configuration.host} ({what}): {exc}") from exc
+            raise PluginError(
+                f"cannot reach the API server at {self.api_client.configuration.host} ({what}): {exc}"
+            ) from exc
 
     def rollout(self, name: str | None) -> dict[str, Any]:
         if name:
-            return self._call(f"GluonRollout {name!r} in namespace {self.namespace!r}",
-                              self.custom.get_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, name)
-        listed = self._call(f"GluonRollouts in namespace {self.namespace!r}",
-                            self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL)
+            return self._call(
+                f"GluonRollout {name!r} in namespace {self.namespace!r}",
+                self.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+            )
+        listed = self._call(
+            f"GluonRollouts in namespace {self.namespace!r}",
+            self.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+        )
         return only_rollout(listed.get("items") or [], self.namespace)
 
     def patch_rollout(self, rollout: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
         name = views.meta(rollout)["name"]
-        return self._call(views.rollout_ref(rollout), self.custom.patch_namespaced_custom_object, GROUP, VERSION,
-                          self.namespace, PLURAL, name, body, _content_type=MERGE_PATCH)
+        return self._call(
+            views.rollout_ref(rollout),
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            name,
+            body,
+            _content_type=MERGE_PATCH,
+        )
 
     def node(self, name: str) -> dict[str, Any]:
         return self._call(f"node {name!r}", self.core.read_node, name)
@@ -72,10 +98,20 @@ class Cluster:
         return self._call(f"node {name!r}", self.core.patch_node, name, body, _content_type=MERGE_PATCH)
 
     def serving_pods(self) -> list[dict[str, Any]]:
-        return self._call(f"pods in namespace {self.namespace!r}", self.core.list_namespaced_pod, self.namespace).get("items") or []
+        return (
+            self._call(f"pods in namespace {self.namespace!r}", self.core.list_namespaced_pod, self.namespace).get(
+                "items"
+            )
+            or []
+        )
 
     def agent_pods(self, selector: str) -> list[dict[str, Any]]:
-        return self._call(f"agent pods ({selector})", self.core.list_pod_for_all_namespaces, label_selector=selector).get("items") or []
+        return (
+            self._call(f"agent pods ({selector})", self.core.list_pod_for_all_namespaces, label_selector=selector).get(
+                "items"
+            )
+            or []
+        )
 
 
 def context_namespace(kubeconfig: str | None, context: str | None) -> str:
@@ -143,7 +179,9 @@ def cmd_plan(args: argparse.Namespace, cluster: Cluster) -> int:
     return 0
 
 
-def control(build: Callable[[argparse.Namespace, Mapping[str, Any]], Mapping[str, Any]], done: str) -> Callable[..., int]:
+def control(
+    build: Callable[[argparse.Namespace, Mapping[str, Any]], Mapping[str, Any]], done: str
+) -> Callable[..., int]:
     """A command that patches the rollout with what `build` makes of it, then says what it did."""
 
     def run(args: argparse.Namespace, cluster: Cluster) -> int:
@@ -161,8 +199,14 @@ def cmd_retry(args: argparse.Namespace, cluster: Cluster) -> int:
     body = controls.retry(rollout, node)
     reason = controls.rollback_summary(node)
     patched = cluster.patch_node(args.node, body)
-    emit(args, patched, lambda _: f"node {args.node!r}: rollback record cleared (was: {reason}); "
-                                  "the operator judges it again on its next reconcile\n")
+    emit(
+        args,
+        patched,
+        lambda _: (
+            f"node {args.node!r}: rollback record cleared (was: {reason}); "
+            "the operator judges it again on its next reconcile\n"
+        ),
+    )
     return 0
 
 
@@ -173,7 +217,10 @@ COMMANDS: dict[str, tuple[str, Callable[..., int]]] = {
     "pause": ("stop enabling nodes (spec.paused=true)", control(lambda a, r: controls.pause(r), "paused")),
     "resume": ("resume (spec.paused=false) and lift an abort", control(lambda a, r: controls.resume(r), "resumed")),
     "promote": ("grant the approval gate the rollout waits at", control(lambda a, r: controls.promote(r), "promoted")),
-    "abort": ("abort the rollout: flag-on nodes are disabled", control(lambda a, r: controls.abort(r, a.reason), "aborted")),
+    "abort": (
+        "abort the rollout: flag-on nodes are disabled",
+        control(lambda a, r: controls.abort(r, a.reason), "aborted"),
+    ),
     "retry": ("clear a node's rollback record, so it is judged again", cmd_retry),
 }
 
@@ -185,11 +232,21 @@ def common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     def default(value: Any) -> Any:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--kubeconfig", default=default(None), help="path to the kubeconfig (default: KUBECONFIG, then ~/.kube/config)")
-    parser.add_argument("--context", default=default(None), help="the kubeconfig context to use (default: the current one)")
-    parser.add_argument("-n", "--namespace", default=default(None), help="the rollout's namespace (default: the context's)")
-    parser.add_argument("--json", action="store_true", default=default(False), help="print JSON instead of text, for scripts")
-    parser.add_argument("--agent-selector", default=default(DEFAULT_AGENT_SELECTOR), help="label selector of the agent pods")
+    parser.add_argument(
+        "--kubeconfig", default=default(None), help="path to the kubeconfig (default: KUBECONFIG, then ~/.kube/config)"
+    )
+    parser.add_argument(
+        "--context", default=default(None), help="the kubeconfig context to use (default: the current one)"
+    )
+    parser.add_argument(
+        "-n", "--namespace", default=default(None), help="the rollout's namespace (default: the context's)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON instead of text, for scripts"
+    )
+    parser.add_argument(
+        "--agent-selector", default=default(DEFAULT_AGENT_SELECTOR), help="label selector of the agent pods"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

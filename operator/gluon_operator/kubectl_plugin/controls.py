@@ -31,10 +31,16 @@ def promote(rollout: Mapping[str, Any]) -> dict[str, Any]:
     status = rollout.get("status") or {}
     gate = (status.get("approval") or {}).get("waitingFor")
     if not gate:
-        raise PluginError(f"{rollout_ref(rollout)} is not waiting for approval (phase {status.get('phase') or 'unknown'}; "
-                          "status.approval.waitingFor is empty): nothing to promote")
-    return {"metadata": {"resourceVersion": meta(rollout).get("resourceVersion"),
-                         "annotations": {contract.ANNOTATION_ROLLOUT_APPROVE: str(gate)}}}
+        raise PluginError(
+            f"{rollout_ref(rollout)} is not waiting for approval (phase {status.get('phase') or 'unknown'}; "
+            "status.approval.waitingFor is empty): nothing to promote"
+        )
+    return {
+        "metadata": {
+            "resourceVersion": meta(rollout).get("resourceVersion"),
+            "annotations": {contract.ANNOTATION_ROLLOUT_APPROVE: str(gate)},
+        }
+    }
 
 
 def abort(rollout: Mapping[str, Any], reason: str | None) -> dict[str, Any]:
@@ -47,9 +53,11 @@ def retry(rollout: Mapping[str, Any] | None, node: Mapping[str, Any]) -> dict[st
     name = meta(node).get("name")
     if contract.ANNOTATION_ROLLBACK not in annotations(node):
         state = (node_records(rollout or {}, [node]).get(name) or {}).get("state")
-        raise PluginError(f"node {name!r} has no rollback record ({contract.ANNOTATION_ROLLBACK})"
-                          + (f"; its state in {rollout_ref(rollout or {})} is {state}" if state else "")
-                          + ": nothing to retry")
+        raise PluginError(
+            f"node {name!r} has no rollback record ({contract.ANNOTATION_ROLLBACK})"
+            + (f"; its state in {rollout_ref(rollout or {})} is {state}" if state else "")
+            + ": nothing to retry"
+        )
     return {"metadata": {"annotations": {contract.ANNOTATION_ROLLBACK: None}}}
 
 

@@ -8,7 +8,6 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 from gluon_agent import contract
-
 from gluon_agent.sglang_routes import ServingConfig
 
 from .. import gating, plan, records, serving, webhook, world
@@ -63,8 +62,13 @@ def node_flag(node: Mapping[str, Any] | None) -> str:
 def serving_pods(rollout: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The rollout's serving pods: its namespace, its podSelector, scheduled on a node."""
     namespace, selector = meta(rollout).get("namespace"), (rollout.get("spec") or {}).get("podSelector") or {}
-    return [p for p in pods if meta(p).get("namespace") == namespace and (p.get("spec") or {}).get("nodeName")
-            and webhook.selector_matches(selector, labels(p))]
+    return [
+        p
+        for p in pods
+        if meta(p).get("namespace") == namespace
+        and (p.get("spec") or {}).get("nodeName")
+        and webhook.selector_matches(selector, labels(p))
+    ]
 
 
 def pods_on(node: str, pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -95,7 +99,9 @@ def effect_text(numbers: Mapping[str, Any]) -> str:
 STATUS_COLUMNS = ("NODE", "STATE", "FLAG", "PODS", "EFFECT", "REASON")
 
 
-def status_rows(rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def status_rows(
+    rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """One row per node the rollout has a record of, sorted by name: its state, the flag the operator set
     on it, the flag its serving pods really run with, the measured effect and the reason."""
     serving = serving_pods(rollout, pods)
@@ -103,32 +109,52 @@ def status_rows(rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], 
     rows = []
     for node, record in sorted(node_records(rollout, nodes).items()):
         numbers = record.get("numbers") or {}
-        rows.append({"node": node, "state": record.get("state") or NONE, "holdout": bool(record.get("holdout")),
-                     "flag": node_flag(by_name.get(node)), "pods": flag_in_use(pods_on(node, serving)),
-                     "effect": numbers.get("effect"), "reason": record.get("reason") or ""})
+        rows.append(
+            {
+                "node": node,
+                "state": record.get("state") or NONE,
+                "holdout": bool(record.get("holdout")),
+                "flag": node_flag(by_name.get(node)),
+                "pods": flag_in_use(pods_on(node, serving)),
+                "effect": numbers.get("effect"),
+                "reason": record.get("reason") or "",
+            }
+        )
     return rows
 
 
-def status_view(rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def status_view(
+    rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
     """`kubectl gluon status --json`: the rollout's phase, approval and counts, and the node rows."""
     status = rollout.get("status") or {}
-    return {"rollout": meta(rollout).get("name"), "namespace": meta(rollout).get("namespace"),
-            "phase": status.get("phase"), "paused": bool((rollout.get("spec") or {}).get("paused")),
-            "dryRun": bool((rollout.get("spec") or {}).get("dryRun")),
-            "aborted": status.get("aborted") or annotations(rollout).get(contract.ANNOTATION_ROLLOUT_ABORT),
-            "approval": status.get("approval"), "counts": status.get("counts") or {},
-            "invalid": status.get("invalid"), "nodesOmitted": status.get("nodesOmitted"),
-            "nodes": status_rows(rollout, nodes, pods)}
+    return {
+        "rollout": meta(rollout).get("name"),
+        "namespace": meta(rollout).get("namespace"),
+        "phase": status.get("phase"),
+        "paused": bool((rollout.get("spec") or {}).get("paused")),
+        "dryRun": bool((rollout.get("spec") or {}).get("dryRun")),
+        "aborted": status.get("aborted") or annotations(rollout).get(contract.ANNOTATION_ROLLOUT_ABORT),
+        "approval": status.get("approval"),
+        "counts": status.get("counts") or {},
+        "invalid": status.get("invalid"),
+        "nodesOmitted": status.get("nodesOmitted"),
+        "nodes": status_rows(rollout, nodes, pods),
+    }
 
 
 def render_status(view: Mapping[str, Any]) -> str:
     counts = ", ".join(f"{n} {state}" for state, n in (view.get("counts") or {}).items() if n)
-    head = [f"GluonRollout {view['namespace']}/{view['rollout']}: {view.get('phase') or 'no status yet'}"
-            + (f" ({counts})" if counts else "")]
+    head = [
+        f"GluonRollout {view['namespace']}/{view['rollout']}: {view.get('phase') or 'no status yet'}"
+        + (f" ({counts})" if counts else "")
+    ]
     if view.get("invalid"):
         head.append(f"invalid spec: {view['invalid']}")
     if view.get("dryRun"):
-        head.append("dry run: spec.dryRun is true, the operator changes no node or pod (`kubectl gluon plan` shows what it would do)")
+        head.append(
+            "dry run: spec.dryRun is true, the operator changes no node or pod (`kubectl gluon plan` shows what it would do)"
+        )
     if view.get("paused"):
         head.append("paused: spec.paused is true (`kubectl gluon resume` resumes)")
     if view.get("aborted"):
@@ -136,8 +162,17 @@ def render_status(view: Mapping[str, Any]) -> str:
     waiting = (view.get("approval") or {}).get("waitingFor")
     if waiting:
         head.append(f"waiting for approval of {waiting!r} (`kubectl gluon promote` grants it)")
-    rows = [[r["node"], r["state"] + (" (holdout)" if r["holdout"] else ""), r["flag"], r["pods"],
-             effect_text({"effect": r["effect"]}), r["reason"]] for r in view["nodes"]]
+    rows = [
+        [
+            r["node"],
+            r["state"] + (" (holdout)" if r["holdout"] else ""),
+            r["flag"],
+            r["pods"],
+            effect_text({"effect": r["effect"]}),
+            r["reason"],
+        ]
+        for r in view["nodes"]
+    ]
     if not rows:
         return "\n".join(head + ["no nodes recorded yet (the operator has not reconciled this rollout)"]) + "\n"
     return "\n".join(head) + "\n" + table(STATUS_COLUMNS, rows)
@@ -181,15 +216,24 @@ def selftest_rows(report: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     for gpu in ((report or {}).get("selftest") or {}).get("gpus") or []:
         results = gpu.get("result") or {}
         for path in sorted(results):
-            rows.append({"gpu": gpu.get("index"), "path": path, "result": results[path],
-                         "speedup": dict(gpu.get("speedup") or {}) if path == "accelerated" else {},
-                         "maxRelL2": (gpu.get("max_rel_l2") or {}).get(path),
-                         "reasons": list((gpu.get("reasons") or {}).get(path) or [])})
+            rows.append(
+                {
+                    "gpu": gpu.get("index"),
+                    "path": path,
+                    "result": results[path],
+                    "speedup": dict(gpu.get("speedup") or {}) if path == "accelerated" else {},
+                    "maxRelL2": (gpu.get("max_rel_l2") or {}).get(path),
+                    "reasons": list((gpu.get("reasons") or {}).get(path) or []),
+                }
+            )
     return rows
 
 
 def speedup_text(speedup: Mapping[str, Any]) -> str:
-    return ", ".join(f"{case} x{value:.2f}" for case, value in sorted(speedup.items()) if isinstance(value, (int, float))) or NONE
+    return (
+        ", ".join(f"{case} x{value:.2f}" for case, value in sorted(speedup.items()) if isinstance(value, (int, float)))
+        or NONE
+    )
 
 
 def when(timestamp: Any) -> str:
@@ -215,14 +259,27 @@ def serving_view(expected: ServingConfig | str | None, report: Mapping[str, Any]
     proved = (((report or {}).get("selftest") or {}).get("serving") or {}).get("digest")
     sglang = ((report or {}).get("probe") or {}).get("sglang")
     config = expected if isinstance(expected, ServingConfig) else None
-    return {"digest": config.digest if config else None, "described": serving.describe(config) if config else None,
-            "problem": expected if isinstance(expected, str) else None, "proved": proved,
-            "flag0NoRoute": serving.flag0_no_route(sglang if isinstance(sglang, Mapping) else None, config) if config else [],
-            "flag1NoRoute": serving.flag1_no_route(sglang if isinstance(sglang, Mapping) else None, config) if config else []}
+    return {
+        "digest": config.digest if config else None,
+        "described": serving.describe(config) if config else None,
+        "problem": expected if isinstance(expected, str) else None,
+        "proved": proved,
+        "flag0NoRoute": serving.flag0_no_route(sglang if isinstance(sglang, Mapping) else None, config)
+        if config
+        else [],
+        "flag1NoRoute": serving.flag1_no_route(sglang if isinstance(sglang, Mapping) else None, config)
+        if config
+        else [],
+    }
 
 
-def explain(rollout: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
-            agent_pods: Iterable[Mapping[str, Any]], now: float) -> dict[str, Any]:
+def explain(
+    rollout: Mapping[str, Any],
+    node: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    agent_pods: Iterable[Mapping[str, Any]],
+    now: float,
+) -> dict[str, Any]:
     """The whole decision record of one node: what the operator recorded, why it is (in)eligible now,
     each GPU's and path's self-test, the analysis numbers and the rollback record."""
     name = meta(node).get("name")
@@ -243,25 +300,50 @@ def explain(rollout: Mapping[str, Any], node: Mapping[str, Any], pods: Iterable[
         "rollout": {"name": meta(rollout).get("name"), "namespace": meta(rollout).get("namespace")},
         "decision": record,
         "eligibility": {
-            "eligible": el.eligible, "reason": el.reason, "fingerprint": el.fingerprint, "agentAlive": alive,
-            "skip": node_labels.get(contract.LABEL_SKIP) == "true", "cordoned": view.unschedulable, "ready": view.ready,
-            "held": plan.held_reason(view), "flag": node_flag(node),
+            "eligible": el.eligible,
+            "reason": el.reason,
+            "fingerprint": el.fingerprint,
+            "agentAlive": alive,
+            "skip": node_labels.get(contract.LABEL_SKIP) == "true",
+            "cordoned": view.unschedulable,
+            "ready": view.ready,
+            "held": plan.held_reason(view),
+            "flag": node_flag(node),
             "labels": {k: v for k, v in sorted(node_labels.items()) if contract.is_ours(k)},
         },
-        "probe": {"capable": probe.get("capable"), "ready": probe.get("ready"),
-                  "missingForCapable": probe.get("missing_for_capable") or [], "summary": probe.get("summary"),
-                  "simulated": bool(probe.get("simulated"))} if report else None,
+        "probe": {
+            "capable": probe.get("capable"),
+            "ready": probe.get("ready"),
+            "missingForCapable": probe.get("missing_for_capable") or [],
+            "summary": probe.get("summary"),
+            "simulated": bool(probe.get("simulated")),
+        }
+        if report
+        else None,
         "reportProblem": report_problem,
         "serving": serving_view(expected, report),
-        "selftest": {"verdict": (report or {}).get("verdict"), "fingerprint": selftest.get("fingerprint"),
-                     "testedAt": selftest.get("tested_at"), "mode": selftest.get("mode"),
-                     "simulated": bool(selftest.get("simulated")), "problems": selftest.get("problems") or [],
-                     "gpus": selftest_rows(report)} if report else None,
+        "selftest": {
+            "verdict": (report or {}).get("verdict"),
+            "fingerprint": selftest.get("fingerprint"),
+            "testedAt": selftest.get("tested_at"),
+            "mode": selftest.get("mode"),
+            "simulated": bool(selftest.get("simulated")),
+            "problems": selftest.get("problems") or [],
+            "gpus": selftest_rows(report),
+        }
+        if report
+        else None,
         "analysis": dict((record or {}).get("numbers") or {}),
         "rollback": rollback.model_dump() if rollback else None,
         "rollbackProblem": rollback_problem,
-        "pods": [{"name": meta(p).get("name"), "flag": labels(p).get(contract.LABEL_POD_FLAG),
-                  "phase": (p.get("status") or {}).get("phase")} for p in pods_on(name, serving_pods(rollout, pods))],
+        "pods": [
+            {
+                "name": meta(p).get("name"),
+                "flag": labels(p).get(contract.LABEL_POD_FLAG),
+                "phase": (p.get("status") or {}).get("phase"),
+            }
+            for p in pods_on(name, serving_pods(rollout, pods))
+        ],
     }
 
 
@@ -270,15 +352,20 @@ def render_explain(record: Mapping[str, Any]) -> str:
     out = [f"Node {record['node']} in GluonRollout {ro['namespace']}/{ro['name']}"]
     decision = record.get("decision")
     if decision:
-        out.append(f"  state:       {decision.get('state')}{' (holdout)' if decision.get('holdout') else ''}: {decision.get('reason')}")
+        out.append(
+            f"  state:       {decision.get('state')}{' (holdout)' if decision.get('holdout') else ''}: {decision.get('reason')}"
+        )
     else:
         out.append("  state:       no record in the rollout's status yet")
     el = record["eligibility"]
     out.append(f"  eligible:    {'yes' if el['eligible'] else 'no'}: {el['reason']}")
-    out.append(f"  node:        agent {'alive' if el['agentAlive'] else 'not running or not ready'}, "
-               f"{'cordoned' if el['cordoned'] else 'schedulable'}, "
-               f"{'Ready' if el['ready'] else 'NotReady' if el['ready'] is False else 'Ready unknown'}"
-               + (", skip label set" if el["skip"] else "") + f", flag {el['flag']}")
+    out.append(
+        f"  node:        agent {'alive' if el['agentAlive'] else 'not running or not ready'}, "
+        f"{'cordoned' if el['cordoned'] else 'schedulable'}, "
+        f"{'Ready' if el['ready'] else 'NotReady' if el['ready'] is False else 'Ready unknown'}"
+        + (", skip label set" if el["skip"] else "")
+        + f", flag {el['flag']}"
+    )
     if el.get("held"):
         out.append(f"  held:        {el['held']}")
     out.append(f"  fingerprint: {el['fingerprint'] or NONE}")
@@ -287,38 +374,64 @@ def render_explain(record: Mapping[str, Any]) -> str:
     served = record.get("serving") or {}
     if served.get("digest"):
         proved = served["proved"] or NONE
-        out.append(f"  serving:     rollout serves config {served['digest']} ({served['described']}); the self-test proved {proved}"
-                   + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)"))
+        out.append(
+            f"  serving:     rollout serves config {served['digest']} ({served['described']}); the self-test proved {proved}"
+            + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)")
+        )
     elif served.get("problem"):
         out.append(f"  serving:     unresolved: {served['problem']}")
     if served.get("flag0NoRoute"):
-        out.append(f"  flag 0:      no working route ({served['flag0NoRoute'][0]}): no safe rollback, so never enabled; "
-                   f"a template with {contract.FLAG_ENV}=0 would crash serving here")
+        out.append(
+            f"  flag 0:      no working route ({served['flag0NoRoute'][0]}): no safe rollback, so never enabled; "
+            f"a template with {contract.FLAG_ENV}=0 would crash serving here"
+        )
     if served.get("flag1NoRoute"):
-        out.append(f"  flag 1:      no working route ({served['flag1NoRoute'][0]}): the accelerated path fails its self-test")
+        out.append(
+            f"  flag 1:      no working route ({served['flag1NoRoute'][0]}): the accelerated path fails its self-test"
+        )
     probe = record.get("probe")
     if probe:
-        out.append(f"  probe:       capable={probe['capable']} ready={probe['ready']}"
-                   + (f" missing: {'; '.join(probe['missingForCapable'])}" if probe["missingForCapable"] else "")
-                   + (" (SIMULATION)" if probe["simulated"] else ""))
+        out.append(
+            f"  probe:       capable={probe['capable']} ready={probe['ready']}"
+            + (f" missing: {'; '.join(probe['missingForCapable'])}" if probe["missingForCapable"] else "")
+            + (" (SIMULATION)" if probe["simulated"] else "")
+        )
     selftest = record.get("selftest")
     if selftest:
-        out.append(f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, tested at {when(selftest['testedAt'])}"
-                   + (" (SIMULATION)" if selftest["simulated"] else ""))
-        rows = [[g["gpu"], g["path"], g["result"], NONE if g["maxRelL2"] is None else f"{g['maxRelL2']:.2e}",
-                 speedup_text(g["speedup"]) if g["path"] == "accelerated" else "", "; ".join(g["reasons"])] for g in selftest["gpus"]]
+        out.append(
+            f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, tested at {when(selftest['testedAt'])}"
+            + (" (SIMULATION)" if selftest["simulated"] else "")
+        )
+        rows = [
+            [
+                g["gpu"],
+                g["path"],
+                g["result"],
+                NONE if g["maxRelL2"] is None else f"{g['maxRelL2']:.2e}",
+                speedup_text(g["speedup"]) if g["path"] == "accelerated" else "",
+                "; ".join(g["reasons"]),
+            ]
+            for g in selftest["gpus"]
+        ]
         if rows:
             out.append(indent(table(("GPU", "PATH", "RESULT", "MAX REL L2", "SPEEDUP", "REASONS"), rows)))
     if record.get("analysis"):
         out.append("  analysis:")
         out.extend(f"    {k}: {number_text(k, v)}" for k, v in sorted(record["analysis"].items()))
     rollback = record.get("rollback")
-    out.append(f"  rollback:    {rollback.get('reason') if rollback else record.get('rollbackProblem') or 'none recorded'}")
+    out.append(
+        f"  rollback:    {rollback.get('reason') if rollback else record.get('rollbackProblem') or 'none recorded'}"
+    )
     if rollback:
-        out.append(f"    fingerprint {rollback.get('fingerprint')}, at {when(rollback.get('at'))}; "
-                   "`kubectl gluon retry NODE` clears it")
+        out.append(
+            f"    fingerprint {rollback.get('fingerprint')}, at {when(rollback.get('at'))}; "
+            "`kubectl gluon retry NODE` clears it"
+        )
     pods = record.get("pods") or []
-    out.append(f"  pods:        {len(pods)}" + "".join(f"\n    {p['name']}: flag {p['flag'] or '?'} ({p['phase']})" for p in pods))
+    out.append(
+        f"  pods:        {len(pods)}"
+        + "".join(f"\n    {p['name']}: flag {p['flag'] or '?'} ({p['phase']})" for p in pods)
+    )
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -356,10 +469,15 @@ def render_plan(plan: Mapping[str, Any]) -> str:
     out = ["The next reconcile's plan (a preview: nothing has been written)"]
     if plan.get("dryRun"):
         out.append("spec.dryRun is true: the operator records this plan in status and Events and writes nothing else")
-    transitions = [[t.get("node"), t.get("old") or NONE, t.get("new"), t.get("rollback") or ""] for t in plan.get("transitions") or []]
+    transitions = [
+        [t.get("node"), t.get("old") or NONE, t.get("new"), t.get("rollback") or ""]
+        for t in plan.get("transitions") or []
+    ]
     status = plan.get("status") or {}
-    writes = [[w.get("node"), changes_text(w.get("labels") or {}), changes_text(w.get("annotations") or {})]
-              for w in plan.get("nodeWrites") or []]
+    writes = [
+        [w.get("node"), changes_text(w.get("labels") or {}), changes_text(w.get("annotations") or {})]
+        for w in plan.get("nodeWrites") or []
+    ]
     restarts = [[r.get("node"), r.get("why"), ", ".join(r.get("pods") or [])] for r in plan.get("restarts") or []]
     labels_ = [[p.get("name"), p.get("flag")] for p in plan.get("podLabels") or []]
     events = [[e.get("type"), e.get("reason"), e.get("message")] for e in plan.get("events") or []]
@@ -367,7 +485,11 @@ def render_plan(plan: Mapping[str, Any]) -> str:
         return "\n".join(out + ["nothing to do: the next reconcile changes nothing"]) + "\n"
     sections = [
         ("node transitions", ("NODE", "FROM", "TO", "ROLLBACK"), transitions),
-        ("status keys written", ("KEY", "VALUE"), [[k, "(removed)" if v is None else short(v)] for k, v in sorted(status.items())]),
+        (
+            "status keys written",
+            ("KEY", "VALUE"),
+            [[k, "(removed)" if v is None else short(v)] for k, v in sorted(status.items())],
+        ),
         ("node writes, in order", ("NODE", "LABELS", "ANNOTATIONS"), writes),
         ("pod restarts, in order", ("NODE", "WHY", "PODS"), restarts),
         ("pod flag labels", ("POD", "FLAG"), labels_),

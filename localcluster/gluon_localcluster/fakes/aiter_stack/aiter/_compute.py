@@ -29,7 +29,8 @@ class Works:
 
     def __init__(self, batch, qo_start, qo_len, kv_start, kv_end):
         self.batch, self.qo_start, self.qo_len, self.kv_start, self.kv_end = (
-            t.long() for t in (batch, qo_start, qo_len, kv_start, kv_end))
+            t.long() for t in (batch, qo_start, qo_len, kv_start, kv_end)
+        )
 
     def __len__(self):
         return self.batch.numel()
@@ -60,9 +61,11 @@ def merge(dst, group, m, l, acc, keep=None):
 
 
 def empty_state(groups, rows, device):
-    return (torch.full((groups, rows), float("-inf"), device=device),
-            torch.zeros(groups, rows, device=device),
-            torch.zeros(groups, rows, D_LATENT, device=device))
+    return (
+        torch.full((groups, rows), float("-inf"), device=device),
+        torch.zeros(groups, rows, device=device),
+        torch.zeros(groups, rows, D_LATENT, device=device),
+    )
 
 
 def sequences(kv_indptr):
@@ -105,8 +108,9 @@ def work_partials(q, kv, kv_indices, seqs, kv_scale, sm_scale, max_q, works: Wor
     for first in range(0, capacity, per_chunk):
         tiles = min(per_chunk, capacity - first)
         # tiles past the last item's belong to it, past its end: nothing in them is seen
-        owner = torch.searchsorted(tile_end, grid[:tiles, 0].div(TILE, rounding_mode="floor").add_(first),
-                                   right=True).clamp_max_(count - 1)
+        owner = torch.searchsorted(
+            tile_end, grid[:tiles, 0].div(TILE, rounding_mode="floor").add_(first), right=True
+        ).clamp_max_(count - 1)
         mine = table[owner]
         pos = grid[:tiles].add(mine[:, :1]).add_(first * TILE)  # [T, TILE] positions into kv_indices
         tokens = kv_indices[pos.clamp(0, kv_indices.numel() - 1)].clamp_(0, kv.shape[0] - 1)

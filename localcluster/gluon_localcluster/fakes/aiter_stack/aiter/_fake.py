@@ -18,6 +18,8 @@ def record(entry):
     if RECORDING:
         CALLS.append(entry)
     return entry
+
+
 CU_COUNT = {"gfx950": 256, "gfx942": 304}  # MI355X, MI300X
 
 

@@ -68,8 +68,10 @@ def table_key(r: Request) -> dict[str, int | str]:
             elif r.persistent and r.arch == "gfx950":
                 seqlen, gqa = 4, 32
             else:
-                raise RuntimeError("[AITER] mla_decode_stage1_asm_fwd:only support gqa_ratio=16 fp8 mla decoding with "
-                                   "qo_len <= 4 and qo_len>4 in persistent mode on gfx950")
+                raise RuntimeError(
+                    "[AITER] mla_decode_stage1_asm_fwd:only support gqa_ratio=16 fp8 mla decoding with "
+                    "qo_len <= 4 and qo_len>4 in persistent mode on gfx950"
+                )
     elif r.gqa == 32:
         if bf16 and r.kv_type == "bf16" and not r.persistent:
             seqlen = 0
@@ -81,14 +83,18 @@ def table_key(r: Request) -> dict[str, int | str]:
             elif r.max_seqlen_q == 2 and r.persistent:
                 seqlen = 2
             else:
-                raise RuntimeError("[AITER] mla_decode_stage1_asm_fwd: fp8/fp8 with gqa_ratio=32 only supports "
-                                   "decode_qlen=1,2 in persistent mode and decode_qlen>=3 in persistent mode on gfx950")
+                raise RuntimeError(
+                    "[AITER] mla_decode_stage1_asm_fwd: fp8/fp8 with gqa_ratio=32 only supports "
+                    "decode_qlen=1,2 in persistent mode and decode_qlen>=3 in persistent mode on gfx950"
+                )
     elif r.gqa == 64:
         if bf16 and r.kv_type == "bf16" and not r.persistent:
             seqlen = 1 if r.max_seqlen_q == 1 else 0
         elif fp8 and r.kv_type == "fp8":
             if not r.persistent:
-                raise RuntimeError("[AITER] mla_decode_stage1_asm_fwd: fp8/fp8 with gqa_ratio=64 only supports persistent mode")
+                raise RuntimeError(
+                    "[AITER] mla_decode_stage1_asm_fwd: fp8/fp8 with gqa_ratio=64 only supports persistent mode"
+                )
             seqlen = 1 if r.max_seqlen_q == 1 else 4
     elif r.gqa == 8 and fp8 and r.kv_type == "fp8" and not r.persistent and r.max_seqlen_q == 1:
         seqlen = 1
@@ -98,16 +104,34 @@ def table_key(r: Request) -> dict[str, int | str]:
             seqlen, gqa = 4, 32
         elif bf16 and r.kv_type == "bf16" and (packed >= 64 or r.gqa >= 16):
             seqlen, gqa = 1, 64
-        elif fp8 and r.kv_type == "fp8" and ((r.gqa == 32 and r.max_seqlen_q >= 4)
-                                             or (r.gqa == 64 and r.max_seqlen_q >= 2) or r.gqa == 128):
+        elif (
+            fp8
+            and r.kv_type == "fp8"
+            and ((r.gqa == 32 and r.max_seqlen_q >= 4) or (r.gqa == 64 and r.max_seqlen_q >= 2) or r.gqa == 128)
+        ):
             seqlen, gqa = 4, 32
-        elif fp8 and r.kv_type == "fp8" and ((r.gqa == 16 and r.max_seqlen_q in (3, 4))
-                                             or (r.gqa == 32 and r.max_seqlen_q in (2, 3))
-                                             or (r.gqa == 64 and r.max_seqlen_q == 1)):
+        elif (
+            fp8
+            and r.kv_type == "fp8"
+            and (
+                (r.gqa == 16 and r.max_seqlen_q in (3, 4))
+                or (r.gqa == 32 and r.max_seqlen_q in (2, 3))
+                or (r.gqa == 64 and r.max_seqlen_q == 1)
+            )
+        ):
             seqlen, gqa = 4, 16
     lse = 1 if (r.lse and r.persistent) else 0  # only the persistent kernels take the lse buffer
-    return {"qType": r.q_type, "kvType": r.kv_type, "Gqa": gqa, "ps": ps, "prefill": 0, "causal": causal,
-            "qSeqLen": seqlen, "lse": lse, "cprr": 0}
+    return {
+        "qType": r.q_type,
+        "kvType": r.kv_type,
+        "Gqa": gqa,
+        "ps": ps,
+        "prefill": 0,
+        "causal": causal,
+        "qSeqLen": seqlen,
+        "lse": lse,
+        "cprr": 0,
+    }
 
 
 def lookup(r: Request) -> str:
