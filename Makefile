@@ -27,7 +27,7 @@ $(TOOLS_STAMP): .ci/install-tools
 setup: $(STAMP)
 tools: $(TOOLS_STAMP)
 # The test control plane (etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok) from the pins in
-# localcluster/k8s; build.sh is a no-op while its stamp matches the pins (cold: minutes, see docs/controlplane.md).
+# localcluster/k8s; build.sh is a no-op while its stamp matches the pins (cold: minutes, see docs/developing/controlplane.md).
 cluster:
 	localcluster/k8s/build.sh
 

@@ -1,10 +1,10 @@
-"""The Markdown tables of docs/benchmarks/README.md's judge section, from a bench/judge.py --json record.
+"""The Markdown tables of docs/how-it-decides/judge-quality.md, from a bench/judge.py --json record.
 
     python bench/judge_tables.py docs/benchmarks/judge.json
 
 Prints the false-rollback table, the power at the anchors' defaults, the power at an equal
 false-rollback rate (the 1% target and ours' own rate, each way of counting) and the summary, so the
-README's numbers are the record's.
+page's numbers are the record's.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ ENABLED_STATES = ("Enabling", "Analyzing", "Promoted")
 WORKERS = 8
 STEADY_INTERVALS = 4
 # One analysis per rollout per interval, each a fixed set of range queries (decode speed and the load gauges,
-# docs/analysis.md) whatever the fleet size.
+# docs/how-it-decides/analysis.md) whatever the fleet size.
 QUERIES_PER_ANALYSIS = 1 + len(analysis.COVARIATES)
 TARGETS_AT_5000 = {
     "converge_over_floor_max": 1.5,

@@ -1,6 +1,6 @@
 """bench/judge.py (a SIMULATION of serving samples): its scenarios produce what its docstring says,
 its Kayenta-style anchor computes the Hodges-Lehmann interval, a small run reports every judge, and
-the README's tables are the recorded run's."""
+the tables of docs/how-it-decides/judge-quality.md are the recorded run's."""
 
 from __future__ import annotations
 
@@ -210,9 +210,9 @@ def test_a_longer_baseline_gives_every_judge_more_pre_flip_history():
 
 
 def test_the_readmes_judge_tables_are_the_recorded_runs():
-    """docs/benchmarks/README.md shows judge.json's numbers, as bench/judge_tables.py prints them."""
+    """docs/how-it-decides/judge-quality.md shows judge.json's numbers, as bench/judge_tables.py prints them."""
     record = json.loads((ROOT / "docs/benchmarks/judge.json").read_text())
-    assert judge_tables.tables(record) in (ROOT / "docs/benchmarks/README.md").read_text()
+    assert judge_tables.tables(record) in (ROOT / "docs/how-it-decides/judge-quality.md").read_text()
 
 
 def test_judge_controls_scenarios_switch_late_wander_everywhere_and_roll_out_whole():

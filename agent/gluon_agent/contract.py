@@ -153,7 +153,7 @@ M_ROLLOUT_RESTARTS: Final = ROLLOUT_METRIC_PREFIX + "pod_restarts"  # counter
 # Admission reviews the webhook answered, by outcome (webhook.OUTCOMES); every review is allowed, and only
 # bodies no API server sends (too large, not an AdmissionReview) are refused, 413 or 400.
 M_ROLLOUT_WEBHOOK_REVIEWS: Final = ROLLOUT_METRIC_PREFIX + "webhook_reviews"  # counter
-# The analysis judge's numbers per judged node (docs/analysis.md): the anytime-valid interval around
+# The analysis judge's numbers per judged node (docs/how-it-decides/analysis.md): the anytime-valid interval around
 # M_ROLLOUT_EFFECT, the effective sample size, the ratio the load adjustment applied, the sequential
 # test's always-valid p-values (label hypothesis: worse | not_worse) and its number of looks.
 M_ROLLOUT_EFFECT_LOWER: Final = ROLLOUT_METRIC_PREFIX + "effect_ratio_lower"

@@ -31,7 +31,7 @@ SCENARIOS = ROLLOUT_SCENARIOS + ("kernel_faults",)
 MAX_IN_FLIGHT = max(DEMO_STRATEGY["canaryNodes"], DEMO_STRATEGY["maxParallel"])
 OUTAGE_SECONDS = 20.0
 CONTROL_PLANE_OUTAGE_SECONDS = 20.0
-RECOVERY_BOUND_SECONDS = 15.0  # the operator's first write after the API server is back (docs/controlplane.md)
+RECOVERY_BOUND_SECONDS = 15.0  # first operator write after the API server is back (docs/operating/failure-modes.md)
 WATCH_DROP_SECONDS = 3.0
 REGRESSING_NODES = tuple(n.name for n in DEMO_FLEET if n.flag_effect < 1.0)  # flag 1 makes them slower: never Promoted
 

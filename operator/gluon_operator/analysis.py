@@ -1,4 +1,4 @@
-"""The analysis judge: pure functions over Prometheus samples (docs/analysis.md says why each step).
+"""The analysis judge: pure functions over Prometheus samples (docs/how-it-decides/analysis.md says why each step).
 
 Per node under analysis T, against the control nodes C (nodes whose flag held steady over T's windows, at
 flag 0 or 1: evaluation.control_group) in the same window, at each step t, counting only samples of the
@@ -570,7 +570,7 @@ def contrast_factor(n_pre: int, n_post: int, gap: int, inflation: float, phi: fl
     taken about the baseline's own mean, which hides that mean's variance (so it is divided by
     1 - that). `gap`: samples between the last baseline sample and the first post-flip one (the
     warm-up). At most 1: with no memory it changes nothing; with 10 min of it, 20 min of baseline and
-    10 min after, about 0.4-0.6 (docs/analysis.md, step 4)."""
+    10 min after, about 0.4-0.6 (docs/how-it-decides/analysis.md, step 4)."""
     if inflation <= 1 or n_pre < 2 or n_post < 1:
         return 1.0
     c = (inflation - 1) * (1 - phi) / 2
@@ -654,7 +654,7 @@ def _mixture(threshold: float, cfg: JudgeConfig) -> tuple[tuple[float, float], .
     size; some on 4, 16 and 64 times it, because one mixture's boundary grows as v / sqrt(rho) once
     the estimate's variance v exceeds rho (a noisy or wandering node, sd 5-10%): there the wider
     components keep it near 3-4 sd, so a large regression still fails, for a boundary about 1% wider
-    at small v (docs/analysis.md)."""
+    at small v (docs/how-it-decides/analysis.md)."""
     scale = cfg.mixture * (threshold**2 if math.isfinite(threshold) and threshold != 0 else 0.05**2)
     return tuple((scale * k, w) for k, w in zip(MIXTURE_SCALES, MIXTURE_WEIGHTS))
 

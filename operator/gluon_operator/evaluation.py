@@ -30,7 +30,7 @@ def steady_controls(
     statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float
 ) -> dict[int, list[str]]:
     """The nodes whose flag held steady over `node`'s baseline and since, by the flag they held
-    (docs/analysis.md, "The controls"): 0, eligible nodes not enabled (holdouts included) that have not
+    (docs/how-it-decides/analysis.md, "The controls"): 0, eligible nodes not enabled (holdouts included) that have not
     changed since before its baseline; 1, Promoted nodes whose pods all ran flag 1 (their judge's
     switchedAt, else their flip) before its baseline began. Never ineligible nodes (other hardware or
     software), nodes in flux (Enabling, Analyzing) or rolled back."""

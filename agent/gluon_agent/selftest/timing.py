@@ -1,7 +1,7 @@
 """GPU timing: device events around graph replays of several calls over rotating inputs, median of many.
 
 Graph replay keeps host launch overhead out of short kernels; rotating inputs keep the L2 from serving
-repeated reads; warm-up keeps compilation out. See the device method notes in docs/benchmarks/README.md.
+repeated reads; warm-up keeps compilation out. See the method notes in docs/developing/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def graph_ms_per_call(calls: Sequence[Callable[[], None]]) -> float:
 def replays_for(ms: float) -> int:
     """How many timed runs of `ms` each: REPLAYS where they fit MEASURE_SECONDS, else as many as fit, at
     least MIN_REPLAYS: a long run's jitter is a small share of it, so fewer of them give as steady a
-    median (docs/benchmarks/README.md, GPU self-test with the aiter stand-in); short runs keep every
+    median (docs/developing/benchmarks.md, timing); short runs keep every
     replay."""
     if ms <= 0:
         return REPLAYS

@@ -36,7 +36,8 @@ class KernelConfig:
     min_tokens_per_split: int = 512  # below this a split costs more in partials than it saves
 
 
-# Best of the H200 sweeps (docs/benchmarks/mla_kernel_notes.md): 64-token tiles, 4 warps, 128-wide QK slices.
+# Best of the H200 sweeps (docs/benchmarks/mla_kernel_notes.md, in git history): 64-token tiles, 4 warps,
+# 128-wide QK slices.
 # 88 KB of shared memory (and 237 registers x 128 threads) leave room for two programs per multiprocessor
 # (ctas_per_sm). An arithmetic-free kernel of this structure is no faster (bench/gather_ceiling.py's split
 # floor): at 8 warps per SM the loop waits on memory. Configs with 12 or 16 warps per SM were slower still
@@ -161,7 +162,8 @@ def _split_kernel(
     # features 4j + r: quarter-width products instead of one fed by byte-wise loads. The words come in four
     # column groups of 128 features (a..d), each with its own four products: when introduced (v12) that was
     # 217 registers instead of 255 and 1494 sm_90 loop instructions instead of 1658 (fewer register moves),
-    # and 5-13% faster at every recorded shape than one group (docs/benchmarks/README.md).
+    # and 5-13% faster at every recorded shape than one group (earlier H200 records of docs/benchmarks/, in git
+    # history).
     kv_words = KV.to(tl.pointer_type(tl.uint32), bitcast=True)
     GROUP: tl.constexpr = D_NOPE // 16  # words (of four features) in a column group
     offs_w = tl.arange(0, GROUP)
@@ -274,7 +276,8 @@ def reduce_tile(rows: int, splits: int, device: torch.device) -> tuple[int, int]
     (batch x heads) to give every SM two programs, else 32-feature slices; as many splits a step as the
     tile holds, 64 for up to 128 splits. Depends on batch x heads and the split count (itself from the
     length bound), so a captured graph stays valid at any length; three tile shapes keep the cold self-test
-    to three reduce compiles. H200 (docs/benchmarks/README.md): a 128K sequence's reduce 4.6 -> 1.7 µs."""
+    to three reduce compiles. H200 (earlier records of docs/benchmarks/, in git history): a 128K sequence's
+    reduce 4.6 -> 1.7 µs."""
     block_d = D_LATENT if rows >= 2 * multiprocessors(device) else 32
     most = REDUCE_TILE_ELEMENTS // block_d
     return block_d, most if splits > 128 or block_d == D_LATENT else 64
@@ -284,7 +287,7 @@ def split_count(batch: int, max_kv_len: int, device: torch.device, config: Kerne
     """Splits per sequence: one wave of resident programs (batch x splits at most ctas_per_sm per
     multiprocessor, so no program waits for a second wave), and no split shorter than
     min_tokens_per_split. Depends on the length *bound*, so a captured graph stays valid. H200
-    (docs/benchmarks/mla_kernel_notes.md): one wave beat 2 to 6 waves at every recorded shape, and a
+    (docs/benchmarks/mla_kernel_notes.md, in git history): one wave beat 2 to 6 waves at every recorded shape, and a
     program count just over one wave (264 + 24) cost 32 x 8K 19%."""
     return splits_per_sequence(resident_programs(device, config), batch, max_kv_len, config.min_tokens_per_split)
 
