@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gluon_localcluster.faultsim import (
     ROLLOUT_SCENARIOS,
@@ -47,7 +46,7 @@ from gluon_localcluster.faultsim import (
     check,
     run_kernel_faults,
     run_rollout,
-)  # noqa: E402
+)
 
 
 def faults_for(scenario: str, kills: int) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def mla_gluon(
 ):
     import torch
 
-    entry = record(
+    record(
         dict(
             kernel="mla_gluon",
             q_nope=q_nope,
