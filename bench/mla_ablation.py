@@ -33,7 +33,7 @@ from gluon_agent.selftest import timing, triton_mla
 from gluon_agent.selftest.problem import make_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mla_decode import (  # noqa: E402
+from mla_decode import (
     HEADS,
     kernel_mode,
     rel_l2,
