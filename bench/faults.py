@@ -20,9 +20,9 @@ no serving pod was evicted while it already ran with the flag its node wanted (a
 one transition); never more than max(canaryNodes, maxParallel) nodes Enabling or Analyzing at once (from
 the nodes' state labels, as the node watch saw them); the regressing node (gpu-02) never Promoted, in the
 rollout status or in its node's label. API-server and etcd outages: the operator's first write that lands
-(a status write or an eviction) within 15 s of the API server answering /readyz again. Prometheus outage: no node became Promoted or RolledBack while
-Prometheus was down. Kernel faults: the node's self-test is `error` with the reason, its agent is still
-up and healthy, the node is Ineligible.
+(a status write or an eviction) within 15 s of the API server answering /readyz again. Prometheus outage: no
+node became Promoted or RolledBack while Prometheus was down. Kernel faults: the node's self-test is `error`
+with the reason, its agent is still up and healthy, the node is Ineligible.
 """
 
 from __future__ import annotations

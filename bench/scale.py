@@ -498,7 +498,8 @@ def run(
                 until = time.time()
                 costs = component_costs(cp, cpu_before, converge_s)
                 requests = request_counts(proxy, since, until, nodes, watch.changes - changes_before)
-                # The operator's start (imports, login, the first lists) against its writes: the floor compares with the latter.
+                # The operator's start (imports, login, the first lists) against its writes: the floor compares with
+                # the latter.
                 first_write = min(
                     (s.at for s in proxy.requests("PATCH", "^/api/v1/nodes/") if s.at >= since), default=until
                 )

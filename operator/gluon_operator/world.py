@@ -243,7 +243,8 @@ class Caches:
 
     @classmethod
     def wait_synced(cls, pods: PodsKey | None, timeout: float) -> bool:
-        """True once the node and agent caches (and the pod cache of `pods`) have listed once; waits at most `timeout` s."""
+        """True once the node and agent caches (and the pod cache of `pods`) have listed once; waits at most
+        `timeout` s."""
         deadline = time.monotonic() + timeout
         informers = [cls.nodes, cls.agents] + ([cls.pods.get(pods)] if pods else [])
         return all(i is not None and i.synced.wait(max(0.0, deadline - time.monotonic())) for i in informers)

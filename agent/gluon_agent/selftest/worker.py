@@ -219,7 +219,10 @@ def prepare_device(device: torch.device, limit: int) -> str | None:
         return None
     free, total = info
     if free < limit:
-        return f"{device}: {free / plan.GiB:.1f} GiB free of {total / plan.GiB:.1f} GiB, the self-test needs {limit / plan.GiB:.1f} GiB"
+        return (
+            f"{device}: {free / plan.GiB:.1f} GiB free of {total / plan.GiB:.1f} GiB, the self-test needs "
+            f"{limit / plan.GiB:.1f} GiB"
+        )
     if device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
         torch.cuda.reset_peak_memory_stats(device)
