@@ -50,8 +50,8 @@ def false_rollbacks(record: dict, harmless: list[str]) -> list[str]:
 def power_at_defaults(record: dict, regressions: list[str]) -> list[str]:
     ours = record["ours"]["by_scenario"]
     rows = [
-        "Power at the anchors' defaults (regressions: share rolled back within 10 intervals, median intervals to the "
-        "rollback):",
+        "Power at the anchors' defaults "
+        "(regressions: share rolled back within 10 intervals, median intervals to the rollback):",
         "",
         *HEADER,
     ]

@@ -327,8 +327,8 @@ OLD = {"flag0_route": ABORTS, "mtp_through_gluon": False, "version": "0.5.19rc0"
             NO_MTP,
             False,
             False,
-            "flag 1 has no working route for the serving configuration (verify q_len 2, page size 1): q_len 2: no "
-            "gfx950 kernel",
+            "flag 1 has no working route for the serving configuration (verify q_len 2, page size 1): "
+            "q_len 2: no gfx950 kernel",
         ),
     ],
 )

@@ -153,8 +153,8 @@ def render_status(view: Mapping[str, Any]) -> str:
         head.append(f"invalid spec: {view['invalid']}")
     if view.get("dryRun"):
         head.append(
-            "dry run: spec.dryRun is true, the operator changes no node or pod (`kubectl gluon plan` shows what it "
-            "would do)"
+            "dry run: spec.dryRun is true, the operator changes no node or pod "
+            "(`kubectl gluon plan` shows what it would do)"
         )
     if view.get("paused"):
         head.append("paused: spec.paused is true (`kubectl gluon resume` resumes)")
