@@ -32,6 +32,8 @@ cluster:
 	localcluster/k8s/build.sh
 
 test: setup tools cluster
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup tools cluster

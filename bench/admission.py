@@ -40,17 +40,17 @@ from clusterbench import (
     agent_pod_from_daemonset,
     child_pythonpath,
     exit_cleanly_on_sigterm,
-    provenance,  # noqa: E402
+    provenance,
     wait_until,
 )
 
-from gluon_agent import contract  # noqa: E402
-from gluon_agent.sources import simulated_node  # noqa: E402
-from gluon_localcluster import fleet, processes  # noqa: E402
-from gluon_localcluster.controlplane import ControlPlane  # noqa: E402
-from gluon_localcluster.install import install  # noqa: E402
-from gluon_localcluster.kubelet_sim import Image, KubeletSim  # noqa: E402
-from gluon_operator.spec import GROUP, PLURAL, VERSION  # noqa: E402
+from gluon_agent import contract
+from gluon_agent.sources import simulated_node
+from gluon_localcluster import fleet, processes
+from gluon_localcluster.controlplane import ControlPlane
+from gluon_localcluster.install import install
+from gluon_localcluster.kubelet_sim import Image, KubeletSim
+from gluon_operator.spec import GROUP, PLURAL, VERSION
 
 NAMESPACE, UNSEEN = "serving", "kube-system"
 NODE, NODE_INDEX = "gpu-start", 3

@@ -28,17 +28,17 @@ from clusterbench import (
     agent_pod_from_daemonset,
     child_pythonpath,
     cpu_seconds,
-    exit_cleanly_on_sigterm,  # noqa: E402
+    exit_cleanly_on_sigterm,
     provenance,
     rss_bytes,
     wait_until,
 )
 
-from gluon_agent import contract  # noqa: E402
-from gluon_agent.sources import simulated_node  # noqa: E402
-from gluon_localcluster import fleet, processes  # noqa: E402
-from gluon_localcluster.controlplane import ControlPlane  # noqa: E402
-from gluon_localcluster.install import install  # noqa: E402
+from gluon_agent import contract
+from gluon_agent.sources import simulated_node
+from gluon_localcluster import fleet, processes
+from gluon_localcluster.controlplane import ControlPlane
+from gluon_localcluster.install import install
 
 NODE, NODE_INDEX = "bench-node", 0
 

@@ -11,19 +11,21 @@ for path in sys.argv[1:]:
         continue
     if data.get("bench") == "mla_decode":
         print(
-            f"{path}: ceiling {data['ceiling_tbps']:.2f} TB/s met={data['met']} by split floor={data.get('met_by_split_floor')}"
+            f"{path}: ceiling {data['ceiling_tbps']:.2f} TB/s met={data['met']} by split "
+            f"floor={data.get('met_by_split_floor')}"
         )
         for c in data["cases"]:
             print(
                 f"  {c['batch']:>4}x{c['kv_len']:<7} {c['mode']:<12} {c['ms'] * 1e3:9.1f} us {c['kv_tbps']:.2f} TB/s "
-                f"ratio={c['ratio_to_ceiling']:.2f} of_gather={c['ratio_to_gather_ceiling']:.2f} x_torch={c['speedup_vs_torch'] or 0:.1f} rel={c['rel_l2'] or 0:.1e}"
+                f"ratio={c['ratio_to_ceiling']:.2f} of_gather={c['ratio_to_gather_ceiling']:.2f} "
+                f"x_torch={c['speedup_vs_torch'] or 0:.1f} rel={c['rel_l2'] or 0:.1e}"
             )
         for shape, info in data["per_shape"].items():
             floor = info.get("split_floor", {})
             print(
-                f"  {shape}: gather ceiling {info['gather_ceiling']['ms'] * 1e3:.1f} us, "
-                f"fixed cost {info['fixed_cost_ms'] * 1e3:.1f} us, split floor {floor.get('ms', 0) * 1e3:.1f} us {floor.get('config')}, "
-                f"kernel-shaped {floor.get('kernel_structure', {}).get('ms', 0) * 1e3:.1f} us"
+                f"  {shape}: gather ceiling {info['gather_ceiling']['ms'] * 1e3:.1f} us, fixed cost "
+                f"{info['fixed_cost_ms'] * 1e3:.1f} us, split floor {floor.get('ms', 0) * 1e3:.1f} us "
+                f"{floor.get('config')}, kernel-shaped {floor.get('kernel_structure', {}).get('ms', 0) * 1e3:.1f} us"
             )
         for shape, rows in data.get("split_sweep", {}).items():
             print(f"  splits {shape}: " + " ".join(f"{r['splits']}:{r['ms'] * 1e3:.1f}us" for r in rows))
@@ -33,13 +35,14 @@ for path in sys.argv[1:]:
                 c = r["config"]
                 print(
                     f"  sweep {shape}: bn={c['block_n']} w={c['num_warps']} st={c['num_stages']} "
-                    f"d_chunk={c['d_chunk']} ratio={r['ratio_to_ceiling']:.2f} regs={r.get('registers')} spills={r.get('spills')}"
+                    f"d_chunk={c['d_chunk']} ratio={r['ratio_to_ceiling']:.2f} regs={r.get('registers')} "
+                    f"spills={r.get('spills')}"
                 )
             for r in [r for r in rows if "ms" in r][:: max(1, len(rows) // 8)]:
                 c = r["config"]
                 print(
-                    f"    sample: bn={c['block_n']} w={c['num_warps']} st={c['num_stages']} "
-                    f"d_chunk={c['d_chunk']} ratio={r['ratio_to_ceiling']:.2f} regs={r.get('registers')} spills={r.get('spills')}"
+                    f"    sample: bn={c['block_n']} w={c['num_warps']} st={c['num_stages']} d_chunk={c['d_chunk']} "
+                    f"ratio={r['ratio_to_ceiling']:.2f} regs={r.get('registers')} spills={r.get('spills')}"
                 )
     else:
         print(f"{path}: result={data.get('result')} seconds={data.get('seconds')} problems={data.get('problems')}")

@@ -20,9 +20,9 @@ no serving pod was evicted while it already ran with the flag its node wanted (a
 one transition); never more than max(canaryNodes, maxParallel) nodes Enabling or Analyzing at once (from
 the nodes' state labels, as the node watch saw them); the regressing node (gpu-02) never Promoted, in the
 rollout status or in its node's label. API-server and etcd outages: the operator's first write that lands
-(a status write or an eviction) within 15 s of the API server answering /readyz again. Prometheus outage: no node became Promoted or RolledBack while
-Prometheus was down. Kernel faults: the node's self-test is `error` with the reason, its agent is still
-up and healthy, the node is Ineligible.
+(a status write or an eviction) within 15 s of the API server answering /readyz again. Prometheus outage: no
+node became Promoted or RolledBack while Prometheus was down. Kernel faults: the node's self-test is `error`
+with the reason, its agent is still up and healthy, the node is Ineligible.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gluon_localcluster.faultsim import (
     ROLLOUT_SCENARIOS,
@@ -47,7 +46,7 @@ from gluon_localcluster.faultsim import (
     check,
     run_kernel_faults,
     run_rollout,
-)  # noqa: E402
+)
 
 
 def faults_for(scenario: str, kills: int) -> dict[str, Any]:

@@ -626,17 +626,17 @@ def targets(report: dict) -> dict[str, bool | None]:
             for a in ANCHORS
             for k in regressions
         ),
-        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks": at_least_every_tuned_anchor(
-            "horizon + 6 h guard mode"
+        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks": (
+            at_least_every_tuned_anchor("horizon + 6 h guard mode")
         ),
-        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor(
-            "horizon only"
+        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_anchors_horizon_only": (
+            at_least_every_tuned_anchor("horizon only")
         ),
-        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks": at_least_every_tuned_anchor(
-            "horizon + 6 h guard mode", "anchors_at_ours_false_rollback_rate"
+        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks": (
+            at_least_every_tuned_anchor("horizon + 6 h guard mode", "anchors_at_ours_false_rollback_rate")
         ),
-        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor(
-            "horizon only", "anchors_at_ours_false_rollback_rate"
+        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_anchors_horizon_only": (
+            at_least_every_tuned_anchor("horizon only", "anchors_at_ours_false_rollback_rate")
         ),
     }
 
@@ -769,8 +769,10 @@ def main() -> None:
         "--only",
         action="append",
         metavar="SCENARIO",
-        help="run only this scenario (a key such as regression_10pct@5pct_noise; repeatable), on the seeds --runs gives it: "
-        "each judge's table and an exact 95%% interval of its power within 10 intervals (see only())",
+        help=(
+            "run only this scenario (a key such as regression_10pct@5pct_noise; repeatable), on the seeds --runs gives "
+            "it: each judge's table and an exact 95%% interval of its power within 10 intervals (see only())"
+        ),
     )
     parser.add_argument(
         "--lonely",

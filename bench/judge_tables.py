@@ -50,7 +50,8 @@ def false_rollbacks(record: dict, harmless: list[str]) -> list[str]:
 def power_at_defaults(record: dict, regressions: list[str]) -> list[str]:
     ours = record["ours"]["by_scenario"]
     rows = [
-        "Power at the anchors' defaults (regressions: share rolled back within 10 intervals, median intervals to the rollback):",
+        "Power at the anchors' defaults "
+        "(regressions: share rolled back within 10 intervals, median intervals to the rollback):",
         "",
         *HEADER,
     ]
@@ -87,8 +88,8 @@ def power_at_equal_rate(record: dict, regressions: list[str], section: str, limi
         kept = ", ".join(f"{a} {anchors[a]['settings_meeting_target']} of {anchors[a]['settings']}" for a in ANCHORS)
         rows += [
             "",
-            f"At an equal false-rollback rate, anchors counted over {counting}: the most power any setting with {limit} "
-            f"on every harmless scenario has (within 10 intervals / over the horizon); settings kept: {kept}",
+            f"At an equal false-rollback rate, anchors counted over {counting}: the most power any setting with "
+            f"{limit} on every harmless scenario has (within 10 intervals / over the horizon); settings kept: {kept}",
             "",
             *HEADER,
         ]
@@ -103,19 +104,27 @@ def summary(record: dict, harmless: list[str]) -> list[str]:
     rows = [
         "Summary:",
         "",
-        "| judge | worst harmless (horizon) | all harmless: horizon / + 6 h guard | power: 10% at 5% noise within 10 intervals | median intervals |",
+        "| judge | worst harmless (horizon) | all harmless: horizon / + 6 h guard | power: 10% at 5% noise within 10 "
+        "intervals | median intervals |",
         "| --- | --- | --- | --- | --- |",
     ]
     ours = record["ours"]["by_scenario"]
     for name in ("ours", *ANCHORS):
         judge: dict[str, Any] = record[name]
         if name == "ours":  # its all-harmless rate is already counted with guard mode
-            both = f"{pct(sum(ours[k]['rollback_rate_horizon'] for k in harmless) / len(harmless))} / {pct(judge['false_rollback_rate_all_harmless'])}"
+            both = (
+                f"{pct(sum(ours[k]['rollback_rate_horizon'] for k in harmless) / len(harmless))} / "
+                f"{pct(judge['false_rollback_rate_all_harmless'])}"
+            )
         else:
-            both = f"{pct(judge['false_rollback_rate_all_harmless'])} / {pct(judge['false_rollback_rate_all_harmless_with_6h_guard'])}"
+            both = (
+                f"{pct(judge['false_rollback_rate_all_harmless'])} / "
+                f"{pct(judge['false_rollback_rate_all_harmless_with_6h_guard'])}"
+            )
         rows.append(
             f"| {name} | {pct(judge['false_rollback_rate_worst_harmless'])} | {both} | "
-            f"{pct(judge['power_10pct_5pct_noise_within_10'])} | {judge['median_intervals_to_detect_10pct_5pct_noise']} |"
+            f"{pct(judge['power_10pct_5pct_noise_within_10'])} | "
+            f"{judge['median_intervals_to_detect_10pct_5pct_noise']} |"
         )
     return rows
 

@@ -33,7 +33,7 @@ from gluon_agent.selftest import timing, triton_mla
 from gluon_agent.selftest.problem import make_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mla_decode import (  # noqa: E402
+from mla_decode import (
     HEADS,
     kernel_mode,
     rel_l2,
@@ -64,8 +64,10 @@ WORDS_DOTS = (
 )
 WORDS_JOIN = (
     "    W: tl.constexpr = 4 * GROUP  # features in a column group\n"
-    "    ab = _concat(_feature_order(a0, a1, a2, a3, BLOCK_H, W), _feature_order(b0, b1, b2, b3, BLOCK_H, W), BLOCK_H, W)\n"
-    "    cd = _concat(_feature_order(c0, c1, c2, c3, BLOCK_H, W), _feature_order(d0, d1, d2, d3, BLOCK_H, W), BLOCK_H, W)\n"
+    "    ab = _concat(_feature_order(a0, a1, a2, a3, BLOCK_H, W), _feature_order(b0, b1, b2, b3, BLOCK_H, W), "
+    "BLOCK_H, W)\n"
+    "    cd = _concat(_feature_order(c0, c1, c2, c3, BLOCK_H, W), _feature_order(d0, d1, d2, d3, BLOCK_H, W), "
+    "BLOCK_H, W)\n"
     "    acc = _concat(ab, cd, BLOCK_H, 2 * W)\n"
 )
 QUARTER_INIT = "".join(f"    acc{r} = tl.zeros([BLOCK_H, D_NOPE // 4], dtype=tl.float32)\n" for r in range(4))
@@ -112,8 +114,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
             WORDS_DOTS,
             "        word_row = kv_words + tok[:, None] * (stride_kv // 4) + offs_w[None, :]\n"
             + "".join(
-                f"        {g}0, {g}1, {g}2, {g}3 = _value_products(p, alpha, tl.load(word_row + {i} * GROUP, mask=mask_n[:, None],"
-                f" other=0), {g}0, {g}1, {g}2, {g}3, DOT_DTYPE)\n"
+                f"        {g}0, {g}1, {g}2, {g}3 = _value_products(p, alpha, tl.load(word_row + {i} * GROUP, "
+                f"mask=mask_n[:, None], other=0), {g}0, {g}1, {g}2, {g}3, DOT_DTYPE)\n"
                 for i, g in enumerate("abcd")
             ),
         ),
@@ -130,7 +132,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
         ),
         (
             WORDS_DOTS,
-            "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_p[None, :], mask=mask_n[:, None], other=0)\n"
+            "        w = tl.load(kv_pairs + tok[:, None] * (stride_kv // 2) + offs_p[None, :], mask=mask_n[:, None], "
+            "other=0)\n"
             "        v_even = (w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
             "        v_odd = (w >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)\n"
             "        acc_even = tl.dot(p, v_even, acc_even * alpha[:, None])\n"

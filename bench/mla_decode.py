@@ -26,7 +26,7 @@ import platform
 import sys
 from typing import Callable, Iterator
 
-import gather_ceiling  # noqa: E402 (bench/ is the script's directory)
+import gather_ceiling  # from bench/, the script's directory
 import torch
 import triton
 

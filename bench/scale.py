@@ -53,21 +53,21 @@ from clusterbench import (
     exit_cleanly_on_sigterm,
     mb,
     peak_rss_bytes,
-    provenance,  # noqa: E402
+    provenance,
     rss_bytes,
     start_prometheus_stub,
     wait_until,
 )
 
-from gluon_agent import contract  # noqa: E402
-from gluon_localcluster import fleet, processes  # noqa: E402
-from gluon_localcluster.binaries import binary  # noqa: E402
-from gluon_localcluster.controlplane import ControlPlane, free_port  # noqa: E402
-from gluon_localcluster.faultproxy import FaultProxy  # noqa: E402
-from gluon_localcluster.install import install  # noqa: E402
-from gluon_operator import analysis  # noqa: E402
-from gluon_operator.executor import NODE_WRITE_CONCURRENCY  # noqa: E402
-from gluon_operator.spec import GROUP, PLURAL, VERSION  # noqa: E402
+from gluon_agent import contract
+from gluon_localcluster import fleet, processes
+from gluon_localcluster.binaries import binary
+from gluon_localcluster.controlplane import ControlPlane, free_port
+from gluon_localcluster.faultproxy import FaultProxy
+from gluon_localcluster.install import install
+from gluon_operator import analysis
+from gluon_operator.executor import NODE_WRITE_CONCURRENCY
+from gluon_operator.spec import GROUP, PLURAL, VERSION
 
 NAMESPACE = "serving"
 ROLLOUT = "scale"
@@ -498,7 +498,8 @@ def run(
                 until = time.time()
                 costs = component_costs(cp, cpu_before, converge_s)
                 requests = request_counts(proxy, since, until, nodes, watch.changes - changes_before)
-                # The operator's start (imports, login, the first lists) against its writes: the floor compares with the latter.
+                # The operator's start (imports, login, the first lists) against its writes: the floor compares with
+                # the latter.
                 first_write = min(
                     (s.at for s in proxy.requests("PATCH", "^/api/v1/nodes/") if s.at >= since), default=until
                 )

@@ -16,10 +16,10 @@ from gluon_agent.selftest.problem import make_problem
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import gather_ceiling  # noqa: E402
-import mla_ablation  # noqa: E402
-import mla_decode  # noqa: E402
-import ncu_stalls  # noqa: E402
+import gather_ceiling
+import mla_ablation
+import mla_decode
+import ncu_stalls
 
 
 def rel_l2_of_variant(name: str, tmp_path) -> float:

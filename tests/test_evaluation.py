@@ -325,13 +325,11 @@ def test_controls_are_the_nodes_whose_flag_held_steady_over_the_judged_windows()
     """Eligible nodes not enabled (holdouts or not), unchanged since before the node's baseline, at flag 0;
     Promoted nodes whose pods all ran flag 1 before it, at flag 1; never nodes in flux or ineligible."""
     base = ENABLE - 1200
-    promoted = lambda at, switched=None: gating.NodeStatus(
-        gating.PROMOTED,
-        changed_at=at,
-        numbers=(  # noqa: E731
-            {"sequential": {"changedAt": at, "switchedAt": switched}} if switched else {}
-        ),
-    )
+
+    def promoted(at: float, switched: float | None = None) -> gating.NodeStatus:
+        numbers = {"sequential": {"changedAt": at, "switchedAt": switched}} if switched else {}
+        return gating.NodeStatus(gating.PROMOTED, changed_at=at, numbers=numbers)
+
     statuses = {
         "n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE),
         "hold": gating.NodeStatus(gating.ELIGIBLE, holdout=True),
@@ -367,9 +365,12 @@ def test_controls_are_the_nodes_whose_flag_held_steady_over_the_judged_windows()
 def test_a_rollout_faster_than_one_baseline_judges_its_last_nodes_on_a_shorter_one():
     """No group has minControls steady over the whole baseline: the Promoted nodes that switched before
     the flip, against a baseline from when the minControls-th of them switched; kept at later looks."""
-    promoted = lambda switched: gating.NodeStatus(
-        gating.PROMOTED, changed_at=switched - 5, numbers={"sequential": {"switchedAt": switched}}
-    )  # noqa: E731
+
+    def promoted(switched: float) -> gating.NodeStatus:
+        return gating.NodeStatus(
+            gating.PROMOTED, changed_at=switched - 5, numbers={"sequential": {"switchedAt": switched}}
+        )
+
     statuses = {
         "n0": gating.NodeStatus(gating.ANALYZING, changed_at=ENABLE),
         "last": gating.NodeStatus(gating.ELIGIBLE),

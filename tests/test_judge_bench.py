@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-import judge as bench  # noqa: E402
-import judge_tables  # noqa: E402
+import judge as bench
+import judge_tables
 
 
 def test_scenarios_cover_every_family_and_count_guard_mode_on_harmless_runs():

@@ -703,13 +703,11 @@ def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp
         "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster")),
     }
     kubectl = binary("kubectl")
-    run = lambda *args: subprocess.run(
-        [kubectl, "gluon", *args, "--kubeconfig", live.kubeconfig, "-n", live.namespace],  # noqa: E731
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [kubectl, "gluon", *args, "--kubeconfig", live.kubeconfig, "-n", live.namespace]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+
     shown = run("status", "viakubectl")
     assert shown.returncode == 0, shown.stderr
     assert f"GluonRollout {live.namespace}/viakubectl" in shown.stdout and "paused" in shown.stdout

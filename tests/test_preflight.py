@@ -152,7 +152,10 @@ PYTHON37 = "/root/.pyenv/versions/3.7.16/bin/python3.7"
 TRITON_37 = {
     **TRITON_36,
     "triton/__init__.py": "__version__ = '3.7.0'\n",
-    "triton/experimental/gluon/language/__init__.py": "class PaddedSharedLayout:\n    def __init__(self, interval_padding_pairs, order, shape, cga_layout=None):\n        pass\n",
+    "triton/experimental/gluon/language/__init__.py": (
+        "class PaddedSharedLayout:\n"
+        "    def __init__(self, interval_padding_pairs, order, shape, cga_layout=None):\n        pass\n"
+    ),
 }
 # The same ROCm torch as seen from an init container: the device plugin gives it no GPU.
 TORCH_NO_GPU = {"torch/__init__.py": TORCH_GFX950["torch/__init__.py"].replace("return True", "return False")}

@@ -154,7 +154,8 @@ def test_derivation_table(command, args, env, expected):
             [
                 "sh",
                 "-c",
-                "python3 -m sglang.launch_server --speculative-algorithm DSPARK --speculative-dspark-block-size ${BLOCK:-7}",
+                "python3 -m sglang.launch_server --speculative-algorithm DSPARK --speculative-dspark-block-size "
+                "${BLOCK:-7}",
             ],
             None,
             "verifyQLens",
@@ -295,8 +296,8 @@ OLD = {"flag0_route": ABORTS, "mtp_through_gluon": False, "version": "0.5.19rc0"
             NEW,
             False,
             False,
-            f"self-test proved serving config {ServingConfig().digest}; this rollout serves {ServingConfig(verify_q_lens=(4,)).digest} "
-            "(verify q_len 4, page size 1); re-test requested",
+            f"self-test proved serving config {ServingConfig().digest}; this rollout serves "
+            f"{ServingConfig(verify_q_lens=(4,)).digest} (verify q_len 4, page size 1); re-test requested",
         ),
         # flag 0 without a route: DCP with the gluon decode backend, q_len 8, SGLang between #34647 and #37438
         (ServingConfig(dcp_size=8), ServingConfig(dcp_size=8), NEW, False, True, "AITER Gluon MLA is required for DCP"),
@@ -326,7 +327,8 @@ OLD = {"flag0_route": ABORTS, "mtp_through_gluon": False, "version": "0.5.19rc0"
             NO_MTP,
             False,
             False,
-            "flag 1 has no working route for the serving configuration (verify q_len 2, page size 1): q_len 2: no gfx950 kernel",
+            "flag 1 has no working route for the serving configuration (verify q_len 2, page size 1): "
+            "q_len 2: no gfx950 kernel",
         ),
     ],
 )
@@ -528,8 +530,8 @@ def test_explain_names_the_serving_configs_and_flag_0s_missing_route():
         )
     )
     assert (
-        f"serving:     rollout serves config {wanted.digest} (no speculative decoding, DCP 8 (gluon decode backend), page size 1); "
-        f"the self-test proved {ServingConfig().digest}" in text
+        f"serving:     rollout serves config {wanted.digest} (no speculative decoding, DCP 8 (gluon decode backend), "
+        f"page size 1); the self-test proved {ServingConfig().digest}" in text
     )
     assert "flag 0:      no working route (q_len 1: RuntimeError: AITER Gluon MLA is required for DCP" in text
     assert "eligible:    no: no safe rollback" in text

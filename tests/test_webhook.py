@@ -350,7 +350,7 @@ def test_the_preflight_sees_the_serving_containers_env_and_mounts():
     ]
 
 
-# ---------------------------------------------------------------- the admission server's body limit (kopf + aiohttp, no API server)
+# ------------------------------------------------ the admission server's body limit (kopf + aiohttp, no API server)
 
 
 def test_reviews_over_aiohttps_1_mib_default_are_read():

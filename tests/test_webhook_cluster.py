@@ -145,7 +145,8 @@ def test_api_server_applies_the_webhook_patch(webhook_url, namespace, admin):
         ]
     other = core.create_namespaced_pod(namespace, sglang_pod(namespace, labels={"app": "vllm"}), dry_run="All")
     assert not other.spec.init_containers and contract.ANNOTATION_POD_INJECTED not in (other.metadata.annotations or {})
-    # a regular container named like our init containers: left as it is, so the API server accepts it (not 422 Duplicate value)
+    # a regular container named like our init containers: left as it is, so the API server accepts it (not 422
+    # Duplicate value)
     clash = sglang_pod(namespace)
     clash["spec"]["containers"].append({"name": webhook.PREFLIGHT_CONTAINER, "image": "busybox"})
     kept = core.create_namespaced_pod(namespace, clash, dry_run="All")

@@ -88,8 +88,8 @@ def missing_for_capable(facts: Facts) -> list[str]:
         missing.append(f"Triton Gluon cga_layout (have {have}, need >= {CGA_MIN_TRITON})")
     if not facts.gpu_archs and (facts.kfd_access or "").startswith("denied"):
         missing.append(
-            f"GPU arch {REQUIRED_ARCH} (no GPU visible: opening /dev/kfd was {facts.kfd_access}; on a standard container "
-            "runtime only a privileged container or a device plugin's allocation may open it: the chart's "
+            f"GPU arch {REQUIRED_ARCH} (no GPU visible: opening /dev/kfd was {facts.kfd_access}; on a standard "
+            "container runtime only a privileged container or a device plugin's allocation may open it: the chart's "
             "agent.privileged or agent.gpuAccess=resource)"
         )
     elif not facts.gpu_archs:

@@ -146,7 +146,8 @@ def run(out: Path, timeout: float, quiet: bool = False) -> dict:
         version = cluster.cp.version()
         if not quiet:
             print(
-                f"kube-apiserver {version['gitVersion']} ({version['platform']}, {version['goVersion']}) on {cluster.cp.url}",
+                f"kube-apiserver {version['gitVersion']} ({version['platform']}, {version['goVersion']}) on "
+                f"{cluster.cp.url}",
                 flush=True,
             )
         cluster.wait_for_agents()
@@ -211,8 +212,8 @@ def main() -> int:
             print(f"  rolled back: {name}: {r['reason'][:150]}")
             continue
         print(
-            f"  rolled back: {name}: effect x{r['effect']:.3f} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), threshold x{r['threshold']}, "
-            f"n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}"
+            f"  rolled back: {name}: effect x{r['effect']:.3f} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), threshold "
+            f"x{r['threshold']}, n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}"
         )
     print(f"  timeline:    {result['timeline']}   summary: {Path(args.out) / 'summary.json'}   ({result['seconds']} s)")
     return 0 if result["settled"] and result["rolled_back"] else 1

@@ -94,8 +94,9 @@ def route_problem(report: AgentReport, serving: ServingConfig | str | None) -> t
     flag0 = routing.flag0_no_route(sglang, serving)
     if flag0:
         return (
-            f"{NO_SAFE_ROLLBACK}: flag 0 has no working route for the serving configuration ({routing.describe(serving)}): "
-            f"{flag0[0]}; a node enabled here could not be rolled back, so it is never enabled"
+            f"{NO_SAFE_ROLLBACK}: flag 0 has no working route for the serving configuration "
+            f"({routing.describe(serving)}): {flag0[0]}; "
+            "a node enabled here could not be rolled back, so it is never enabled"
         ), True
     flag1 = routing.flag1_no_route(sglang, serving)
     if flag1:

@@ -274,8 +274,8 @@ async def reconcile_once(
 async def cleanup(
     namespace: str, name: str, status: Mapping[str, Any], meta: Mapping[str, Any], logger: logging.Logger, **_: Any
 ) -> None:
-    """Deleting a rollout takes its labels, records and serving config off the nodes it managed: new pods start at flag 0.
-    Running pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
+    """Deleting a rollout takes its labels, records and serving config off the nodes it managed: new pods start at
+    flag 0. Running pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
     uid = meta.get("uid", "")
     Reconciles.deleted.add(uid)
     async with Reconciles.lock(uid):  # a reconcile in flight writes first

@@ -152,7 +152,10 @@ def reserved_name_clash(spec: Mapping[str, Any], annotations: Mapping[str, Any])
     for container in spec["containers"]:
         for mount in container["volumeMounts"]:
             if mount.get("name") == VOLUME or mount.get("mountPath") == MOUNT:
-                return f"container {container['name']!r} already mounts {mount.get('name')!r} at {mount.get('mountPath')!r}"
+                return (
+                    f"container {container['name']!r} already mounts {mount.get('name')!r} at "
+                    f"{mount.get('mountPath')!r}"
+                )
     return None
 
 
@@ -207,18 +210,24 @@ def preflight_script(
         f"PYTHONPATH={mount}/lib${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH",
         f"rm -f {mount}/deadline-passed",
         f"say() {{ printf '%s' \"$1\" > {termination_log}; printf '%s\\n' \"$1\"; }}",
-        f'refuse() {{ printf "%s=\'0\'\\n" {contract.FLAG_ENV} > {mount}/{FLAG_FILE}; say "{{\\"flag\\": \\"0\\", $1}}"; exit 0; }}',
-        f"py=$(command -v python3 || command -v python) || refuse '{refusal}\"the serving image has no python3 on PATH\"'",
-        f'"$py" -c "{LAUNCHER}" --flag-dir {mount} --termination-log {termination_log} --deadline {python_deadline(deadline_s)}{port} &',
+        f"refuse() {{ printf \"%s='0'\\n\" {contract.FLAG_ENV} > {mount}/{FLAG_FILE}; "
+        'say "{\\"flag\\": \\"0\\", $1}"; exit 0; }',
+        "py=$(command -v python3 || command -v python) "
+        f"|| refuse '{refusal}\"the serving image has no python3 on PATH\"'",
+        f'"$py" -c "{LAUNCHER}" --flag-dir {mount} --termination-log {termination_log} '
+        f"--deadline {python_deadline(deadline_s)}{port} &",
         "pid=$!",
-        f"( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep {deadline_s} & s=$!; wait $s; : > {mount}/deadline-passed; kill -KILL $pid ) 2>/dev/null &",
+        f"( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep {deadline_s} & s=$!; wait $s; "
+        f": > {mount}/deadline-passed; kill -KILL $pid ) 2>/dev/null &",
         "dog=$!",
         "wait $pid; status=$?",
         "kill $dog 2>/dev/null",
         '[ "$status" = 0 ] && exit 0',
-        f'[ "$status" = {TOO_OLD_EXIT} ] && refuse "{refusal.replace(chr(34), chr(92) + chr(34))}\\"the serving image\'s python '
-        f'($("$py" -V 2>&1 | tr -cd \'A-Za-z0-9. +-\')) is older than {".".join(map(str, PYTHON_FLOOR))}, which the preflight needs\\""',
-        f'[ -e {mount}/deadline-passed ] && refuse \'"reason": "the preflight passed its deadline of {deadline_s} s and was killed"\'',
+        f'[ "$status" = {TOO_OLD_EXIT} ] && refuse "{refusal.replace(chr(34), chr(92) + chr(34))}\\"the serving '
+        "image's python ($(\"$py\" -V 2>&1 | tr -cd 'A-Za-z0-9. +-')) is older than "
+        f'{".".join(map(str, PYTHON_FLOOR))}, which the preflight needs\\""',
+        f"[ -e {mount}/deadline-passed ] && "
+        f'refuse \'"reason": "the preflight passed its deadline of {deadline_s} s and was killed"\'',
         'refuse "\\"reason\\": \\"the preflight exited with status $status\\""',
     ]
     return "\n".join(lines) + "\n"
@@ -390,8 +399,8 @@ def no_rollback_warning(pod: Mapping[str, Any]) -> tuple[str, ...]:
         for e in container.get("env") or []
     )
     return (
-        f"gluon-rollout: this pod's SGLang setup ({serving.describe(config)}) has no working route at {contract.FLAG_ENV}=0 "
-        f"({reasons[0]}): flag 0 is no safe fallback here, so "
+        f"gluon-rollout: this pod's SGLang setup ({serving.describe(config)}) has no working route at "
+        f"{contract.FLAG_ENV}=0 ({reasons[0]}): flag 0 is no safe fallback here, so "
         + (
             f"the template's {contract.FLAG_ENV}=0 would crash serving"
             if template

@@ -243,7 +243,8 @@ class Caches:
 
     @classmethod
     def wait_synced(cls, pods: PodsKey | None, timeout: float) -> bool:
-        """True once the node and agent caches (and the pod cache of `pods`) have listed once; waits at most `timeout` s."""
+        """True once the node and agent caches (and the pod cache of `pods`) have listed once; waits at most
+        `timeout` s."""
         deadline = time.monotonic() + timeout
         informers = [cls.nodes, cls.agents] + ([cls.pods.get(pods)] if pods else [])
         return all(i is not None and i.synced.wait(max(0.0, deadline - time.monotonic())) for i in informers)
@@ -264,18 +265,18 @@ class Caches:
         assert cls.nodes is not None and cls.agents is not None
         nodes_index, agents_index = cls.nodes.snapshot("nodes"), cls.agents.snapshot("agents")
         nodes = {name: (nodes_index.get(name) or [None])[0] for name in nodes_index}
-        for name, (at, labels, annotations) in list(cls.written.items()):
+        for name, (at, labels, node_annotations) in list(cls.written.items()):
             view = nodes.get(name)
             shown = (
                 view is not None
                 and all(view.labels.get(k) == v for k, v in labels.items())
-                and all(view.annotations.get(k) == v for k, v in annotations.items())
+                and all(view.annotations.get(k) == v for k, v in node_annotations.items())
             )
             if view is None or shown or time.monotonic() - at > STALE_WRITE_SECONDS:
                 del cls.written[name]
                 continue
             nodes[name] = replace(
-                view, labels=merged(view.labels, labels), annotations=merged(view.annotations, annotations)
+                view, labels=merged(view.labels, labels), annotations=merged(view.annotations, node_annotations)
             )
         agents = {node: any(agents_index.get(node) or []) for node in agents_index}
         serving: dict[tuple[str, str], list[PodView]] = {}

@@ -108,7 +108,10 @@ def no_route_reason(flag: str, planned: dict[str, Any]) -> str | None:
     """The first route of this path known to abort or be refused, with its evidence, or None."""
     for q_len, route in sorted(planned.get("routes", {}).items(), key=lambda kv: int(kv[0])):
         if route.get("aborts"):
-            return f"no route at flag {flag}: {route.get('evidence') or route['aborts']} (q_len {q_len}: {route['aborts']})"
+            return (
+                f"no route at flag {flag}: {route.get('evidence') or route['aborts']} (q_len {q_len}: "
+                f"{route['aborts']})"
+            )
     return None
 
 
@@ -175,7 +178,8 @@ def judge_graph(result: GraphResult) -> GraphResult:
             problems.append(f"replay at {replay['kv_len']}: relative L2 {replay['rel_l2']} > {REL_L2_MAX}")
         if replay["rel_vs_eager"] is None or replay["rel_vs_eager"] > GRAPH_VS_EAGER_REL_MAX:
             problems.append(
-                f"replay at {replay['kv_len']}: differs from eager by {replay['rel_vs_eager']} > {GRAPH_VS_EAGER_REL_MAX}"
+                f"replay at {replay['kv_len']}: differs from eager by {replay['rel_vs_eager']} > "
+                f"{GRAPH_VS_EAGER_REL_MAX}"
             )
     ratio = result.ratio
     if ratio is not None and ratio > GRAPH_REPLAY_MAX_RATIO:

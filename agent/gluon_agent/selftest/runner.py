@@ -313,7 +313,8 @@ def format_table(report: Mapping[str, Any]) -> str:
             for g in child.get("graph", []):
                 ratio = "-" if g["ratio"] is None else f"{g['ratio']:.2f}"
                 lines.append(
-                    f"  {path:<11} {g['backend']:<18} graph replay/eager={ratio} {'ok' if not g['problems'] else 'FAIL'}"
+                    f"  {path:<11} {g['backend']:<18} graph replay/eager={ratio} "
+                    f"{'ok' if not g['problems'] else 'FAIL'}"
                 )
             lines += [f"  {path:<11} reason: {r}" for r in info["reasons"]]
         for case, value in gpu["speedup"].items():

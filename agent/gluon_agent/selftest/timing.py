@@ -101,5 +101,4 @@ def copy_ceiling_tbps(device: torch.device, nbytes: int = 2**30) -> float:
     dst = torch.empty_like(src)
     kernel_ms = graph_ms_per_call([lambda: torch.add(src, 0.0, out=dst)])
     memcpy_ms = median_ms(lambda: dst.copy_(src), warm=False)  # the replays above warmed the GPU
-    del src, dst
     return tbps(2 * nbytes, min(kernel_ms, memcpy_ms))

@@ -224,7 +224,7 @@ def _split_kernel(
 def _reduce_kernel(
     PART_O,
     PART_LSE,
-    O,
+    OUT,
     num_splits,
     stride_pb,
     stride_ps,
@@ -244,7 +244,7 @@ def _reduce_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     lse_row = PART_LSE + b * stride_lb + h
     m = tl.full([1], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([1], dtype=tl.float32)
+    weight_sum = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
         s = s0 + offs_s
@@ -256,10 +256,10 @@ def _reduce_kernel(
         rescale = tl.exp2(m - m_safe)
         w = tl.exp2(lse - m_safe)
         acc = acc * rescale + tl.sum(part * w[:, None], 0)
-        l = l * rescale + tl.sum(w, 0)
+        weight_sum = weight_sum * rescale + tl.sum(w, 0)
         m = m_new
-    # l > 0: every sequence has a token, so some split has one
-    tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / l).to(O.dtype.element_ty))
+    # weight_sum > 0: every sequence has a token, so some split has one
+    tl.store(OUT + b * stride_ob + h * stride_oh + offs_d, (acc / weight_sum).to(OUT.dtype.element_ty))
 
 
 def multiprocessors(device: torch.device) -> int:

@@ -147,8 +147,14 @@ SGLANG_INIT_PS_OFF_FOR_GLUON = """
                     _use_mla_ps_kernel = False
 """
 SGLANG_GLUON_DECODE = {
-    False: "def mla_gluon_decode(\n    *,\n    q,\n    k_buffer,\n    min_kv_seq_len: int,\n    kv_scale: float = 1.0,\n) -> Optional[torch.Tensor]:\n    pass\n",
-    True: "def mla_gluon_decode(\n    *,\n    q,\n    k_buffer,\n    min_kv_seq_len: int,\n    kv_scale: float = 1.0,\n    qlen: int = 1,\n) -> Optional[torch.Tensor]:\n    pass\n",
+    False: (
+        "def mla_gluon_decode(\n    *,\n    q,\n    k_buffer,\n    min_kv_seq_len: int,\n    kv_scale: float = 1.0,\n"
+        ") -> Optional[torch.Tensor]:\n    pass\n"
+    ),
+    True: (
+        "def mla_gluon_decode(\n    *,\n    q,\n    k_buffer,\n    min_kv_seq_len: int,\n    kv_scale: float = 1.0,\n"
+        "    qlen: int = 1,\n) -> Optional[torch.Tensor]:\n    pass\n"
+    ),
 }
 
 

@@ -153,7 +153,8 @@ def render_status(view: Mapping[str, Any]) -> str:
         head.append(f"invalid spec: {view['invalid']}")
     if view.get("dryRun"):
         head.append(
-            "dry run: spec.dryRun is true, the operator changes no node or pod (`kubectl gluon plan` shows what it would do)"
+            "dry run: spec.dryRun is true, the operator changes no node or pod "
+            "(`kubectl gluon plan` shows what it would do)"
         )
     if view.get("paused"):
         head.append("paused: spec.paused is true (`kubectl gluon resume` resumes)")
@@ -353,7 +354,8 @@ def render_explain(record: Mapping[str, Any]) -> str:
     decision = record.get("decision")
     if decision:
         out.append(
-            f"  state:       {decision.get('state')}{' (holdout)' if decision.get('holdout') else ''}: {decision.get('reason')}"
+            f"  state:       {decision.get('state')}{' (holdout)' if decision.get('holdout') else ''}: "
+            f"{decision.get('reason')}"
         )
     else:
         out.append("  state:       no record in the rollout's status yet")
@@ -375,8 +377,8 @@ def render_explain(record: Mapping[str, Any]) -> str:
     if served.get("digest"):
         proved = served["proved"] or NONE
         out.append(
-            f"  serving:     rollout serves config {served['digest']} ({served['described']}); the self-test proved {proved}"
-            + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)")
+            f"  serving:     rollout serves config {served['digest']} ({served['described']}); the self-test proved "
+            f"{proved}" + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)")
         )
     elif served.get("problem"):
         out.append(f"  serving:     unresolved: {served['problem']}")
@@ -399,8 +401,8 @@ def render_explain(record: Mapping[str, Any]) -> str:
     selftest = record.get("selftest")
     if selftest:
         out.append(
-            f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, tested at {when(selftest['testedAt'])}"
-            + (" (SIMULATION)" if selftest["simulated"] else "")
+            f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, tested at "
+            f"{when(selftest['testedAt'])}" + (" (SIMULATION)" if selftest["simulated"] else "")
         )
         rows = [
             [

@@ -8,5 +8,5 @@ _fake.py) make chosen devices abort, hang or return garbage.
 
 __version__ = "0.1.99+fake"
 
-from . import mla  # noqa: E402,F401
-from .ops.attention import get_mla_metadata_info_v1, get_mla_metadata_v1  # noqa: E402,F401
+from . import mla  # noqa: F401
+from .ops.attention import get_mla_metadata_info_v1, get_mla_metadata_v1  # noqa: F401

@@ -43,9 +43,9 @@ def scale_value(kv_scale, device):
     return float(kv_scale)
 
 
-def merge(dst, group, m, l, acc, keep=None):
-    """Folds partial softmax states (m, l, acc: [P, R], [P, R], [P, R, 512]) into dst's groups
-    (dst = (m, l, acc) of shape [G, ...]) by `group` [P]; where `keep` [P] is given, the other
+def merge(dst, group, m, sums, acc, keep=None):
+    """Folds partial softmax states (m, sums, acc: [P, R], [P, R], [P, R, 512]) into dst's groups
+    (dst = (m, sums, acc) of shape [G, ...]) by `group` [P]; where `keep` [P] is given, the other
     partials are dropped (their group may be out of range)."""
     dm, dl, dacc = dst
     if keep is not None:
@@ -55,7 +55,7 @@ def merge(dst, group, m, l, acc, keep=None):
     safe_m = new_m.clamp_min(LOWEST)  # exp(-inf - LOWEST) = 0: an empty state or partial adds nothing
     old = (dm - safe_m).exp_()
     mine = (m - safe_m[group]).exp_()
-    dl.mul_(old).index_add_(0, group, l.mul_(mine))
+    dl.mul_(old).index_add_(0, group, sums.mul_(mine))
     dacc.mul_(old[..., None]).index_add_(0, group, acc.mul_(mine[..., None]))
     dm.copy_(new_m)
 
@@ -75,7 +75,7 @@ def sequences(kv_indptr):
 
 
 def work_partials(q, kv, kv_indices, seqs, kv_scale, sm_scale, max_q, works: Works):
-    """Each work item's softmax state over its KV range: (m, l, acc) of shape [W, max_q*H(, 512)],
+    """Each work item's softmax state over its KV range: (m, sums, acc) of shape [W, max_q*H(, 512)],
     row r = position r // H of the item's q rows, head r % H. Causal within a q block: q row i of an
     item with n rows sees the first L - n + i + 1 tokens of its sequence; `seqs` is (start, length) of
     every sequence in kv_indices, [B] each.
@@ -127,8 +127,8 @@ def work_partials(q, kv, kv_indices, seqs, kv_scale, sm_scale, max_q, works: Wor
 def finish(state, out, heads, max_q, rows_of_group):
     """Writes normalized outputs: group g's row r goes to out[rows_of_group[g] + r // H, r % H].
     Rows no item covered stay as they were (a real kernel leaves them unwritten too)."""
-    m, l, acc = state
-    value = acc / l.clamp_min(1e-30)[..., None]
+    m, sums, acc = state
+    value = acc / sums.clamp_min(1e-30)[..., None]
     written = torch.isfinite(m)
     q_row = rows_of_group.long()[:, None] + torch.arange(max_q, device=out.device).repeat_interleave(heads)[None, :]
     head = torch.arange(heads, device=out.device).repeat(max_q)[None, :].expand_as(q_row)

@@ -1,7 +1,7 @@
 """The fake's kernel table: which MLA decode kernels aiter ships per GPU, and the lookup that picks one.
 
-The tables are verbatim copies of aiter's hsa/<arch>/mla/mla_asm.csv (localcluster/gluon_localcluster/fakes/upstream/, with their
-provenance). The lookup re-implements, for decode (prefill=0), what ROCm/aiter at e4048607 does in
+The tables are verbatim copies of aiter's hsa/<arch>/mla/mla_asm.csv (localcluster/gluon_localcluster/fakes/upstream/,
+with their provenance). The lookup re-implements, for decode (prefill=0), what ROCm/aiter at e4048607 does in
 csrc/py_itfs_cu/asm_mla.cu `mla_decode_stage1_asm_fwd` (the padding rules that map a request onto a table
 row: q length padded to 4, gqa folded onto 16/32/64, causal forced on for one query token) and
 `get_heuristic_kernel_mla` (exact match on every column, else `cannot get heuristic kernel!`).

@@ -212,11 +212,11 @@ def persistent_decode(
         torch.where(listed, info[:, 4], empty),
         torch.where(listed, info[:, 5], empty),
     )
-    m, l, acc = work_partials(q, kv, indices, seqs, scale, sm_scale, max_q, works)
+    m, sums, acc = work_partials(q, kv, indices, seqs, scale, sm_scale, max_q, works)
     loc = info[:, 1]
     direct = listed & (loc < 0)
     finish(
-        (torch.where(direct[:, None], m, torch.full_like(m, float("-inf"))), l, acc), o, nhead, max_q, works.qo_start
+        (torch.where(direct[:, None], m, torch.full_like(m, float("-inf"))), sums, acc), o, nhead, max_q, works.qo_start
     )
     slots = reduce_partial_map.numel() * max_q
     split = listed & (loc >= 0) & (loc < slots)
@@ -234,5 +234,5 @@ def persistent_decode(
     use = in_group & (work >= 0)
     work = work.clamp_min(0)
     merged = empty_state(groups, m.shape[1], device)
-    merge(merged, group, m[work], l[work], acc[work], keep=use)
+    merge(merged, group, m[work], sums[work], acc[work], keep=use)
     finish(merged, o, nhead, max_q, reduce_final_map[:, 0])

@@ -127,7 +127,7 @@ def get_mla_metadata_v1(
     dtype_q=None,
     dtype_kv=None,
 ):
-    entry = record(
+    record(
         dict(
             kernel="get_mla_metadata_v1",
             seqlens_qo_indptr=seqlens_qo_indptr,

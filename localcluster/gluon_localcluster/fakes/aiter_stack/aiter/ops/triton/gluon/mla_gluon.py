@@ -50,7 +50,7 @@ def mla_gluon(
 ):
     import torch
 
-    entry = record(
+    record(
         dict(
             kernel="mla_gluon",
             q_nope=q_nope,
@@ -93,7 +93,8 @@ def mla_gluon(
     if use_2d_view:
         # page_table [batch, max_len] of token ids, seq_info [batch] lengths
         assert page_table.dim() == 2 and page_table.shape[0] == batch and seq_info.numel() == batch, (
-            f"use_2d_view: page_table [batch, max_len] and seq_info [batch], got {tuple(page_table.shape)}/{tuple(seq_info.shape)}"
+            "use_2d_view: page_table [batch, max_len] and seq_info [batch], got "
+            f"{tuple(page_table.shape)}/{tuple(seq_info.shape)}"
         )
         seqs = (torch.arange(batch, device=seq_info.device) * page_table.shape[1], seq_info.long())
         page_table = page_table.reshape(-1)
