@@ -68,9 +68,14 @@ def samples(statuses: dict[str, gating.NodeStatus], seed: int) -> tuple[dict, di
 
 
 def groups_cpu(statuses: dict[str, gating.NodeStatus], judged: list[str], spec: Analysis) -> tuple[float, dict]:
+    """The groups of every judged node, as evaluation.judge_fleet makes them (one index of the fleet per
+    look), or where the index does not exist (an earlier commit), by the call it had."""
     began = time.process_time()
+    index = evaluation.ControlIndex.of(statuses) if hasattr(evaluation, "ControlIndex") else None
+    extra = (index,) if index else ()
     groups = {
-        n: evaluation.control_group(statuses, n, spec.baselineSeconds, NOW, None, spec.minControls) for n in judged
+        n: evaluation.control_group(statuses, n, spec.baselineSeconds, NOW, None, spec.minControls, *extra)
+        for n in judged
     }
     return time.process_time() - began, groups
 
