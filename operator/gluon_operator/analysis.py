@@ -537,7 +537,7 @@ def _inflation(series: np.ndarray, length: int) -> tuple[float, float]:
         return 1.0, 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        raw = _acf(series, nlags=ACF_LAGS, missing="conservative", fft=False)
+        raw = _acf(series, nlags=ACF_LAGS, missing="conservative", fft=True)  # O(n log n): pooled series are long
     if not np.isfinite(raw).all() or raw[1] <= 2 / math.sqrt(finite):
         return 1.0, 0.0
     inflation, phi = 1.0, 0.0

@@ -7,11 +7,15 @@ the summary and a metric: the analysis never stops the reconcile."""
 from __future__ import annotations
 
 import asyncio
+import bisect
+import hashlib
+import itertools
 import logging
 import math
 import os
 import time
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Container, Mapping
 
 from gluon_agent import contract
 
@@ -26,24 +30,72 @@ from .spec import GluonRolloutSpec, query_span
 DEFAULT_DEADLINE_SECONDS = 15.0
 
 
+# At most this many controls per group. The reference is their median at each step: beyond a few dozen its
+# noise no longer moves the judge's variance, while every control costs a series in the panel and, without
+# a bound, each Promoted node in guard mode had its own group of every node promoted before it, an
+# O(nodes^2) analysis (4000 Promoted nodes: 17 s of CPU for the groups alone, past the 15 s deadline;
+# bench/guard_scale.py). The earliest steady nodes are taken, so nodes judged at once share one group.
+MAX_CONTROLS = 64
+
+
+@dataclass(frozen=True)
+class ControlIndex:
+    """The fleet's steady candidates, sorted once per analysis: flag 0, eligible nodes not enabled by when
+    they last changed (never changed first); flag 1, Promoted nodes by when their pods all ran flag 1.
+    Ties go by a stable hash of the name, so an even fleet gives a spread sample, not the first rack."""
+
+    ranked: Mapping[int, tuple[tuple[float, str, str], ...]]
+    places: Mapping[int, Mapping[str, int]]
+
+    @classmethod
+    def of(cls, statuses: Mapping[str, gating.NodeStatus]) -> "ControlIndex":
+        candidates: dict[int, list[tuple[float, str, str]]] = {0: [], 1: []}
+        for name, status in statuses.items():
+            if status.state == gating.ELIGIBLE:
+                changed = status.changed_at if status.changed_at is not None else -math.inf
+                candidates[0].append((changed, _spread(name), name))
+            elif status.state == gating.PROMOTED:
+                candidates[1].append((_switched_at(status), _spread(name), name))
+        ranked = {flag: tuple(sorted(rows)) for flag, rows in candidates.items()}
+        places = {flag: {name: i for i, (_, _, name) in enumerate(rows)} for flag, rows in ranked.items()}
+        return cls(ranked, places)
+
+    def _held(self, flag: int, until: float) -> int:
+        return bisect.bisect_right(self.ranked[flag], (until, "\uffff", ""))
+
+    def count(self, flag: int, until: float, node: str) -> int:
+        """How many candidates at `flag` have been steady since `until` or before, `node` not counted."""
+        held = self._held(flag, until)
+        return held - int(self.places[flag].get(node, held) < held)
+
+    def steady(
+        self, flag: int, until: float, node: str, having: Container[str] | None = None, at_most: int = MAX_CONTROLS
+    ) -> list[str]:
+        """The first `at_most` of them (of those `having` data, where given), by name."""
+        rows = self.ranked[flag][: self._held(flag, until)]
+        names = (name for _, _, name in rows if name != node and (having is None or name in having))
+        return sorted(itertools.islice(names, at_most))
+
+
+def _spread(name: str) -> str:
+    return hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+
+
 def steady_controls(
-    statuses: Mapping[str, gating.NodeStatus], node: str, baseline_seconds: float, now: float
+    statuses: Mapping[str, gating.NodeStatus],
+    node: str,
+    baseline_seconds: float,
+    now: float,
+    index: ControlIndex | None = None,
 ) -> dict[int, list[str]]:
     """The nodes whose flag held steady over `node`'s baseline and since, by the flag they held
-    (docs/how-it-decides/analysis.md, "The controls"): 0, eligible nodes not enabled (holdouts included) that have not
-    changed since before its baseline; 1, Promoted nodes whose pods all ran flag 1 (their judge's
-    switchedAt, else their flip) before its baseline began. Never ineligible nodes (other hardware or
-    software), nodes in flux (Enabling, Analyzing) or rolled back."""
+    (docs/how-it-decides/analysis.md, "The controls"), at most MAX_CONTROLS each: 0, eligible nodes not enabled
+    (holdouts included) that have not changed since before its baseline; 1, Promoted nodes whose pods all
+    ran flag 1 (their judge's switchedAt, else their flip) before its baseline began. Never ineligible
+    nodes (other hardware or software), nodes in flux (Enabling, Analyzing) or rolled back."""
+    index = index or ControlIndex.of(statuses)
     start = (statuses[node].changed_at or now) - baseline_seconds
-    off, on = [], []
-    for name, status in statuses.items():
-        if name == node:
-            continue
-        if status.state == gating.ELIGIBLE and (status.changed_at is None or status.changed_at <= start):
-            off.append(name)
-        elif status.state == gating.PROMOTED and _switched_at(status) <= start:
-            on.append(name)
-    return {0: sorted(off), 1: sorted(on)}
+    return {flag: index.steady(flag, start, node) for flag in (0, 1)}
 
 
 def control_group(
@@ -53,6 +105,8 @@ def control_group(
     now: float,
     have: Mapping[str, Any] | None = None,
     min_controls: int = 1,
+    index: ControlIndex | None = None,
+    having: Container[str] | None = None,
 ) -> tuple[int, list[str], float]:
     """(flag, controls, baseline seconds) `node` is judged against. Either group only, never a mix:
     controls at two flags would put the median on one level or the other as members come and go.
@@ -60,29 +114,24 @@ def control_group(
     group's level). Else the larger steady group, flag 0 on a tie, when it has minControls; else, near
     the end of a rollout that moved faster than one baseline, the Promoted nodes against a baseline
     shortened to when the minControls-th of them switched (steady over the shorter baseline and since;
-    its variance counts the fewer samples); else the larger group (the judge says the count is short)."""
-    groups = steady_controls(statuses, node, baseline_seconds, now)
+    its variance counts the fewer samples); else the larger group (the judge says the count is short).
+    Sizes are compared whole; the group returned holds at most MAX_CONTROLS (ControlIndex), of the nodes
+    `having` data where it is given."""
+    index = index or ControlIndex.of(statuses)
     changed = statuses[node].changed_at or now
+    start = changed - baseline_seconds
+    sizes = {flag: index.count(flag, start, node) for flag in (0, 1)}
     kept = _kept_flag(have, changed)
-    if kept is None and max(len(groups[0]), len(groups[1])) < min_controls:
-        switches = sorted(
-            (_switched_at(s), n)
-            for n, s in statuses.items()
-            if n != node and s.state == gating.PROMOTED and _switched_at(s) < changed
-        )
+    if kept is None and max(sizes.values()) < min_controls:
+        switches = [at for at, _, name in index.ranked[1][: min_controls + 1] if name != node and at < changed]
         if len(switches) >= min_controls:
-            begins = max(switches[min_controls - 1][0], changed - baseline_seconds)
-            return 1, sorted(n for at, n in switches if at <= begins), changed - begins
-    flag = kept if kept is not None else (1 if len(groups[1]) > len(groups[0]) else 0)
+            begins = max(switches[min_controls - 1], start)
+            return 1, index.steady(1, begins, node, having), changed - begins
+    flag = kept if kept is not None else (1 if sizes[1] > sizes[0] else 0)
     if kept == 1 and isinstance(have, Mapping) and finite_number(have.get("baselineSeconds")):
         shorter = float(have["baselineSeconds"])  # the shortened baseline of its first look
-        switches = [
-            n
-            for n, s in statuses.items()
-            if n != node and s.state == gating.PROMOTED and _switched_at(s) <= changed - shorter
-        ]
-        return 1, sorted(switches), shorter
-    return flag, groups[flag], float(baseline_seconds)
+        return 1, index.steady(1, changed - shorter, node, having), shorter
+    return flag, index.steady(flag, start, node, having), float(baseline_seconds)
 
 
 def _switched_at(status: gating.NodeStatus) -> float:
@@ -236,18 +285,10 @@ async def _judge(
             covariate_errors[name] = str(exc)[:300]  # judged without that gauge: no load adjustment from it
             logger.warning("analysis: load gauge %s: %s", name, exc)
     speed, flags = analysis.split_by_flag(results["speed"])
-    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic, a.minControls)
-    groups = {n: control_group(statuses, n, a.baselineSeconds, now, states[n], a.minControls) for n in judged}
-    groups = {
-        n: (flag, [c for c in controls if c in speed], seconds) for n, (flag, controls, seconds) in groups.items()
-    }
-    began = time.process_time()
-    judgements = await asyncio.to_thread(
-        _judge_all, speed, load, flags, groups, {n: (changed[n], states[n]) for n in judged}, now, a, cfg
+    judgements, used, cpu = await asyncio.to_thread(
+        judge_fleet, statuses, judged, speed, load, flags, {n: states[n] for n in judged}, now, a
     )
-    cpu = time.process_time() - began
     METRICS.judge_seconds.observe(cpu)
-    used = {c for _, controls, _ in groups.values() for c in controls}
     details = {
         "query": queries["speed"],
         "queries": len(queries),
@@ -259,6 +300,31 @@ async def _judge(
     if note:
         details["credentials"] = note
     return judgements, details
+
+
+def judge_fleet(
+    statuses: Mapping[str, gating.NodeStatus],
+    judged: list[str],
+    speed: Mapping[str, analysis.Series],
+    load: Mapping[str, Mapping[str, analysis.Series]],
+    flags: Mapping[str, Any],
+    states: Mapping[str, Any],
+    now: float,
+    a: Any,
+) -> tuple[dict[str, analysis.Judgement], set[str], float]:
+    """Every judged node's judgement from the answers (pure; its CPU seconds measured): the control groups
+    from one index of the fleet, one reference per distinct group."""
+    began = time.process_time()
+    cfg = analysis.JudgeConfig(a.direction, a.tolerance, a.confidence, a.minSamples, a.minTraffic, a.minControls)
+    index = ControlIndex.of(statuses)
+    groups = {
+        n: control_group(statuses, n, a.baselineSeconds, now, states[n], a.minControls, index, having=speed)
+        for n in judged
+    }
+    changed = {n: statuses[n].changed_at or now for n in judged}
+    judgements = _judge_all(speed, load, flags, groups, {n: (changed[n], states[n]) for n in judged}, now, a, cfg)
+    used = {c for _, controls, _ in groups.values() for c in controls}
+    return judgements, used, time.process_time() - began
 
 
 def _judge_all(
