@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gluon_agent import contract
-from gluon_operator import gating, records, world
+from gluon_operator import gating, records, world, world_types
 from gluon_operator import plan as planner
 from gluon_operator.analysis import Judgement
 from gluon_operator.gating import (
@@ -29,6 +29,7 @@ from gluon_operator.gating import (
     ROLLED_BACK,
     Verdict,
 )
+from gluon_operator.kubectl_plugin import views as plugin_views
 from gluon_operator.spec import parse_spec, resolve
 from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout
 
@@ -81,7 +82,7 @@ class Fleet:
         labels = self.nodes[node]["metadata"]["labels"]
         labels.pop(key, None) if value is None else labels.__setitem__(key, value)
 
-    def world(self) -> planner.World:
+    def world(self) -> world_types.World:
         return world.world_from_objects(
             list(self.nodes.values()),
             self.agents + list(self.pods.values()),
@@ -108,7 +109,7 @@ class Fleet:
         for r in p.restarts:
             for pod in r.pods:
                 gone = self.pods.pop(pod)
-                self.restarted.append((r.node, pod, planner.unix(gone["metadata"]["creationTimestamp"])))
+                self.restarted.append((r.node, pod, world_types.unix(gone["metadata"]["creationTimestamp"])))
                 on = self.nodes[r.node]["metadata"]["labels"].get(contract.LABEL_ENABLED) == "true"
                 self.add_pod(r.node, "1" if on else "0", self.now + 1)
         for label in p.pod_labels:
@@ -222,7 +223,7 @@ def test_a_state_change_costs_one_node_write_and_reasons_alone_none():
 
 def test_preview_is_json_and_matches_the_plan():
     fleet = Fleet(3)
-    out = planner.preview(
+    out = plugin_views.preview(
         fleet.rollout, list(fleet.nodes.values()), fleet.agents + list(fleet.pods.values()), fleet.now
     )
     assert json.loads(json.dumps(out)) == out
@@ -234,7 +235,7 @@ def works(states: dict[str, str], holdout=(), held=()) -> dict[str, planner.Node
     empty = gating.PodSummary([], {}, True, [])
     return {
         n: planner.NodeWork(
-            planner.NodeView(n, {}, {}),
+            world_types.NodeView(n, {}, {}),
             planner.FLEET,
             planner.NodeStatus(s),
             None,

@@ -27,10 +27,11 @@ from .admission import AdmissionServer
 from .evaluation import analyse, analysis_due, deadline_seconds
 from .executor import Runtime, core, execute, own_write_overdue, own_write_pending, patch_node, read_rollout
 from .metrics import METRICS
-from .plan import Claim, claims_nodes, invalid_before_world, plan, rollout_view, unix
+from .plan import claims_nodes, invalid_before_world, plan, rollout_view
 from .records import NodeRecord, read_json
 from .spec import GROUP, PLURAL, VERSION
 from .world import Caches, label_selector
+from .world_types import Claim, unix
 
 log = logging.getLogger("gluon_operator")
 
@@ -274,8 +275,9 @@ async def reconcile_once(
 async def cleanup(
     namespace: str, name: str, status: Mapping[str, Any], meta: Mapping[str, Any], logger: logging.Logger, **_: Any
 ) -> None:
-    """Deleting a rollout takes its labels, records and serving config off the nodes it managed: new pods start at flag 0.
-    Running pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
+    """Deleting a rollout takes its labels, records and serving config off the nodes it managed: new pods start
+    at flag 0. Running pods keep the flag they started with until they restart (a deletion does not restart a
+    fleet)."""
     uid = meta.get("uid", "")
     Reconciles.deleted.add(uid)
     async with Reconciles.lock(uid):  # a reconcile in flight writes first

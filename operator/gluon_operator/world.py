@@ -1,9 +1,11 @@
-"""Gathering the world: what the plan (plan.py) reads, from the node and pod caches (informer.py).
+"""Gathering the world (its types in world_types.py): what the plan (plan.py) reads, from the node and pod
+caches (informer.py).
 
 The readings of a Node or Pod are pure functions (`node_view`, `agent_entry`, `pod_view`), shared by the
-caches and by `plan.preview` (raw objects from kubectl), so both decide alike. The caches hold only what
-the operator needs: every Node; agent pods by their label; and, per rollout, the pods its podSelector
-selects in its namespace (both selected by the API server, so no other pod is listed or watched).
+caches and by `kubectl gluon plan` (kubectl_plugin.views.preview, from raw objects), so both decide alike.
+The caches hold only what the operator needs: every Node; agent pods by their label; and, per rollout, the
+pods its podSelector selects in its namespace (both selected by the API server, so no other pod is listed
+or watched).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from gluon_agent.kube import ApiFailure
 
 from . import webhook
 from .informer import Informer
-from .plan import Claim, NodeView, PodView, World, unix
 from .records import PreflightVerdict, read_json
 from .serving import PodServing, container_serving
+from .world_types import Claim, NodeView, PodView, World, unix
 
 log = logging.getLogger("gluon_operator.world")
 
@@ -158,7 +160,7 @@ def label_selector(selector: Mapping[str, Any]) -> str:
 
 
 def world_from_objects(nodes: list[dict], pods: list[dict], claims: list[Claim]) -> World:
-    """The world from raw objects (plan.preview): the same readings the caches make."""
+    """The world from raw objects (kubectl_plugin.views.preview): the same readings the caches make."""
     views = {v.name: v for v in map(node_view, nodes)}
     agents: dict[str, bool] = {}
     serving: dict[tuple[str, str], list[PodView]] = {}
@@ -243,7 +245,8 @@ class Caches:
 
     @classmethod
     def wait_synced(cls, pods: PodsKey | None, timeout: float) -> bool:
-        """True once the node and agent caches (and the pod cache of `pods`) have listed once; waits at most `timeout` s."""
+        """True once the node and agent caches (and the pod cache of `pods`) have listed once; waits at most
+        `timeout` s."""
         deadline = time.monotonic() + timeout
         informers = [cls.nodes, cls.agents] + ([cls.pods.get(pods)] if pods else [])
         return all(i is not None and i.synced.wait(max(0.0, deadline - time.monotonic())) for i in informers)
@@ -264,18 +267,18 @@ class Caches:
         assert cls.nodes is not None and cls.agents is not None
         nodes_index, agents_index = cls.nodes.snapshot("nodes"), cls.agents.snapshot("agents")
         nodes = {name: (nodes_index.get(name) or [None])[0] for name in nodes_index}
-        for name, (at, labels, annotations) in list(cls.written.items()):
+        for name, (at, labels, own_annotations) in list(cls.written.items()):
             view = nodes.get(name)
             shown = (
                 view is not None
                 and all(view.labels.get(k) == v for k, v in labels.items())
-                and all(view.annotations.get(k) == v for k, v in annotations.items())
+                and all(view.annotations.get(k) == v for k, v in own_annotations.items())
             )
             if view is None or shown or time.monotonic() - at > STALE_WRITE_SECONDS:
                 del cls.written[name]
                 continue
             nodes[name] = replace(
-                view, labels=merged(view.labels, labels), annotations=merged(view.annotations, annotations)
+                view, labels=merged(view.labels, labels), annotations=merged(view.annotations, own_annotations)
             )
         agents = {node: any(agents_index.get(node) or []) for node in agents_index}
         serving: dict[tuple[str, str], list[PodView]] = {}

@@ -153,7 +153,8 @@ def render_status(view: Mapping[str, Any]) -> str:
         head.append(f"invalid spec: {view['invalid']}")
     if view.get("dryRun"):
         head.append(
-            "dry run: spec.dryRun is true, the operator changes no node or pod (`kubectl gluon plan` shows what it would do)"
+            "dry run: spec.dryRun is true, the operator changes no node or pod "
+            "(`kubectl gluon plan` shows what it would do)"
         )
     if view.get("paused"):
         head.append("paused: spec.paused is true (`kubectl gluon resume` resumes)")
@@ -353,7 +354,8 @@ def render_explain(record: Mapping[str, Any]) -> str:
     decision = record.get("decision")
     if decision:
         out.append(
-            f"  state:       {decision.get('state')}{' (holdout)' if decision.get('holdout') else ''}: {decision.get('reason')}"
+            f"  state:       {decision.get('state')}{' (holdout)' if decision.get('holdout') else ''}: "
+            f"{decision.get('reason')}"
         )
     else:
         out.append("  state:       no record in the rollout's status yet")
@@ -375,7 +377,8 @@ def render_explain(record: Mapping[str, Any]) -> str:
     if served.get("digest"):
         proved = served["proved"] or NONE
         out.append(
-            f"  serving:     rollout serves config {served['digest']} ({served['described']}); the self-test proved {proved}"
+            f"  serving:     rollout serves config {served['digest']} ({served['described']}); "
+            f"the self-test proved {proved}"
             + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)")
         )
     elif served.get("problem"):
@@ -399,8 +402,8 @@ def render_explain(record: Mapping[str, Any]) -> str:
     selftest = record.get("selftest")
     if selftest:
         out.append(
-            f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, tested at {when(selftest['testedAt'])}"
-            + (" (SIMULATION)" if selftest["simulated"] else "")
+            f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, "
+            f"tested at {when(selftest['testedAt'])}" + (" (SIMULATION)" if selftest["simulated"] else "")
         )
         rows = [
             [
@@ -453,6 +456,32 @@ def indent(text: str, by: str = "    ") -> str:
 # ---------------------------------------------------------------- plan
 
 
+def preview(rollout: dict, nodes: list[dict], pods: list[dict], now: float) -> dict:
+    """The next reconcile's plan, from raw API objects (a GluonRollout, Nodes, Pods: agent pods and serving
+    pods, as `kubectl get -o json` lists them), without running the analysis (no verdicts). JSON-able:
+    {"dryRun", "nodeWrites": [{node, labels, annotations}], "restarts": [{namespace, node, pods, why}],
+    "podLabels", "events": [{type, reason, message}], "transitions": [{node, old, new, rollback}], "status"}.
+
+    Where to read a node's facts (for `kubectl gluon status/explain`):
+    - state and reason: the rollout's status.nodes[NODE] {state, reason, since, changedAt, fingerprint,
+      holdout, numbers} while the rollout has at most 500 nodes (beyond, only nodes needing attention are
+      there, status.nodesOmitted counts the rest); always on the Node itself, in the JSON annotation
+      contract.ANNOTATION_NODE_RECORD (the same fields plus "rollout": "namespace/name"), and the label
+      contract.LABEL_STATE.
+    - flag: the Node label contract.LABEL_ENABLED ("true" | "false"); each serving pod's real flag is its
+      label contract.LABEL_POD_FLAG.
+    - effect and the analysis numbers: `numbers` of the node record (effect, ci, p_worse, threshold,
+      failStreak, ...); a rolled-back node's numbers also in contract.ANNOTATION_ROLLBACK.
+    - eligibility and self-test: the agent report contract.ANNOTATION_REPORT and labels contract.LABEL_CAPABLE,
+      contract.LABEL_SELFTEST; the record's reason says why a node is not eligible.
+    The preview sees only this rollout: overlaps with other rollouts (the Conflict condition) are not checked.
+    """
+    view = plan.rollout_view(rollout)
+    # the Pod and Node readings the caches use, so the preview decides as the operator does
+    seen = world.world_from_objects(nodes, pods, [plan.claim_of(view)])
+    return plan.plan(view, seen, {}, None, now).to_dict()
+
+
 def short(value: Any, width: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= width else text[:width] + f"... ({len(text)} chars)"
@@ -464,7 +493,7 @@ def changes_text(changes: Mapping[str, Any]) -> str:
 
 
 def render_plan(plan: Mapping[str, Any]) -> str:
-    """`kubectl gluon plan`: the next reconcile's plan (gluon_operator.plan.preview), in the order the
+    """`kubectl gluon plan`: the next reconcile's plan (preview), in the order the
     operator would execute it: status, node writes, restarts, pod labels, events."""
     out = ["The next reconcile's plan (a preview: nothing has been written)"]
     if plan.get("dryRun"):
