@@ -50,7 +50,7 @@ class Runtime:
     """Read from the environment at operator startup (so each test run can point elsewhere)."""
 
     api_url: str | None = None  # tests and development; in-cluster credentials otherwise
-    injection = webhook.Injection(agent_image="ghcr.io/gluon-rollout/agent:0.1.0")
+    injection = webhook.Injection(agent_image=webhook.DEFAULT_AGENT_IMAGE)
     api: client.ApiClient | None = None
     # rollout uid -> (when, the status keys we last wrote): a reconcile waits until its watch has delivered
     # them, so it never re-plans from a status older than its own last write.
@@ -60,22 +60,9 @@ class Runtime:
     @classmethod
     def load(cls) -> None:
         cls.api_url = os.environ.get("GLUON_API_URL")
-        cls.injection = webhook.Injection(
-            agent_image=os.environ.get("GLUON_AGENT_IMAGE", "ghcr.io/gluon-rollout/agent:0.1.0"),
-            mode="shell" if os.environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
-            agent_port=agent_port(os.environ.get("GLUON_AGENT_PORT")),
-        )
+        cls.injection = webhook.injection_from_env(os.environ)
         cls.api = make_api_client(cls.api_url)
         cls.written, cls.stray_restarts = {}, {}  # per operator run (tests start several in one process)
-
-
-def agent_port(value: str | None) -> int:
-    """GLUON_AGENT_PORT (the chart sets it from agent.port): where the preflight asks the node's agent."""
-    if value is None or value == "":
-        return contract.AGENT_PORT
-    if not value.isdigit() or not 1 <= int(value) <= 65535:
-        raise ValueError(f"GLUON_AGENT_PORT={value!r} is not a TCP port (1-65535): set the chart's agent.port to one")
-    return int(value)
 
 
 def api_client() -> client.ApiClient:

@@ -29,8 +29,8 @@ from .executor import Runtime, core, execute, own_write_overdue, own_write_pendi
 from .metrics import METRICS
 from .plan import claims_nodes, invalid_before_world, plan, rollout_view
 from .records import NodeRecord, read_json
-from .spec import GROUP, PLURAL, VERSION
-from .world import Caches, label_selector
+from .spec import GROUP, PLURAL, VERSION, selector_query
+from .world import Caches
 from .world_types import Claim, unix
 
 log = logging.getLogger("gluon_operator")
@@ -161,10 +161,10 @@ def claims(index: kopf.Index) -> list[Claim]:
 def pod_informers(index: kopf.Index) -> set[tuple[str, str]]:
     """(namespace, label selector) of every rollout with a usable pod selector."""
     return {
-        (namespace, label_selector(r["podSelector"]))
+        (namespace, selector_query(r["podSelector"]))
         for namespace in index
         for r in index.get(namespace) or []
-        if label_selector(r["podSelector"])
+        if selector_query(r["podSelector"])
     }
 
 
@@ -251,7 +251,7 @@ async def reconcile_once(
             return  # the cleanup handler's work, once the watch shows the deletion
         spec, status = body.get("spec") or {}, body.get("status") or {}
     Caches.want_pods(pod_informers(rollout_index))
-    pods = (namespace, label_selector(spec.get("podSelector") or {}))
+    pods = (namespace, selector_query(spec.get("podSelector") or {}))
     now = time.time()
     view = rollout_view(body)
     planned = invalid_before_world(view, Caches.refused(pods), now)

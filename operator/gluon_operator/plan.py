@@ -39,7 +39,7 @@ from typing import Any, Mapping
 
 from gluon_agent import contract
 
-from . import gating, webhook
+from . import gating
 from .gating import (
     DISABLED,
     ELIGIBLE,
@@ -53,7 +53,7 @@ from .gating import (
 )
 from .records import NodeRecord, dumps, finite, read_json
 from .serving import PodServing, Resolution, describe, resolve_serving
-from .spec import GluonRolloutSpec, parse_spec, resolve
+from .spec import GluonRolloutSpec, parse_spec, resolve, selector_matches
 from .world_types import Claim, NodeView, PodView, World, unix
 
 FULL_STATUS_NODES = 500  # up to this many nodes, status.nodes lists every node (kubectl get -o yaml reads as before)
@@ -121,7 +121,7 @@ def selects_node(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool
     """An empty node selector means every node (unlike a pod selector)."""
     if not selector.get("matchLabels") and not selector.get("matchExpressions"):
         return True
-    return webhook.selector_matches(selector, labels)
+    return selector_matches(selector, labels)
 
 
 # ---------------------------------------------------------------- the plan, as plain data
@@ -361,7 +361,7 @@ def rollout_serving(rollout: RolloutView, spec: GluonRolloutSpec, world: World) 
         for (namespace, _), views in world.pods.items()
         if namespace == rollout.namespace
         for p in views
-        if not p.deleting and webhook.selector_matches(selector, p.labels)
+        if not p.deleting and selector_matches(selector, p.labels)
     ]
     return resolve_serving(pods, spec.serving.model_dump())
 
@@ -418,9 +418,7 @@ def node_work(
     if el.eligible and held and prior.state not in FLAG_ON_STATES:
         el = gating.Eligibility(False, held, el.fingerprint)
     selector = spec.podSelector.model_dump()
-    pods = [
-        p for p in world.pods.get((rollout.namespace, view.name), ()) if webhook.selector_matches(selector, p.labels)
-    ]
+    pods = [p for p in world.pods.get((rollout.namespace, view.name), ()) if selector_matches(selector, p.labels)]
     summary = gating.summarize_pods([p.facts() for p in pods], prior.changed_at)
     step = gating.advance(prior, el, summary, verdict, now, cleared, None if cleared else rollback)
     status = step.status

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, ValidationError, WithJsonSchema
 
@@ -144,8 +144,8 @@ LABEL_KEY_MAX = LABEL_PREFIX_MAX + 1 + LABEL_NAME_MAX
 LABEL_KEY_SCHEMA_PATTERN = f"^({DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,{LABEL_NAME_MAX - 2}}}[A-Za-z0-9])?$"
 LabelValue = Annotated[str, Field(json_schema_extra={"maxLength": LABEL_NAME_MAX, "pattern": LABEL_VALUE_PATTERN})]
 KEY_MESSAGE = (
-    f"must be a valid label key: an optional DNS subdomain prefix (at most {LABEL_PREFIX_MAX} characters) and '/', then a "
-    f"name of at most {LABEL_NAME_MAX} {LABEL_CHARS}"
+    f"must be a valid label key: an optional DNS subdomain prefix (at most {LABEL_PREFIX_MAX} characters) and '/', "
+    f"then a name of at most {LABEL_NAME_MAX} {LABEL_CHARS}"
 )
 
 
@@ -159,7 +159,8 @@ class Requirement(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : !has(self.values) || size(self.values) == 0",
+                    "rule": "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : "
+                    "!has(self.values) || size(self.values) == 0",
                     "message": "values must be given with operator In or NotIn, and only then",
                 }
             ]
@@ -176,7 +177,8 @@ class LabelSelector(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && k.matches('{LABEL_KEY_SCHEMA_PATTERN.replace(chr(92), chr(92) * 2)}') "
+                    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && "
+                    f"k.matches('{LABEL_KEY_SCHEMA_PATTERN.replace(chr(92), chr(92) * 2)}') "
                     f"&& k.lastIndexOf('/') <= {LABEL_PREFIX_MAX})",
                     "message": "every key " + KEY_MESSAGE,
                 }
@@ -199,17 +201,19 @@ class Batches(Model):
 class Strategy(Model):
     canaryNodes: CountOrPercent = Field(
         1,
-        description="Nodes enabled first (per batch); the rest wait until these are promoted. A count or a percentage of the batch's nodes, rounded up.",
+        description="Nodes enabled first (per batch); the rest wait until these are promoted. A count or a percentage "
+        "of the batch's nodes, rounded up.",
     )
     maxParallel: PositiveCountOrPercent = Field(
         1,
-        description="Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the batch's nodes, rounded up (at least 1).",
+        description="Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the "
+        "batch's nodes, rounded up (at least 1).",
     )
     approval: Literal["Automatic", "AfterCanary", "EachBatch"] = Field(
         "Automatic",
-        description="Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first canaries are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by annotating the rollout "
-        + contract.ANNOTATION_ROLLOUT_APPROVE
-        + "=<gate> (kubectl gluon promote).",
+        description="Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first "
+        "canaries are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by "
+        "annotating the rollout " + contract.ANNOTATION_ROLLOUT_APPROVE + "=<gate> (kubectl gluon promote).",
     )
     batches: Batches | None = Field(
         None, description="Roll out group by group; a group whose failures pass abort.maxFailedNodes aborts the rest."
@@ -240,15 +244,16 @@ def span_rule(schema: dict) -> None:
         for name in ("baselineSeconds", "warmupSeconds", "windowSeconds", "stepSeconds")
     }
     rule = (
-        f"({fields['baselineSeconds']} + {fields['warmupSeconds']} + 4 * {fields['windowSeconds']}) / {fields['stepSeconds']} "
-        f"<= {PROMETHEUS_MAX_POINTS}"
+        f"({fields['baselineSeconds']} + {fields['warmupSeconds']} + 4 * {fields['windowSeconds']}) / "
+        f"{fields['stepSeconds']} <= {PROMETHEUS_MAX_POINTS}"
     )
     schema["x-kubernetes-validations"] = [
         {
             "rule": rule,
             "message": (
-                f"baselineSeconds + warmupSeconds + 4 x windowSeconds, divided by stepSeconds, must be at most {PROMETHEUS_MAX_POINTS} "
-                "(Prometheus's limit of points per series in one query): raise stepSeconds or shorten the window or baseline"
+                "baselineSeconds + warmupSeconds + 4 x windowSeconds, divided by stepSeconds, must be at most "
+                f"{PROMETHEUS_MAX_POINTS} (Prometheus's limit of points per series in one query): raise stepSeconds "
+                "or shorten the window or baseline"
             ),
         }
     ]
@@ -267,7 +272,8 @@ class Analysis(Model):
         None,
         min_length=1,
         max_length=4096,
-        description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node (default: decode tokens/s per sequence).",
+        description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node "
+        "(default: decode tokens/s per sequence).",
     )
     direction: Literal["higher", "lower"] = "higher"
     intervalSeconds: int = Field(60, ge=1, le=DAY)
@@ -279,7 +285,8 @@ class Analysis(Model):
         1200,
         ge=10,
         le=DAY,
-        description="How much history before a node's flag flipped is its own baseline (its error is shared by every later evaluation, so longer is better).",
+        description="How much history before a node's flag flipped is its own baseline (its error is shared by every "
+        "later evaluation, so longer is better).",
     )
     warmupSeconds: int = Field(120, ge=0, le=DAY)
     minSamples: int = Field(5, ge=1)
@@ -287,7 +294,8 @@ class Analysis(Model):
         3,
         ge=1,
         le=1000,
-        description="Control nodes (flag steady over the node's baseline and since) a node is judged against at least; with fewer it stays inconclusive (docs/analysis.md).",
+        description="Control nodes (flag steady over the node's baseline and since) a node is judged against at "
+        "least; with fewer it stays inconclusive (docs/analysis.md).",
     )
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
     tolerance: float = Field(0.05, ge=0, lt=1, description="How much worse than control still passes (0.05 = 5%).")
@@ -307,7 +315,8 @@ def query_span(a: Analysis) -> int:
 class Abort(Model):
     maxFailedNodes: CountOrPercent = Field(
         2,
-        description="Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage of the batch's nodes, rounded down.",
+        description="Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage of "
+        "the batch's nodes, rounded down.",
     )
 
 
@@ -343,11 +352,13 @@ class GluonRolloutSpec(Model):
     paused: StrictBool = Field(False, description="Enable no further nodes; nodes already on stay on.")
     dryRun: StrictBool = Field(
         False,
-        description="Decide and report (status.dryRun, Events), change nothing on nodes or pods. The analysis still runs.",
+        description="Decide and report (status.dryRun, Events), change nothing on nodes or pods. "
+        "The analysis still runs.",
     )
     serving: Serving = Field(
         default_factory=Serving,
-        description="The serving pods' SGLang setup where their args and env do not say it: decides which decode routes each node's self-test must prove.",
+        description="The serving pods' SGLang setup where their args and env do not say it: decides which decode "
+        "routes each node's self-test must prove.",
     )
 
 
@@ -356,24 +367,27 @@ def semantic_problems(spec: GluonRolloutSpec) -> list[str]:
     a = spec.analysis
     if a.windowSeconds < a.minSamples * a.stepSeconds:
         problems.append(
-            f"spec.analysis.windowSeconds ({a.windowSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s"
+            f"spec.analysis.windowSeconds ({a.windowSeconds}) holds fewer than minSamples ({a.minSamples}) steps of "
+            f"{a.stepSeconds} s"
         )
     if a.baselineSeconds < a.minSamples * a.stepSeconds:
         problems.append(
-            f"spec.analysis.baselineSeconds ({a.baselineSeconds}) holds fewer than minSamples ({a.minSamples}) steps of {a.stepSeconds} s"
+            f"spec.analysis.baselineSeconds ({a.baselineSeconds}) holds fewer than minSamples ({a.minSamples}) steps "
+            f"of {a.stepSeconds} s"
         )
     points = query_span(a) // a.stepSeconds
     if points > PROMETHEUS_MAX_POINTS:
         needed = -(-query_span(a) // PROMETHEUS_MAX_POINTS)
         problems.append(
-            f"spec.analysis: baselineSeconds ({a.baselineSeconds}) + warmupSeconds ({a.warmupSeconds}) + 4 x windowSeconds "
-            f"({a.windowSeconds}) is {query_span(a)} s of samples, {points} points at stepSeconds {a.stepSeconds}: over "
-            f"Prometheus's limit of {PROMETHEUS_MAX_POINTS} points per series, so every query would fail; use stepSeconds "
-            f">= {needed} or a shorter window or baseline"
+            f"spec.analysis: baselineSeconds ({a.baselineSeconds}) + warmupSeconds ({a.warmupSeconds}) + 4 x "
+            f"windowSeconds ({a.windowSeconds}) is {query_span(a)} s of samples, {points} points at stepSeconds "
+            f"{a.stepSeconds}: over Prometheus's limit of {PROMETHEUS_MAX_POINTS} points per series, so every query "
+            f"would fail; use stepSeconds >= {needed} or a shorter window or baseline"
         )
     if a.windowSeconds < a.intervalSeconds:
         problems.append(
-            f"spec.analysis.windowSeconds ({a.windowSeconds}) must be >= spec.analysis.intervalSeconds ({a.intervalSeconds})"
+            f"spec.analysis.windowSeconds ({a.windowSeconds}) must be >= spec.analysis.intervalSeconds "
+            f"({a.intervalSeconds})"
         )
     if (a.prometheusUrl is None) != (a.query is None) and a.query is not None:
         problems.append("spec.analysis.query needs spec.analysis.prometheusUrl")
@@ -396,3 +410,48 @@ def parse_spec(raw: dict | None) -> tuple[GluonRolloutSpec | None, list[str]]:
     except ValidationError as exc:
         return None, [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
     return spec, semantic_problems(spec)
+
+
+# ---------------------------------------------------------------- label selectors, as plain dicts
+# The rollout index (handlers.rollout_index) and claims keep selectors as the spec's dicts: these read them so.
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Kubernetes label selector semantics (matchLabels AND matchExpressions); empty matches nothing here."""
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not match_labels and not expressions:
+        return False
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    for expr in expressions:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def selector_query(selector: Mapping[str, Any]) -> str:
+    """A LabelSelector as the API's labelSelector query string (so the API server filters the pods); ""
+    for one that is not a valid selector (its rollout is Invalid and reads no pods)."""
+    try:
+        terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+        for expr in selector.get("matchExpressions") or []:
+            key, op, values = expr["key"], expr["operator"], ",".join(sorted(expr.get("values") or []))
+            terms.append(
+                {
+                    "In": f"{key} in ({values})",
+                    "NotIn": f"{key} notin ({values})",
+                    "Exists": key,
+                    "DoesNotExist": f"!{key}",
+                }[op]
+            )
+    except (AttributeError, KeyError, TypeError):
+        return ""
+    return ",".join(terms)

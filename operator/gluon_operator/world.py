@@ -139,26 +139,6 @@ def pod_serving(obj: Mapping[str, Any]) -> PodServing | None:
         return None
 
 
-def label_selector(selector: Mapping[str, Any]) -> str:
-    """A LabelSelector as the API's labelSelector query string (so the API server filters the pods); ""
-    for one that is not a valid selector (its rollout is Invalid and reads no pods)."""
-    try:
-        terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
-        for expr in selector.get("matchExpressions") or []:
-            key, op, values = expr["key"], expr["operator"], ",".join(sorted(expr.get("values") or []))
-            terms.append(
-                {
-                    "In": f"{key} in ({values})",
-                    "NotIn": f"{key} notin ({values})",
-                    "Exists": key,
-                    "DoesNotExist": f"!{key}",
-                }[op]
-            )
-    except (AttributeError, KeyError, TypeError):
-        return ""
-    return ",".join(terms)
-
-
 def world_from_objects(nodes: list[dict], pods: list[dict], claims: list[Claim]) -> World:
     """The world from raw objects (kubectl_plugin.views.preview): the same readings the caches make."""
     views = {v.name: v for v in map(node_view, nodes)}

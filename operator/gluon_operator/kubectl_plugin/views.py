@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from gluon_agent import contract
 from gluon_agent.sglang_routes import ServingConfig
 
-from .. import gating, plan, records, serving, webhook, world
+from .. import gating, plan, records, serving, spec, world
 
 NONE = "-"
 FLAG_ORDER = ("1", "0", "?")
@@ -67,7 +67,7 @@ def serving_pods(rollout: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) 
         for p in pods
         if meta(p).get("namespace") == namespace
         and (p.get("spec") or {}).get("nodeName")
-        and webhook.selector_matches(selector, labels(p))
+        and spec.selector_matches(selector, labels(p))
     ]
 
 
