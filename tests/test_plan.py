@@ -175,7 +175,7 @@ def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
 
     written: list[str] = []
 
-    async def patch_node(name, labels, annotations=None):
+    async def patch_node(runtime, name, labels, annotations=None):
         if name == "n1":
             raise ApiFailure("server", 500, "injected")
         written.append(name)
@@ -191,10 +191,18 @@ def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
         planner.NodeWrite("n2", {contract.LABEL_STATE: ROLLED_BACK}, {}),
         planner.NodeWrite("n0", {contract.LABEL_STATE: ENABLING}, {}, starts=True),
     ]
-    asyncio.run(
-        executor.execute(planner.Plan(node_writes=writes), SERVING_NS, "kimi", "uid", {}, {}, logging.getLogger("t"))
-    )
+    runtime = fresh_runtime()
+    plan = planner.Plan(node_writes=writes)
+    asyncio.run(executor.execute(runtime, plan, SERVING_NS, "kimi", "uid", {}, {}, logging.getLogger("t")))
     assert written == ["n2"]  # n0's slot may still be n1's
+    assert set(runtime.caches.written) == {"n2"}  # the caches overlay the write that landed, and only it
+
+
+def fresh_runtime() -> Any:
+    """The executor's state of a new operator run: no API server behind it (these tests fake every call)."""
+    from gluon_operator import executor
+
+    return executor.Runtime(api=None, caches=world.Caches(core=None, timeout=1, on_error=None))  # type: ignore[arg-type]
 
 
 def test_a_fleet_met_for_the_first_time_is_one_event_a_few_nodes_one_each():
@@ -901,10 +909,13 @@ def test_an_own_status_write_the_watch_does_not_show_is_read_after_a_grace_not_a
 
     clock = {"now": 1000.0}
     monkeypatch.setattr(executor.time, "monotonic", lambda: clock["now"])
-    monkeypatch.setattr(executor.Runtime, "written", {"u1": (1000.0, {"phase": "Progressing"})})
-    assert executor.own_write_pending("u1", {"phase": "Idle"}) and not executor.own_write_overdue("u1")
+    runtime = fresh_runtime()
+    runtime.status_writes["u1"] = (1000.0, {"phase": "Progressing"})
+    assert executor.own_write_pending(runtime, "u1", {"phase": "Idle"}) and not executor.own_write_overdue(
+        runtime, "u1"
+    )
     clock["now"] += executor.OWN_WRITE_GRACE_SECONDS + 0.1
-    assert executor.own_write_pending("u1", {"phase": "Idle"}) and executor.own_write_overdue("u1")
+    assert executor.own_write_pending(runtime, "u1", {"phase": "Idle"}) and executor.own_write_overdue(runtime, "u1")
     assert executor.OWN_WRITE_GRACE_SECONDS <= 5.0
-    assert not executor.own_write_pending("u1", {"phase": "Progressing", "counts": {}})  # shown: forgotten
-    assert "u1" not in executor.Runtime.written and not executor.own_write_overdue("u1")
+    assert not executor.own_write_pending(runtime, "u1", {"phase": "Progressing", "counts": {}})  # shown: forgotten
+    assert "u1" not in runtime.status_writes and not executor.own_write_overdue(runtime, "u1")
