@@ -526,7 +526,7 @@ def choose_enables(
     return [], None
 
 
-def core(status: NodeStatus | None) -> tuple[Any, ...] | None:
+def deciding_fields(status: NodeStatus | None) -> tuple[Any, ...] | None:
     """The record's fields that decide something (a change is worth a node write)."""
     if status is None:
         return None
@@ -566,7 +566,7 @@ def node_plan(
                 "numbers": dict(new.numbers),
             }
         )
-    if core(w.recorded) != core(new) or contract.ANNOTATION_ROLLBACK in annotations:
+    if deciding_fields(w.recorded) != deciding_fields(new) or contract.ANNOTATION_ROLLBACK in annotations:
         annotations[contract.ANNOTATION_NODE_RECORD] = dumps(new.record(rollout.key))
     if annotations or any(view.labels.get(k) != v for k, v in labels.items()):
         starts = new.state in IN_PROGRESS and (w.recorded is None or w.recorded.state not in IN_PROGRESS)
