@@ -91,6 +91,28 @@ def test_cycles_are_found():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def reachable(graph: dict[str, set[str]], module: str) -> set[str]:
+    """Every module `module` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_pure_plan_reaches_no_webhook_cache_or_api_call():
+    """The reconcile's plan decides over plain data: label selectors are the spec's, the world's types
+    their own module, so neither the webhook, the caches, the executor nor the Kubernetes client is imported."""
+    reached = reachable(import_graph(), "gluon_operator.plan")
+    shells = {"webhook", "world", "informer", "executor", "handlers", "evaluation", "promclient"}
+    assert not reached & {f"gluon_operator.{name}" for name in shells}, sorted(reached)
+    assert not [
+        m for m in reached if m.rpartition(".")[2] == "kube"
+    ]  # the Kubernetes client helpers, wherever they live
+
+
 def test_no_import_cycle_outside_tests():
     graph = import_graph()
     found = cycles(graph)
