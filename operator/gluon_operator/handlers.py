@@ -100,6 +100,7 @@ class OperatorState:
 
 
 def state_of(memo: Any) -> OperatorState:
+    """This run's state: kopf hands each handler the run's memo (or a shallow copy of it, made after startup)."""
     return memo.state
 
 
@@ -156,7 +157,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 @kopf.on.cleanup()
 def stop_caches(memo: kopf.Memo, **_: Any) -> None:
-    state = state_of(memo)
+    state: OperatorState | None = getattr(memo, "state", None)
+    if state is None:
+        return  # the startup failed before it built the state: nothing was started
     state.caches.close()
     for task in state.analyses.tasks.values():
         task.cancel()
