@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gluon_agent import contract, decisions, sglang_routes
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.probe import probe
-from gluon_agent.selftest import plan, runner
+from gluon_agent.selftest import cases, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call, Serving
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
@@ -292,7 +292,7 @@ def test_zero_pad_adapter_calls_the_persistent_kernel_as_sglang_does(fake_aiter)
     from aiter.ops.attention import get_mla_metadata_info_v1
 
     p = make_problem([9, 1, 300])
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     BACKEND_SETS["aiter"]["fallback"].run(p, out, Call(max_kv_len=300))
     meta_call, call = fake_aiter
     assert meta_call["kernel"] == "get_mla_metadata_v1" and call["kernel"] == "mla_decode_fwd"
@@ -364,7 +364,7 @@ def test_stale_work_metadata_gives_wrong_answers(fake_aiter):
     bound = BACKEND_SETS["aiter"]["fallback"].bind(p, Call(max_kv_len=40), Serving())
     bound.refresh()
     p.kv_indptr.copy_(torch.tensor([0, 20, 40], dtype=torch.int32))
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     bound.launch(out)
     assert not rel_l2(out, reference_of(p)) < 1e-2
     bound.refresh()
@@ -385,7 +385,7 @@ def test_stand_in_answers_do_not_depend_on_its_tile_or_step_size(fake_aiter, mon
     p = make_problem([5, 400, 33], q_len=q_len, seed=3)
     serving = Serving(speculative=q_len > 1, max_seqlen_qo=q_len)
     for path in ("accelerated", "fallback"):
-        out = p.new_output(plan.POISON)
+        out = p.new_output(cases.POISON)
         BACKEND_SETS["aiter"][path].run(p, out, Call(max_kv_len=400), serving)
         assert rel_l2(out, reference_of(p)) < 1e-2, (path, tile, step_tokens)
 
@@ -393,14 +393,14 @@ def test_stand_in_answers_do_not_depend_on_its_tile_or_step_size(fake_aiter, mon
 @pytest.mark.parametrize("q_len", [2, 3, 4])
 def test_mtp_calls_on_both_aiter_paths(fake_aiter, q_len):
     p = make_problem([9, 130], q_len=q_len)
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     BACKEND_SETS["aiter"]["accelerated"].run(p, out, Call(max_kv_len=130))
     (gluon,) = fake_aiter
     assert gluon["q_nope"].shape == (2, q_len, 12, 512) and gluon["q_pe"].shape == (2, q_len, 12, 64)  # PR #37601
     assert gluon["o"].shape == (2, q_len, 12, 512) and gluon["o"].data_ptr() == out.data_ptr()
     assert rel_l2(out, reference_of(p)) < 1e-2
     fake_aiter.clear()
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     BACKEND_SETS["aiter"]["fallback"].run(p, out, Call(max_kv_len=130), Serving(speculative=True, max_seqlen_qo=q_len))
     meta_call, call = fake_aiter
     assert call["max_seqlen_q"] == q_len and call["qo_indptr"].tolist() == [0, q_len, 2 * q_len]
@@ -455,10 +455,10 @@ def test_problems_with_q_len_need_their_own_tokens():
 def test_portable_kernel_mtp_interpreted(backend, q_len, lengths):
     """TRITON_INTERPRET=1 (conftest): the q_len > 1 rows, causal within each sequence's block."""
     p = make_problem(lengths, q_len=q_len)
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     chosen = next(b for b in BACKEND_SETS["triton"].values() if b.name == backend)
     chosen.run(p, out, Call(max_kv_len=max(lengths)))
-    assert not (out.float() == plan.POISON).any()
+    assert not (out.float() == cases.POISON).any()
     assert rel_l2(out, reference_of(p)) < 1e-2
     assert rel_l2(out, unmasked_reference(p)) > 5e-2  # the mask within the q block is applied
 
@@ -490,7 +490,7 @@ def test_portable_kernel_refuses_rows_that_do_not_match_q_len():
 )
 def test_path_plan(routes, backend_set, accelerated):
     config = sglang_routes.ServingConfig(verify_q_lens=(2, 3, 4))
-    chosen = plan.path_plan(backend_set, sglang_routes.flag_routes(routes, config), config.q_lens)
+    chosen = cases.path_plan(backend_set, sglang_routes.flag_routes(routes, config), config.q_lens)
     assert chosen["accelerated"]["q_lens"] == chosen["fallback"]["q_lens"] == [2, 3, 4]
     if accelerated is None:  # the portable kernel stands in for both routes
         assert chosen["accelerated"]["routes"] == chosen["fallback"]["routes"] == {}
@@ -503,13 +503,13 @@ def test_path_plan(routes, backend_set, accelerated):
 
 @pytest.mark.parametrize("text, expected", [("2,3,4", (2, 3, 4)), ("4, 2", (2, 4)), ("", ()), ("3,3", (3,))])
 def test_parse_q_lens(text, expected):
-    assert plan.parse_q_lens(text) == expected
+    assert cases.parse_q_lens(text) == expected
 
 
 @pytest.mark.parametrize("text", ["1", "17", "x", "2;3"])
 def test_parse_q_lens_refuses(text):
     with pytest.raises(ValueError, match="from 2 to 16"):
-        plan.parse_q_lens(text)
+        cases.parse_q_lens(text)
 
 
 # ---------------------------------------------------------------- which SGLang serves

@@ -12,7 +12,7 @@ import yaml
 
 from gluon_agent import contract
 from gluon_operator import webhook
-from gluon_operator.spec import GROUP, KIND, VERSION, parse_spec
+from gluon_operator.spec import GROUP, KIND, VERSION, parse_spec, selector_matches
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ROLLOUT = EXAMPLES / "kimi-k3-tp8-rollout.yaml"
@@ -49,7 +49,7 @@ def test_the_deployment_is_what_the_rollout_expects():
     rollout, deployment = load(ROLLOUT), load(DEPLOYMENT)
     template = deployment["spec"]["template"]
     assert deployment["metadata"]["namespace"] == rollout["metadata"]["namespace"]
-    assert webhook.selector_matches(rollout["spec"]["podSelector"], template["metadata"]["labels"])
+    assert selector_matches(rollout["spec"]["podSelector"], template["metadata"]["labels"])
     serving = template["spec"]["containers"][0]
     assert {"name": contract.FLAG_ENV, "value": "0"} in serving["env"]  # the safe path without the webhook
     assert any(p.get("name") == "metrics" for p in serving["ports"])

@@ -166,11 +166,11 @@ def test_pod_cache_readings_survive_hostile_pods():
 
 
 def test_label_selectors_for_the_api_server():
-    from gluon_operator.world import label_selector
+    from gluon_operator.spec import selector_query
 
-    assert label_selector({"matchLabels": {"b": "2", "a": "1"}}) == "a=1,b=2"
+    assert selector_query({"matchLabels": {"b": "2", "a": "1"}}) == "a=1,b=2"
     assert (
-        label_selector(
+        selector_query(
             {
                 "matchExpressions": [
                     {"key": "k", "operator": "In", "values": ["y", "x"]},
@@ -183,9 +183,9 @@ def test_label_selectors_for_the_api_server():
         == "k in (x,y),j,m notin (z),!d"
     )
     assert (
-        label_selector({"matchExpressions": [{"key": "k", "operator": "Near"}]}) == ""
+        selector_query({"matchExpressions": [{"key": "k", "operator": "Near"}]}) == ""
     )  # not a selector: its rollout is Invalid
-    assert label_selector("nonsense") == ""  # type: ignore[arg-type]
+    assert selector_query("nonsense") == ""  # type: ignore[arg-type]
 
 
 def test_a_list_the_api_server_refuses_is_kept_as_refused_not_retried(installed):

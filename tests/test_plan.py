@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gluon_agent import contract
-from gluon_operator import gating, records, world
+from gluon_operator import gating, records, world, world_types
 from gluon_operator import plan as planner
 from gluon_operator.analysis import Judgement
 from gluon_operator.gating import (
@@ -29,6 +29,7 @@ from gluon_operator.gating import (
     ROLLED_BACK,
     Verdict,
 )
+from gluon_operator.kubectl_plugin import views as plugin_views
 from gluon_operator.spec import parse_spec, resolve
 from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout
 
@@ -81,7 +82,7 @@ class Fleet:
         labels = self.nodes[node]["metadata"]["labels"]
         labels.pop(key, None) if value is None else labels.__setitem__(key, value)
 
-    def world(self) -> planner.World:
+    def world(self) -> world_types.World:
         return world.world_from_objects(
             list(self.nodes.values()),
             self.agents + list(self.pods.values()),
@@ -108,7 +109,7 @@ class Fleet:
         for r in p.restarts:
             for pod in r.pods:
                 gone = self.pods.pop(pod)
-                self.restarted.append((r.node, pod, planner.unix(gone["metadata"]["creationTimestamp"])))
+                self.restarted.append((r.node, pod, world_types.unix(gone["metadata"]["creationTimestamp"])))
                 on = self.nodes[r.node]["metadata"]["labels"].get(contract.LABEL_ENABLED) == "true"
                 self.add_pod(r.node, "1" if on else "0", self.now + 1)
         for label in p.pod_labels:
@@ -174,7 +175,7 @@ def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
 
     written: list[str] = []
 
-    async def patch_node(name, labels, annotations=None):
+    async def patch_node(runtime, name, labels, annotations=None):
         if name == "n1":
             raise ApiFailure("server", 500, "injected")
         written.append(name)
@@ -190,10 +191,18 @@ def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
         planner.NodeWrite("n2", {contract.LABEL_STATE: ROLLED_BACK}, {}),
         planner.NodeWrite("n0", {contract.LABEL_STATE: ENABLING}, {}, starts=True),
     ]
-    asyncio.run(
-        executor.execute(planner.Plan(node_writes=writes), SERVING_NS, "kimi", "uid", {}, {}, logging.getLogger("t"))
-    )
+    runtime = fresh_runtime()
+    plan = planner.Plan(node_writes=writes)
+    asyncio.run(executor.execute(runtime, plan, SERVING_NS, "kimi", "uid", {}, {}, logging.getLogger("t")))
     assert written == ["n2"]  # n0's slot may still be n1's
+    assert set(runtime.caches.written) == {"n2"}  # the caches overlay the write that landed, and only it
+
+
+def fresh_runtime() -> Any:
+    """The executor's state of a new operator run: no API server behind it (these tests fake every call)."""
+    from gluon_operator import executor
+
+    return executor.Runtime(api=None, caches=world.Caches(core=None, timeout=1, on_error=None))  # type: ignore[arg-type]
 
 
 def test_a_fleet_met_for_the_first_time_is_one_event_a_few_nodes_one_each():
@@ -222,7 +231,7 @@ def test_a_state_change_costs_one_node_write_and_reasons_alone_none():
 
 def test_preview_is_json_and_matches_the_plan():
     fleet = Fleet(3)
-    out = planner.preview(
+    out = plugin_views.preview(
         fleet.rollout, list(fleet.nodes.values()), fleet.agents + list(fleet.pods.values()), fleet.now
     )
     assert json.loads(json.dumps(out)) == out
@@ -234,7 +243,7 @@ def works(states: dict[str, str], holdout=(), held=()) -> dict[str, planner.Node
     empty = gating.PodSummary([], {}, True, [])
     return {
         n: planner.NodeWork(
-            planner.NodeView(n, {}, {}),
+            world_types.NodeView(n, {}, {}),
             planner.FLEET,
             planner.NodeStatus(s),
             None,
@@ -900,10 +909,13 @@ def test_an_own_status_write_the_watch_does_not_show_is_read_after_a_grace_not_a
 
     clock = {"now": 1000.0}
     monkeypatch.setattr(executor.time, "monotonic", lambda: clock["now"])
-    monkeypatch.setattr(executor.Runtime, "written", {"u1": (1000.0, {"phase": "Progressing"})})
-    assert executor.own_write_pending("u1", {"phase": "Idle"}) and not executor.own_write_overdue("u1")
+    runtime = fresh_runtime()
+    runtime.status_writes["u1"] = (1000.0, {"phase": "Progressing"})
+    assert executor.own_write_pending(runtime, "u1", {"phase": "Idle"}) and not executor.own_write_overdue(
+        runtime, "u1"
+    )
     clock["now"] += executor.OWN_WRITE_GRACE_SECONDS + 0.1
-    assert executor.own_write_pending("u1", {"phase": "Idle"}) and executor.own_write_overdue("u1")
+    assert executor.own_write_pending(runtime, "u1", {"phase": "Idle"}) and executor.own_write_overdue(runtime, "u1")
     assert executor.OWN_WRITE_GRACE_SECONDS <= 5.0
-    assert not executor.own_write_pending("u1", {"phase": "Progressing", "counts": {}})  # shown: forgotten
-    assert "u1" not in executor.Runtime.written and not executor.own_write_overdue("u1")
+    assert not executor.own_write_pending(runtime, "u1", {"phase": "Progressing", "counts": {}})  # shown: forgotten
+    assert "u1" not in runtime.status_writes and not executor.own_write_overdue(runtime, "u1")

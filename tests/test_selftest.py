@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gluon_agent import isolation
-from gluon_agent.selftest import plan, runner
+from gluon_agent.selftest import cases, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
@@ -71,10 +71,10 @@ def test_problems_are_fresh_random_and_paged():
 @pytest.mark.parametrize("lengths", [[1, 1], [15, 16, 17], [1, 5, 33, 100]])
 def test_portable_kernel_interpreted(backend, lengths):
     p = make_problem(lengths)
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     chosen = next(b for b in BACKEND_SETS["triton"].values() if b.name == backend)
     chosen.run(p, out, Call(max_kv_len=max(lengths)))
-    assert not (out.float() == plan.POISON).any()
+    assert not (out.float() == cases.POISON).any()
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
@@ -84,7 +84,7 @@ def test_split_count_from_capacity_keeps_answers_right(capacity):
     from gluon_agent.selftest.triton_mla import mla_decode
 
     p = make_problem([1, 90, 300])
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, capacity)
     assert rel_l2(out, reference_of(p)) < 1e-2
 
@@ -140,7 +140,7 @@ def test_reduce_in_feature_slices_over_many_splits(monkeypatch):
     p = make_problem([600])
     splits = triton_mla.split_count(p.batch, 600, p.q.device, config)
     assert splits == 130 and triton_mla.reduce_tile(p.batch * p.heads, splits, p.q.device) == (32, 256)
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     triton_mla.mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, 600, config)
     assert rel_l2(out, reference_of(p)) < 1e-2
 
@@ -153,9 +153,9 @@ def test_reduce_over_more_splits_than_one_tile_with_empty_splits():
     config = KernelConfig(block_n=16, num_warps=1, num_stages=1, ctas_per_sm=19, min_tokens_per_split=15)
     p = make_problem([1, 600])
     assert split_count(p.batch, 600, p.q.device, config) == 38
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     mla_decode(p.q, p.kv, p.kv_scale, p.kv_indptr, p.kv_indices, p.sm_scale, out, 600, config)
-    assert not (out.float() == plan.POISON).any()
+    assert not (out.float() == cases.POISON).any()
     assert rel_l2(out, reference_of(p)) < 1e-2
 
 
@@ -179,7 +179,7 @@ def fake_aiter(monkeypatch):
 @pytest.mark.parametrize("capturing", [False, True])
 def test_aiter_gluon_adapter_calls_like_sglang(fake_aiter, capturing):
     p = make_problem([5, 130, 7])
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     BACKEND_SETS["aiter"]["accelerated"].run(p, out, Call(max_kv_len=4096 if capturing else 130, capturing=capturing))
     (call,) = fake_aiter
     assert call["kernel"] == "mla_gluon"
@@ -204,7 +204,7 @@ def test_aiter_gluon_adapter_calls_like_sglang(fake_aiter, capturing):
 def case(**overrides):
     values = dict(case="c", backend="b", batch=1, kv_lens=[1], seconds=0.0, rel_l2=1e-3, cos_diff=1e-6)
     values.update(overrides)
-    return plan.judge_case(plan.CaseResult(**values))
+    return cases.judge_case(cases.CaseResult(**values))
 
 
 @pytest.mark.parametrize(
@@ -228,7 +228,7 @@ def test_judge_case(overrides, expected):
 
 def graph(ratio_ms=(1.0, 1.0), rel=1e-3, vs_eager=1e-3):
     replays = [{"kv_len": n, "rel_l2": rel, "rel_vs_eager": vs_eager} for n in (32768, 8192, 1024)]
-    return plan.judge_graph(plan.GraphResult("b", 4, 32768, replays, *ratio_ms))
+    return cases.judge_graph(cases.GraphResult("b", 4, 32768, replays, *ratio_ms))
 
 
 def test_judge_graph_catches_frozen_splits_and_wrong_replays():
@@ -243,21 +243,21 @@ def test_judge_graph_catches_frozen_splits_and_wrong_replays():
 def test_path_verdicts_and_worst():
     ok_child = {"cases": [{"case": "c", "problems": []}], "graph": []}
     bad_child = {"cases": [{"case": "c", "problems": ["relative L2 error 0.5 > 0.02"]}], "graph": []}
-    assert plan.path_verdict(ok_child, None) == ("pass", [])
-    assert plan.path_verdict(bad_child, None) == ("fail", ["c: relative L2 error 0.5 > 0.02"])
-    assert plan.path_verdict(None, "child killed by SIGABRT") == ("error", ["child killed by SIGABRT"])
-    assert plan.path_verdict({"deferred": "cuda:0: 1.0 GiB free"}, None) == ("deferred", ["cuda:0: 1.0 GiB free"])
-    assert plan.worst(["pass", "deferred", "fail"]) == "fail"
-    assert plan.worst(["pass", "error", "fail"]) == "error"
-    assert plan.worst(["pass", "pass"]) == "pass"
-    assert plan.worst([]) == "pending"
+    assert cases.path_verdict(ok_child, None) == ("pass", [])
+    assert cases.path_verdict(bad_child, None) == ("fail", ["c: relative L2 error 0.5 > 0.02"])
+    assert cases.path_verdict(None, "child killed by SIGABRT") == ("error", ["child killed by SIGABRT"])
+    assert cases.path_verdict({"deferred": "cuda:0: 1.0 GiB free"}, None) == ("deferred", ["cuda:0: 1.0 GiB free"])
+    assert cases.worst(["pass", "deferred", "fail"]) == "fail"
+    assert cases.worst(["pass", "error", "fail"]) == "error"
+    assert cases.worst(["pass", "pass"]) == "pass"
+    assert cases.worst([]) == "pending"
 
 
 def test_speed_gate():
-    assert plan.speed_gate("aiter", {"a": 1.9, "b": 2.7}) is None
-    assert "not faster" in plan.speed_gate("aiter", {"a": 0.8, "b": 0.9})
-    assert plan.speed_gate("triton", {"a": 0.5}) is None  # the portable kernel's modes are not gated
-    assert plan.speedups([{"case": "x", "ms": 1.0}], [{"case": "x", "ms": 2.5}]) == {"x": 2.5}
+    assert cases.speed_gate("aiter", {"a": 1.9, "b": 2.7}) is None
+    assert "not faster" in cases.speed_gate("aiter", {"a": 0.8, "b": 0.9})
+    assert cases.speed_gate("triton", {"a": 0.5}) is None  # the portable kernel's modes are not gated
+    assert cases.speedups([{"case": "x", "ms": 1.0}], [{"case": "x", "ms": 2.5}]) == {"x": 2.5}
 
 
 def test_deferral_when_gpu_memory_is_short(monkeypatch):
@@ -265,7 +265,7 @@ def test_deferral_when_gpu_memory_is_short(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 * 2**30, 80 * 2**30))
-    reason = worker.prepare_device(torch.device("cuda:0"), plan.MEMORY_LIMIT_BYTES)
+    reason = worker.prepare_device(torch.device("cuda:0"), cases.MEMORY_LIMIT_BYTES)
     assert reason == "cuda:0: 1.0 GiB free of 80.0 GiB, the self-test needs 4.0 GiB"
     assert worker.run({"device": "cuda:0", "backend_set": "triton", "path": "accelerated", "seed": 1}) == {
         "deferred": reason
@@ -305,12 +305,12 @@ def test_crash_hang_and_garbage_are_reported_per_device_and_path(clean_env):
     hang = gpus[2]["paths"]["fallback"]["reasons"][0]
     assert hang.startswith("child timed out after 40 s (killed) during case single-token (aiter-zero-pad)")
     garbage = gpus[3]["paths"]["accelerated"]["reasons"]
-    all_cases = plan.CPU_CASES + plan.mtp_cases(plan.MTP_Q_LENS, on_gpu=False)
+    all_cases = cases.CPU_CASES + cases.mtp_cases(cases.MTP_Q_LENS, on_gpu=False)
     assert {r.split(":")[0] for r in garbage if "relative L2 error" in r} == {c.name for c in all_cases}
     # the serving SGLang has PR #37601: both paths run the MTP cases
     assert [c["case"] for c in gpus[0]["paths"]["fallback"]["child"]["cases"]] == [c.name for c in all_cases]
     assert report["result"] == "error"
-    assert report["thresholds"]["rel_l2_max"] == plan.REL_L2_MAX
+    assert report["thresholds"]["rel_l2_max"] == cases.REL_L2_MAX
 
 
 def run_cli(*args, env):
@@ -326,10 +326,10 @@ def test_cli_cpu_interpret_json(clean_env):
     assert report["mode"] == "cpu-interpret" and report["result"] == "pass"
     assert report["backends"] == {"accelerated": "triton-native", "fallback": "triton-zero-pad-16"}
     (gpu,) = report["gpus"]
-    cases = gpu["paths"]["accelerated"]["child"]["cases"]
-    assert [c["case"] for c in cases] == [c.name for c in plan.CPU_CASES] + ["mtp-q3"]
-    assert cases[-1]["q_len"] == 3
-    assert all(c["rel_l2"] < plan.REL_L2_MAX for c in cases)
+    ran = gpu["paths"]["accelerated"]["child"]["cases"]
+    assert [c["case"] for c in ran] == [c.name for c in cases.CPU_CASES] + ["mtp-q3"]
+    assert ran[-1]["q_len"] == 3
+    assert all(c["rel_l2"] < cases.REL_L2_MAX for c in ran)
     assert len(report["fingerprint"]) == 16 and report["fingerprint_parts"]["kernel"]
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gluon_agent import contract, isolation
-from gluon_agent.selftest import plan, runner, worker
+from gluon_agent.selftest import cases, runner, worker
 from gluon_localcluster.fakes.stacks import AITER_STACK, child_env
 
 CAPABLE = {
@@ -85,13 +85,13 @@ def test_a_busy_fake_device_defers_like_a_busy_gpu(monkeypatch):
     monkeypatch.setenv(contract.ENV_SELFTEST_DEVICE_INDEX, "5")
     monkeypatch.setenv(contract.ENV_SELFTEST_FAKE_FREE_GIB, "5:2,6:100")
     assert (
-        worker.prepare_device(torch.device("cpu"), plan.MEMORY_LIMIT_BYTES)
+        worker.prepare_device(torch.device("cpu"), cases.MEMORY_LIMIT_BYTES)
         == "cpu: 2.0 GiB free of 192.0 GiB, the self-test needs 4.0 GiB"
     )
     monkeypatch.setenv(contract.ENV_SELFTEST_DEVICE_INDEX, "6")
-    assert worker.prepare_device(torch.device("cpu"), plan.MEMORY_LIMIT_BYTES) is None
+    assert worker.prepare_device(torch.device("cpu"), cases.MEMORY_LIMIT_BYTES) is None
     monkeypatch.delenv(contract.ENV_SELFTEST_FAKE_FREE_GIB)
-    assert worker.prepare_device(torch.device("cpu"), plan.MEMORY_LIMIT_BYTES) is None  # a plain CPU run
+    assert worker.prepare_device(torch.device("cpu"), cases.MEMORY_LIMIT_BYTES) is None  # a plain CPU run
 
 
 def test_fault_switches_never_touch_a_real_gpu(monkeypatch):
@@ -118,7 +118,7 @@ def test_gpu_failures_lists_every_path_that_did_not_pass():
             "paths": {"accelerated": {"reasons": []}, "fallback": {"reasons": []}},
         },
     ]
-    assert plan.gpu_failures(gpus) == [
+    assert cases.gpu_failures(gpus) == [
         {"gpu": 0, "device": "cuda:0", "path": "fallback", "result": "fail", "reason": "a"},
         {"gpu": 1, "device": "cuda:1", "path": "accelerated", "result": "deferred", "reason": ""},
     ]

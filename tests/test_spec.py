@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gluon_operator.crd import crd, crd_yaml
-from gluon_operator.spec import parse_spec
+from gluon_operator.spec import parse_spec, selector_matches
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART_CRD = ROOT / "charts/gluon-rollout/crds/gluonrollouts.gluonrollout.io.yaml"
@@ -266,3 +266,19 @@ def test_schema_carries_selector_and_points_rules():
     )
     assert "size(self.values) > 0" in expression["x-kubernetes-validations"][0]["rule"]
     assert "<= 11000" in spec["properties"]["analysis"]["x-kubernetes-validations"][0]["rule"]
+
+
+@pytest.mark.parametrize(
+    "selector,labels,matches",
+    [
+        ({"matchLabels": {"app": "sglang"}}, {"app": "sglang", "x": "y"}, True),
+        ({"matchLabels": {"app": "sglang"}}, {"app": "vllm"}, False),
+        ({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}, {"tier": "b"}, True),
+        ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, {"tier": "a"}, False),
+        ({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, {}, False),
+        ({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {}, True),
+        ({}, {"app": "sglang"}, False),
+    ],
+)
+def test_selector_semantics(selector, labels, matches):
+    assert selector_matches(selector, labels) is matches

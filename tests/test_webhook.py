@@ -91,7 +91,7 @@ def test_mutation_injects_and_is_idempotent():
 
 def test_the_agent_port_is_passed_to_the_preflight_only_when_not_the_default():
     """issue 34: the chart's agent.port (GLUON_AGENT_PORT) reaches the preflight's command line."""
-    from gluon_operator.executor import agent_port
+    from gluon_operator.webhook import agent_port
 
     pod = sglang_pod()
     moved = webhook.Injection(agent_image=CONFIG.agent_image, agent_port=9555)
@@ -121,22 +121,6 @@ def test_shell_mode_wraps_the_command_and_round_trips():
     without_command = sglang_pod()
     with pytest.raises(webhook.NotInjectable, match="has no command"):
         webhook.mutation(without_command, "kimi", shell)
-
-
-@pytest.mark.parametrize(
-    "selector,labels,matches",
-    [
-        ({"matchLabels": {"app": "sglang"}}, {"app": "sglang", "x": "y"}, True),
-        ({"matchLabels": {"app": "sglang"}}, {"app": "vllm"}, False),
-        ({"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}, {"tier": "b"}, True),
-        ({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, {"tier": "a"}, False),
-        ({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}, {}, False),
-        ({"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, {}, True),
-        ({}, {"app": "sglang"}, False),
-    ],
-)
-def test_selector_semantics(selector, labels, matches):
-    assert webhook.selector_matches(selector, labels) is matches
 
 
 def admit(pod: dict, config: webhook.Injection = CONFIG) -> webhook.Admission:

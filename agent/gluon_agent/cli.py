@@ -24,7 +24,7 @@ def positive_float(text: str) -> float:
 
 def q_lens(text: str) -> tuple[int, ...]:
     try:
-        return runner.plan.parse_q_lens(text)
+        return runner.cases.parse_q_lens(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--mtp-q-lens",
         type=q_lens,
-        default=runner.plan.MTP_Q_LENS,
+        default=runner.cases.MTP_Q_LENS,
         metavar="N,N,...",
         help="q lengths of the speculative-decoding (MTP) cases, e.g. 2,3,4 (default); '' for none",
     )

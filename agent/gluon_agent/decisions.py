@@ -73,17 +73,19 @@ def removable(key: str) -> bool:
 
 
 @dataclass
-class PatchPlan:
+class NodePatch:
+    """What the agent writes to its node: a merge patch (or nothing) and the malformed input it met."""
+
     patch: dict[str, Any] | None  # a JSON merge patch, or None when the node already matches
     problems: list[str] = field(default_factory=list)  # malformed input seen while planning
 
 
-def plan_node_patch(node: Mapping[str, Any] | None, desired: Desired) -> PatchPlan:
+def plan_node_patch(node: Mapping[str, Any] | None, desired: Desired) -> NodePatch:
     """A merge patch that makes the node carry `desired` and drops keys the agent owned before and no
     longer sets. Without a complete view of the node (None) nothing is removed. The patch names the
     resourceVersion it was planned on, so a concurrent change answers 409 and we plan again."""
     if node is None:
-        return PatchPlan({"metadata": {"labels": dict(desired.labels), "annotations": dict(desired.annotations)}})
+        return NodePatch({"metadata": {"labels": dict(desired.labels), "annotations": dict(desired.annotations)}})
     meta = node.get("metadata", {})
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     owned, problem = parse_owned_keys(annotations.get(contract.ANNOTATION_OWNED_KEYS))
@@ -97,13 +99,13 @@ def plan_node_patch(node: Mapping[str, Any] | None, desired: Desired) -> PatchPl
         if key in annotations:
             patch_annotations[key] = None
     if not patch_labels and not patch_annotations:
-        return PatchPlan(None, [problem] if problem else [])
+        return NodePatch(None, [problem] if problem else [])
     patch_meta: dict[str, Any] = {"resourceVersion": meta.get("resourceVersion")}
     if patch_labels:
         patch_meta["labels"] = patch_labels
     if patch_annotations:
         patch_meta["annotations"] = patch_annotations
-    return PatchPlan({"metadata": patch_meta}, [problem] if problem else [])
+    return NodePatch({"metadata": patch_meta}, [problem] if problem else [])
 
 
 # ---------------------------------------------------------------- verdicts and triggers

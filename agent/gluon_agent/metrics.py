@@ -7,7 +7,7 @@ from typing import Any, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from . import contract
-from .selftest.plan import WORST_FIRST
+from .selftest.cases import WORST_FIRST
 
 
 class AgentMetrics:

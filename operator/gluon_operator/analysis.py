@@ -365,7 +365,9 @@ class Reference:
     flag: float = FLAG_OFF  # the flag every control held over the judged nodes' windows
     _cache: dict = field(default_factory=dict, repr=False)
 
-    def _cached(self, key: Any, compute: Any) -> Any:
+    def computed_once(self, key: Any, compute: Any) -> Any:
+        """compute()'s value under `key`, computed once per Reference (one evaluation): every node judged
+        against these controls shares it."""
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
@@ -375,7 +377,7 @@ class Reference:
         """(long-run variance inflation, phi) of the controls' own log ratios, pooled (1, 0 when unknown)."""
         if self.stack is None:
             return 1.0, 0.0
-        return self._cached(
+        return self.computed_once(
             "pooled",
             lambda: _pooled_inflation(
                 self.stack[:POOLED_CONTROLS] - self.speed, self.load_stack[:POOLED_CONTROLS] - self.load
@@ -412,13 +414,13 @@ class Reference:
             )
             return tuple(self.names[:count]), l, x
 
-        return self._cached("loo", compute)
+        return self.computed_once("loo", compute)
 
     @property
     def load_effect(self) -> tuple[tuple[int, ...] | None, tuple[float, ...], tuple[tuple[float, ...], ...], int]:
         """(gauge columns, beta, its covariance, controls used) of the load's effect pooled over the
         controls; columns None when there are too few of them."""
-        return self._cached("beta", lambda: _pooled_beta(*self.loo[1:]))
+        return self.computed_once("beta", lambda: _pooled_beta(*self.loo[1:]))
 
 
 def reference(
@@ -716,7 +718,7 @@ def _baseline(l: np.ndarray, x: np.ndarray, pre: np.ndarray, cfg: JudgeConfig, r
         "cov": cov,
         "x": mean_x,
         "pooled": effect_nodes if pooled else 0,
-        "pl": ref._cached(
+        "pl": ref.computed_once(
             ("placebo baselines", pre.tobytes(), tuple(cols), cfg.direction, cfg.min_samples),
             lambda: _placebo_baselines(ref, pre, cols, cfg),
         ),
@@ -1078,7 +1080,7 @@ def judge(
         tuple((k, tuple(v), tuple((post_state.get("pl") or {}).get(k, ()))) for k, v in placebos.items()),
     )
     placebo_sums = (
-        ref._cached(
+        ref.computed_once(
             key,
             lambda: _placebo_looks(
                 ref,

@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import kopf
@@ -27,7 +28,7 @@ from kubernetes import client
 from gluon_agent import contract
 from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify, make_api_client
 
-from . import records, webhook
+from . import records
 from .metrics import METRICS
 from .plan import NodeWrite, Plan, Restart
 from .spec import GROUP, PLURAL, VERSION
@@ -46,51 +47,33 @@ NODE_WRITE_CONCURRENCY = 8  # node patches in flight at once (the client's conne
 API_THREADS = ThreadPoolExecutor(NODE_WRITE_CONCURRENCY + 2, thread_name_prefix="api")
 
 
+@dataclass
 class Runtime:
-    """Read from the environment at operator startup (so each test run can point elsewhere)."""
+    """What the executor keeps for one operator run, built once by the startup handler (handlers.configure)
+    and passed in: each run, and each test, has its own."""
 
-    api_url: str | None = None  # tests and development; in-cluster credentials otherwise
-    injection = webhook.Injection(agent_image="ghcr.io/gluon-rollout/agent:0.1.0")
-    api: client.ApiClient | None = None
+    api: client.ApiClient
+    caches: Caches  # told of each node write, so a reconcile never plans from a node older than its own write
     # rollout uid -> (when, the status keys we last wrote): a reconcile waits until its watch has delivered
     # them, so it never re-plans from a status older than its own last write.
-    written: dict[str, tuple[float, dict[str, Any]]] = {}
-    stray_restarts: dict[str, float] = {}  # node -> when its stray pods were last restarted (restart_strays)
+    status_writes: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    stray_restarts: dict[str, float] = field(default_factory=dict)  # node -> when its strays last restarted
 
-    @classmethod
-    def load(cls) -> None:
-        cls.api_url = os.environ.get("GLUON_API_URL")
-        cls.injection = webhook.Injection(
-            agent_image=os.environ.get("GLUON_AGENT_IMAGE", "ghcr.io/gluon-rollout/agent:0.1.0"),
-            mode="shell" if os.environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
-            agent_port=agent_port(os.environ.get("GLUON_AGENT_PORT")),
-        )
-        cls.api = make_api_client(cls.api_url)
-        cls.written, cls.stray_restarts = {}, {}  # per operator run (tests start several in one process)
+    def core_api(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    def custom_api(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
 
 
-def agent_port(value: str | None) -> int:
-    """GLUON_AGENT_PORT (the chart sets it from agent.port): where the preflight asks the node's agent."""
-    if value is None or value == "":
-        return contract.AGENT_PORT
-    if not value.isdigit() or not 1 <= int(value) <= 65535:
-        raise ValueError(f"GLUON_AGENT_PORT={value!r} is not a TCP port (1-65535): set the chart's agent.port to one")
-    return int(value)
+def api_url_from_env() -> str | None:
+    """GLUON_API_URL: an API server to use without credentials (tests and development); None in a cluster."""
+    return os.environ.get("GLUON_API_URL")
 
 
-def api_client() -> client.ApiClient:
-    if Runtime.api is None:
-        Runtime.load()
-    assert Runtime.api is not None
-    return Runtime.api
-
-
-def core() -> client.CoreV1Api:
-    return client.CoreV1Api(api_client())
-
-
-def custom() -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(api_client())
+def api_client_from_env() -> client.ApiClient:
+    """The API client of this operator run: GLUON_API_URL's server, else the in-cluster credentials."""
+    return make_api_client(api_url_from_env())
 
 
 def timed_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -114,14 +97,16 @@ async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 # ---------------------------------------------------------------- nodes and pods
 
 
-async def patch_node(name: str, labels: Mapping[str, Any], annotations: Mapping[str, Any] | None = None) -> None:
+async def patch_node(
+    runtime: Runtime, name: str, labels: Mapping[str, Any], annotations: Mapping[str, Any] | None = None
+) -> None:
     body: dict[str, Any] = {"metadata": {"labels": dict(labels)}}
     if annotations:
         body["metadata"]["annotations"] = dict(annotations)
-    await call(core().patch_node, name, body, _content_type=MERGE_PATCH)
+    await call(runtime.core_api().patch_node, name, body, _content_type=MERGE_PATCH)
 
 
-async def write_nodes(writes: list[NodeWrite], logger: logging.Logger) -> bool:
+async def write_nodes(runtime: Runtime, writes: list[NodeWrite], logger: logging.Logger) -> bool:
     """Concurrently, at most NODE_WRITE_CONCURRENCY in flight (a fleet's first reconcile writes every
     node); True when every one landed. A failed write is logged and left for the next reconcile: e.g. the
     node was deleted, and its record is unchanged."""
@@ -130,24 +115,24 @@ async def write_nodes(writes: list[NodeWrite], logger: logging.Logger) -> bool:
     async def write_one(write: NodeWrite) -> bool:
         async with gate:
             try:
-                await patch_node(write.node, write.labels, write.annotations)
+                await patch_node(runtime, write.node, write.labels, write.annotations)
             except ApiFailure as failure:
                 logger.warning("node %s not written: %s", write.node, failure)
                 return False
-            Caches.wrote(write.node, write.labels, write.annotations)
+            runtime.caches.wrote(write.node, write.labels, write.annotations)
             return True
 
     return all(await asyncio.gather(*(write_one(w) for w in writes)))
 
 
-async def restart_pod(namespace: str, name: str, policy: str) -> str:
+async def restart_pod(runtime: Runtime, namespace: str, name: str, policy: str) -> str:
     """'restarted', 'blocked' (a PodDisruptionBudget said 429: try again later) or 'gone'."""
     try:
         if policy == "Evict":
             eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
-            await call(core().create_namespaced_pod_eviction, name, namespace, eviction)
+            await call(runtime.core_api().create_namespaced_pod_eviction, name, namespace, eviction)
         else:
-            await call(core().delete_namespaced_pod, name, namespace)
+            await call(runtime.core_api().delete_namespaced_pod, name, namespace)
         return "restarted"
     except Exception as failure:
         status = getattr(failure, "status", None)
@@ -158,9 +143,9 @@ async def restart_pod(namespace: str, name: str, policy: str) -> str:
         raise
 
 
-async def restart_pods(restart: Restart, policy: str, logger: logging.Logger) -> None:
+async def restart_pods(runtime: Runtime, restart: Restart, policy: str, logger: logging.Logger) -> None:
     for pod in restart.pods:
-        outcome = await restart_pod(restart.namespace, pod, policy)
+        outcome = await restart_pod(runtime, restart.namespace, pod, policy)
         METRICS.restarts.labels(outcome).inc()
         if outcome == "blocked":
             logger.info(
@@ -172,29 +157,29 @@ async def restart_pods(restart: Restart, policy: str, logger: logging.Logger) ->
             return  # the budget also protects this node's other pods: one at a time
 
 
-async def restart_strays(restart: Restart, policy: str, logger: logging.Logger) -> None:
+async def restart_strays(runtime: Runtime, restart: Restart, policy: str, logger: logging.Logger) -> None:
     """New pods on a flag-on node that do not run flag 1 for a passing reason restart again: pods admitted
     while the webhook was unreachable (failurePolicy Ignore: no preflight, the template's flag), and pods
     whose preflight got '0' from an agent that was unreachable or had not yet seen the enable (its watch
     lags under API trouble). At most once per STRAY_RESTART_SECONDS per node: a webhook the API server can
     never reach costs a slow retry, not a restart storm. A '0' from the stack itself is a refusal (RolledBack)."""
-    last = Runtime.stray_restarts.get(restart.node)
+    last = runtime.stray_restarts.get(restart.node)
     if last is not None and time.monotonic() - last < STRAY_RESTART_SECONDS:
         return
     logger.warning(
         "node %s: restarting %s (not injected, or refused by a stale agent view)", restart.node, ", ".join(restart.pods)
     )
-    await restart_pods(restart, policy, logger)
-    Runtime.stray_restarts[restart.node] = (
+    await restart_pods(runtime, restart, policy, logger)
+    runtime.stray_restarts[restart.node] = (
         time.monotonic()
     )  # only after it worked: a failed eviction retries next reconcile
 
 
-async def label_pod(namespace: str, name: str, flag: str, logger: logging.Logger) -> None:
+async def label_pod(runtime: Runtime, namespace: str, name: str, flag: str, logger: logging.Logger) -> None:
     """Best effort: a pod evicted meanwhile (404) or a transient error is retried at the next reconcile."""
     try:
         await call(
-            core().patch_namespaced_pod,
+            runtime.core_api().patch_namespaced_pod,
             name,
             namespace,
             {"metadata": {"labels": {contract.LABEL_POD_FLAG: flag}}},
@@ -208,7 +193,7 @@ async def label_pod(namespace: str, name: str, flag: str, logger: logging.Logger
 
 
 async def write_status(
-    namespace: str, name: str, uid: str, status: Mapping[str, Any], fresh: Mapping[str, Any]
+    runtime: Runtime, namespace: str, name: str, uid: str, status: Mapping[str, Any], fresh: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Only what changed (an idle rollout costs no writes), each changed key replaced whole (a JSON patch:
     a merge patch would keep stale keys inside nested objects). Our own request, not kopf's patch: kopf 1.x
@@ -235,7 +220,7 @@ async def write_status(
         body, content_type = {"status": {k: v for k, v in changed.items() if v is not None}}, MERGE_PATCH
     if body:
         await call(
-            custom().patch_namespaced_custom_object_status,
+            runtime.custom_api().patch_namespaced_custom_object_status,
             GROUP,
             VERSION,
             namespace,
@@ -244,7 +229,7 @@ async def write_status(
             body,
             _content_type=content_type,
         )
-        Runtime.written[uid] = (time.monotonic(), changed)
+        runtime.status_writes[uid] = (time.monotonic(), changed)
     return after
 
 
@@ -260,34 +245,34 @@ def shows(status: Mapping[str, Any], changed: Mapping[str, Any]) -> bool:
     return all(status.get(k) == v for k, v in changed.items())
 
 
-def own_write_pending(uid: str, status: Mapping[str, Any]) -> bool:
+def own_write_pending(runtime: Runtime, uid: str, status: Mapping[str, Any]) -> bool:
     """True while kopf's view of the rollout (its watch) does not show our last status write yet."""
-    memo = Runtime.written.get(uid)
+    memo = runtime.status_writes.get(uid)
     if memo is None:
         return False
     if shows(status, memo[1]):
-        del Runtime.written[uid]
+        del runtime.status_writes[uid]
         return False
     return True
 
 
-def own_write_overdue(uid: str) -> bool:
+def own_write_overdue(runtime: Runtime, uid: str) -> bool:
     """Our last status write has been pending past OWN_WRITE_GRACE_SECONDS: the watch is behind (after an
     API-server outage kopf's own retries of its watch wait up to 21 s), so the reconcile reads the rollout
     instead of waiting for the watch (it waited 30 s)."""
-    memo = Runtime.written.get(uid)
+    memo = runtime.status_writes.get(uid)
     return memo is not None and time.monotonic() - memo[0] > OWN_WRITE_GRACE_SECONDS
 
 
-async def read_rollout(namespace: str, name: str) -> dict[str, Any]:
+async def read_rollout(runtime: Runtime, namespace: str, name: str) -> dict[str, Any]:
     """The rollout as the API server has it now (a quorum read), and what that says of our last write:
     one the API server does not show was lost or overwritten, so kopf's view will never show it either."""
-    response = await call(custom().get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+    response = await call(runtime.custom_api().get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
     body = records.loads(response.data, max_bytes=records.PAGE_BYTES_LIMIT)
     uid = (body.get("metadata") or {}).get("uid")
-    memo = Runtime.written.get(uid)
+    memo = runtime.status_writes.get(uid)
     if memo is not None and not shows(body.get("status") or {}, memo[1]):
-        del Runtime.written[uid]
+        del runtime.status_writes[uid]
     return body
 
 
@@ -295,7 +280,14 @@ async def read_rollout(namespace: str, name: str) -> dict[str, Any]:
 
 
 async def execute(
-    plan: Plan, namespace: str, name: str, uid: str, status: Mapping[str, Any], body: kopf.Body, logger: logging.Logger
+    runtime: Runtime,
+    plan: Plan,
+    namespace: str,
+    name: str,
+    uid: str,
+    status: Mapping[str, Any],
+    body: kopf.Body,
+    logger: logging.Logger,
 ) -> dict[str, Any]:
     """Carry out `plan` in the safe order (see the module docstring); returns the status as written."""
     if plan.dry_run and plan.writes():
@@ -303,27 +295,27 @@ async def execute(
             f"a dry run's plan asks for {plan.writes()} writes"
         )  # plan.dry_run_only clears them: a bug, not input
     starts = [w for w in plan.node_writes if w.starts]
-    if not await write_nodes([w for w in plan.node_writes if not w.starts], logger) and starts:
+    if not await write_nodes(runtime, [w for w in plan.node_writes if not w.starts], logger) and starts:
         logger.warning(
             "%d nodes not started (%s): an earlier node write of this reconcile failed",
             len(starts),
             ", ".join(w.node for w in starts[:5]),
         )
     elif starts:
-        await write_nodes(starts, logger)
+        await write_nodes(runtime, starts, logger)
     for t in plan.transitions:
         METRICS.transitions.labels(t.old or "None", t.new).inc()
         if t.rollback:
             METRICS.rollbacks.labels(t.rollback).inc()
-    after = await write_status(namespace, name, uid, status, plan.status)
+    after = await write_status(runtime, namespace, name, uid, status, plan.status)
     for event in plan.events:
         (kopf.warn if event.type == "Warning" else kopf.info)(body, reason=event.reason, message=event.message)
         logger.info("%s: %s", event.reason, event.message)
     policy = plan.spec.strategy.restart if plan.spec else "None"
     for restart in plan.restarts:
-        await (restart_strays if restart.why == "stray" else restart_pods)(restart, policy, logger)
+        await (restart_strays if restart.why == "stray" else restart_pods)(runtime, restart, policy, logger)
     for pod in plan.pod_labels:
-        await label_pod(pod.namespace, pod.name, pod.flag, logger)
+        await label_pod(runtime, pod.namespace, pod.name, pod.flag, logger)
     if plan.statuses:
         METRICS.observe_rollout(namespace, name, plan.statuses, len(plan.no_safe_rollback))
     return after

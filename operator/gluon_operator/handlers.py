@@ -15,9 +15,11 @@ import logging
 import os
 import random
 import time
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import kopf
+from kubernetes import client
 
 from gluon_agent import contract, decisions
 from gluon_agent.kube import ApiFailure
@@ -25,12 +27,22 @@ from gluon_agent.kube import ApiFailure
 from . import gating, webhook
 from .admission import AdmissionServer
 from .evaluation import analyse, analysis_due, deadline_seconds
-from .executor import Runtime, core, execute, own_write_overdue, own_write_pending, patch_node, read_rollout
+from .executor import (
+    Runtime,
+    api_client_from_env,
+    api_url_from_env,
+    execute,
+    own_write_overdue,
+    own_write_pending,
+    patch_node,
+    read_rollout,
+)
 from .metrics import METRICS
-from .plan import Claim, claims_nodes, invalid_before_world, plan, rollout_view, unix
+from .plan import claims_nodes, invalid_before_world, plan, rollout_view
 from .records import NodeRecord, read_json
-from .spec import GROUP, PLURAL, VERSION
-from .world import Caches, label_selector
+from .spec import GROUP, PLURAL, VERSION, selector_query
+from .world import Caches
+from .world_types import Claim, unix
 
 log = logging.getLogger("gluon_operator")
 
@@ -52,23 +64,44 @@ API_RETRIES = 14  # about kopf's default minute of retries before its request gi
 ANALYSIS_DEADLINE_SECONDS = deadline_seconds() + 5.0
 
 
+@dataclass
 class Analyses:
-    """Running analyses, one per rollout uid: (task, when it started)."""
+    """Running analyses, one per rollout uid (each task carries when it started)."""
 
-    tasks: dict[str, asyncio.Task[tuple[dict[str, gating.Verdict], dict[str, Any]]]] = {}
+    tasks: dict[str, asyncio.Task[tuple[dict[str, gating.Verdict], dict[str, Any]]]] = field(default_factory=dict)
 
 
+@dataclass
 class Reconciles:
     """One lock per rollout uid, held by a reconcile while it plans and writes. kopf stops a deleted
     rollout's timer but lets a reconcile in flight finish, concurrently with the deletion handler: the
     cleanup takes the lock, so it runs after that reconcile's node writes, never before them."""
 
-    locks: dict[str, asyncio.Lock] = {}
-    deleted: set[str] = set()
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
 
-    @classmethod
-    def lock(cls, uid: str) -> asyncio.Lock:
-        return cls.locks.setdefault(uid, asyncio.Lock())
+    def lock(self, uid: str) -> asyncio.Lock:
+        return self.locks.setdefault(uid, asyncio.Lock())
+
+
+@dataclass
+class OperatorState:
+    """Everything one operator run keeps between handler calls, built once by the startup handler and kept
+    in kopf's memo (memo.state): a fresh one per run, so nothing is reset by hand."""
+
+    runtime: Runtime  # the API client, the caches, our own writes (executor.py)
+    injection: webhook.Injection  # what the admission webhook injects (read from the chart's env at start)
+    analyses: Analyses = field(default_factory=Analyses)
+    reconciles: Reconciles = field(default_factory=Reconciles)
+
+    @property
+    def caches(self) -> Caches:
+        return self.runtime.caches
+
+
+def state_of(memo: Any) -> OperatorState:
+    """This run's state: kopf hands each handler the run's memo (or a shallow copy of it, made after startup)."""
+    return memo.state
 
 
 # ---------------------------------------------------------------- startup, login
@@ -76,15 +109,15 @@ class Reconciles:
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    Runtime.load()
-    if Runtime.api_url:
-        return kopf.ConnectionInfo(server=Runtime.api_url, insecure=True)
+    api_url = api_url_from_env()
+    if api_url:
+        return kopf.ConnectionInfo(server=api_url, insecure=True)
     return kopf.login_via_client(**kwargs)
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    Runtime.load()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    injection = webhook.injection_from_env(os.environ)  # a bad setting stops the start, named
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = int(env_float("GLUON_WATCH_TIMEOUT", 300))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
@@ -113,19 +146,22 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     port = int(env_float("GLUON_METRICS_PORT", 8080))
     if port:
         METRICS.serve(os.environ.get("GLUON_METRICS_ADDR", "0.0.0.0"), port)
-    Analyses.tasks = {}
-    Reconciles.locks, Reconciles.deleted = {}, set()
 
     def count(failure: Any) -> None:
         METRICS.api_errors.labels(failure.kind).inc()
 
-    Caches.start(core(), int(env_float("GLUON_WATCH_TIMEOUT", 300)), count)
+    api = api_client_from_env()
+    caches = Caches(client.CoreV1Api(api), int(env_float("GLUON_WATCH_TIMEOUT", 300)), count).start()
+    memo.state = OperatorState(Runtime(api, caches), injection)
 
 
 @kopf.on.cleanup()
-def stop_caches(**_: Any) -> None:
-    Caches.close()
-    for task in Analyses.tasks.values():
+def stop_caches(memo: kopf.Memo, **_: Any) -> None:
+    state: OperatorState | None = getattr(memo, "state", None)
+    if state is None:
+        return  # the startup failed before it built the state: nothing was started
+    state.caches.close()
+    for task in state.analyses.tasks.values():
         task.cancel()
 
 
@@ -160,22 +196,24 @@ def claims(index: kopf.Index) -> list[Claim]:
 def pod_informers(index: kopf.Index) -> set[tuple[str, str]]:
     """(namespace, label selector) of every rollout with a usable pod selector."""
     return {
-        (namespace, label_selector(r["podSelector"]))
+        (namespace, selector_query(r["podSelector"]))
         for namespace in index
         for r in index.get(namespace) or []
-        if label_selector(r["podSelector"])
+        if selector_query(r["podSelector"])
     }
 
 
 # ---------------------------------------------------------------- the reconcile
 
 
-def finished_analysis(uid: str, logger: logging.Logger) -> tuple[dict[str, gating.Verdict], dict[str, Any] | None]:
+def finished_analysis(
+    analyses: Analyses, uid: str, logger: logging.Logger
+) -> tuple[dict[str, gating.Verdict], dict[str, Any] | None]:
     """The verdicts of this rollout's analysis task if it has ended ({} and None otherwise)."""
-    task = Analyses.tasks.get(uid)
+    task = analyses.tasks.get(uid)
     if task is None or not task.done():
         return {}, None
-    del Analyses.tasks[uid]
+    del analyses.tasks[uid]
     try:
         return task.result()
     except Exception as exc:  # the deadline, or a bug in the analysis: no verdicts this round, the error in status
@@ -191,6 +229,7 @@ def finished_analysis(uid: str, logger: logging.Logger) -> tuple[dict[str, gatin
 
 
 def start_analysis(
+    analyses: Analyses,
     uid: str,
     namespace: str,
     name: str,
@@ -203,7 +242,7 @@ def start_analysis(
         asyncio.wait_for(analyse(namespace, name, spec, dict(statuses), now, logger), ANALYSIS_DEADLINE_SECONDS)
     )
     task.started = now  # type: ignore[attr-defined]
-    Analyses.tasks[uid] = task
+    analyses.tasks[uid] = task
 
 
 # backoff: a failed reconcile (API errors) is retried after one interval, not kopf's default minute.
@@ -216,21 +255,24 @@ async def reconcile(
     meta: Mapping[str, Any],
     body: kopf.Body,
     rollout_index: kopf.Index,
+    memo: kopf.Memo,
     logger: logging.Logger,
     **_: Any,
 ) -> None:
     uid = meta["uid"]
     if meta.get("deletionTimestamp"):
         return  # the cleanup handler's work now
-    async with Reconciles.lock(uid):
-        if uid not in Reconciles.deleted:
+    state = state_of(memo)
+    async with state.reconciles.lock(uid):
+        if uid not in state.reconciles.deleted:
             try:
-                await reconcile_once(uid, namespace, name, spec, status, body, rollout_index, logger)
+                await reconcile_once(state, uid, namespace, name, spec, status, body, rollout_index, logger)
             except ApiFailure as failure:  # the API's trouble, not a bug: retried soon, logged without a traceback
                 raise kopf.TemporaryError(f"API call failed: {failure}", delay=API_RETRY_SECONDS) from failure
 
 
 async def reconcile_once(
+    state: OperatorState,
     uid: str,
     namespace: str,
     name: str,
@@ -240,58 +282,68 @@ async def reconcile_once(
     rollout_index: kopf.Index,
     logger: logging.Logger,
 ) -> None:
-    if own_write_pending(uid, status):
-        if not own_write_overdue(uid):
+    runtime, caches = state.runtime, state.caches
+    if own_write_pending(runtime, uid, status):
+        if not own_write_overdue(runtime, uid):
             METRICS.reconciles.labels("waiting").inc()
             logger.debug("waiting for the watch to deliver our last status write")
             return
-        body = await read_rollout(namespace, name)  # the watch is behind: plan from the API server's own view
+        body = await read_rollout(runtime, namespace, name)  # the watch is behind: plan from the API server's own view
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             return  # the cleanup handler's work, once the watch shows the deletion
         spec, status = body.get("spec") or {}, body.get("status") or {}
-    Caches.want_pods(pod_informers(rollout_index))
-    pods = (namespace, label_selector(spec.get("podSelector") or {}))
+    caches.want_pods(pod_informers(rollout_index))
+    pods = (namespace, selector_query(spec.get("podSelector") or {}))
     now = time.time()
     view = rollout_view(body)
-    planned = invalid_before_world(view, Caches.refused(pods), now)
+    planned = invalid_before_world(view, caches.refused(pods), now)
     if planned is None:
         # The first reconciles meet caches still listing: wait for them, up to one interval, rather than a whole
         # interval for the next reconcile (at start, that was the operator's time to converge beyond the API's floor).
-        if not await asyncio.to_thread(Caches.wait_synced, pods if pods[1] else None, RECONCILE_SECONDS):
+        if not await asyncio.to_thread(caches.wait_synced, pods if pods[1] else None, RECONCILE_SECONDS):
             METRICS.reconciles.labels("waiting").inc()
             logger.info("waiting for the node and pod caches to fill")
             return
-        verdicts, summary = finished_analysis(uid, logger)
+        verdicts, summary = finished_analysis(state.analyses, uid, logger)
         with METRICS.cpu("plan"):
-            planned = plan(view, Caches.world(claims(rollout_index), pods), verdicts, summary, now)
+            planned = plan(view, caches.world(claims(rollout_index), pods), verdicts, summary, now)
         METRICS.reconciles.labels("planned").inc()
-    after = await execute(planned, namespace, name, uid, status, body, logger)
-    if planned.spec is not None and uid not in Analyses.tasks and analysis_due(planned.spec, after, now):
-        start_analysis(uid, namespace, name, planned.spec, planned.statuses, now, logger)
+    after = await execute(runtime, planned, namespace, name, uid, status, body, logger)
+    if planned.spec is not None and uid not in state.analyses.tasks and analysis_due(planned.spec, after, now):
+        start_analysis(state.analyses, uid, namespace, name, planned.spec, planned.statuses, now, logger)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 async def cleanup(
-    namespace: str, name: str, status: Mapping[str, Any], meta: Mapping[str, Any], logger: logging.Logger, **_: Any
+    namespace: str,
+    name: str,
+    status: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    **_: Any,
 ) -> None:
-    """Deleting a rollout takes its labels, records and serving config off the nodes it managed: new pods start at
-    flag 0. Running pods keep the flag they started with until they restart (a deletion does not restart a fleet)."""
-    uid = meta.get("uid", "")
-    Reconciles.deleted.add(uid)
-    async with Reconciles.lock(uid):  # a reconcile in flight writes first
-        await clean_nodes(uid, namespace, name, status, logger)
-    Reconciles.locks.pop(uid, None)
+    """Deleting a rollout takes its labels, records and serving config off the nodes it managed: new pods start
+    at flag 0. Running pods keep the flag they started with until they restart (a deletion does not restart a
+    fleet)."""
+    uid, state = meta.get("uid", ""), state_of(memo)
+    state.reconciles.deleted.add(uid)
+    async with state.reconciles.lock(uid):  # a reconcile in flight writes first
+        await clean_nodes(state, uid, namespace, name, status, logger)
+    state.reconciles.locks.pop(uid, None)
 
 
-async def clean_nodes(uid: str, namespace: str, name: str, status: Mapping[str, Any], logger: logging.Logger) -> None:
-    Runtime.written.pop(uid, None)
-    task = Analyses.tasks.pop(uid, None)
+async def clean_nodes(
+    state: OperatorState, uid: str, namespace: str, name: str, status: Mapping[str, Any], logger: logging.Logger
+) -> None:
+    state.runtime.status_writes.pop(uid, None)
+    task = state.analyses.tasks.pop(uid, None)
     if task is not None:
         task.cancel()
     nodes = set(status.get("nodes") or {})  # without caches (never synced), what the status names
-    if Caches.nodes is not None and Caches.nodes.synced.is_set():
+    if state.caches.nodes_listed():
         nodes = set()
-        for node, view in Caches.world([]).nodes.items():
+        for node, view in state.caches.world([]).nodes.items():
             record, _ = read_json(NodeRecord, view.annotations.get(contract.ANNOTATION_NODE_RECORD), "record")
             if (
                 record is not None
@@ -304,6 +356,7 @@ async def clean_nodes(uid: str, namespace: str, name: str, status: Mapping[str, 
     for node in sorted(nodes):
         try:
             await patch_node(
+                state.runtime,
                 node,
                 {contract.LABEL_ENABLED: None, contract.LABEL_STATE: None},
                 {contract.ANNOTATION_NODE_RECORD: None, contract.ANNOTATION_SERVING_CONFIG: None},
@@ -328,11 +381,12 @@ def inject(
     namespace: str | None,
     rollout_index: kopf.Index,
     warnings: list[str],
+    memo: kopf.Memo,
     logger: logging.Logger,
     **_: Any,
 ) -> None:
     """Never raises (kopf answers a handler's exception with allowed=false): webhook.admit decides."""
-    admission = webhook.admit(dict(body), namespace, rollout_index, Runtime.injection)
+    admission = webhook.admit(dict(body), namespace, rollout_index, state_of(memo).injection)
     METRICS.webhook_reviews.labels(admission.outcome).inc()
     for warning in admission.warnings:
         logger.warning(warning)

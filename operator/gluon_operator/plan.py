@@ -4,7 +4,8 @@ Input: the rollout (spec, annotations, prior status), the world as the caches se
 labels, annotations, `spec.unschedulable` and Ready condition; which agents run; the serving pods), the
 analysis verdicts and the time. Output: the node writes (labels and annotations, one patch per node), the
 pod restarts in order, the pod flag labels, the Events and the new status. Nothing here calls the API:
-handlers.py gathers the world (world.py), calls this, and executor.py carries the plan out in the safe order.
+handlers.py gathers the world (world.py; its types are in world_types.py), calls this, and executor.py
+carries the plan out in the safe order.
 
 Durable state. Each node's record (state, reason, since, changedAt, fingerprint, holdout, numbers with
 failStreak) lives on the Node in contract.ANNOTATION_NODE_RECORD, written in the same patch as its
@@ -34,11 +35,11 @@ from __future__ import annotations
 import datetime
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from gluon_agent import contract
 
-from . import gating, webhook
+from . import gating
 from .gating import (
     DISABLED,
     ELIGIBLE,
@@ -52,7 +53,8 @@ from .gating import (
 )
 from .records import NodeRecord, dumps, finite, read_json
 from .serving import PodServing, Resolution, describe, resolve_serving
-from .spec import GluonRolloutSpec, parse_spec, resolve
+from .spec import GluonRolloutSpec, parse_spec, resolve, selector_matches
+from .world_types import Claim, NodeView, PodView, World, unix
 
 FULL_STATUS_NODES = 500  # up to this many nodes, status.nodes lists every node (kubectl get -o yaml reads as before)
 ATTENTION_CAP = 200  # beyond it, at most this many nodes needing attention; the rest are counted, and on their Nodes
@@ -68,68 +70,6 @@ DECIDING_NUMBERS = (
 )  # record fields beside the state that the next reconcile reads
 
 
-# ---------------------------------------------------------------- the world, as plain data
-
-
-@dataclass(frozen=True)
-class NodeView:
-    name: str
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    unschedulable: bool = False
-    ready: bool | None = None  # the Ready condition; None when the node reports none (counted as ready)
-
-
-@dataclass(frozen=True)
-class PodView:
-    """A serving pod, as gating needs it (world.pod_view reads it from a Pod)."""
-
-    namespace: str
-    name: str
-    node: str
-    labels: Mapping[str, str]
-    created: float
-    ready: bool = True
-    deleting: bool = False
-    flag: str | None = None
-    preflight_reason: str | None = None
-    injected: bool = True
-    transient: bool = False
-    controlled: bool = True  # a controller (ReplicaSet, StatefulSet, ...) recreates it when it is restarted
-    serving: PodServing | None = None  # what its serving container states of its SGLang setup (serving.py)
-
-    def facts(self) -> gating.PodFacts:
-        return gating.PodFacts(
-            self.name,
-            self.created,
-            self.flag,
-            self.preflight_reason,
-            self.ready,
-            self.deleting,
-            self.injected,
-            self.transient,
-            self.controlled,
-        )
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Another rollout's claim on nodes: its node selector and age (the older one owns an overlap)."""
-
-    namespace: str
-    name: str
-    created: float
-    node_selector: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class World:
-    nodes: Mapping[str, NodeView]
-    agents: Mapping[str, bool]  # node -> its agent pod runs and is ready
-    pods: Mapping[tuple[str, str], Sequence[PodView]]  # (namespace, node) -> serving pods there
-    rollouts: Sequence[Claim] = ()  # every rollout, this one included
-
-
 @dataclass(frozen=True)
 class RolloutView:
     namespace: str
@@ -143,12 +83,6 @@ class RolloutView:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-def unix(timestamp: str | None) -> float:
-    if not timestamp:
-        return 0.0
-    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def iso(now: float) -> str:
@@ -187,7 +121,7 @@ def selects_node(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool
     """An empty node selector means every node (unlike a pod selector)."""
     if not selector.get("matchLabels") and not selector.get("matchExpressions"):
         return True
-    return webhook.selector_matches(selector, labels)
+    return selector_matches(selector, labels)
 
 
 # ---------------------------------------------------------------- the plan, as plain data
@@ -427,7 +361,7 @@ def rollout_serving(rollout: RolloutView, spec: GluonRolloutSpec, world: World) 
         for (namespace, _), views in world.pods.items()
         if namespace == rollout.namespace
         for p in views
-        if not p.deleting and webhook.selector_matches(selector, p.labels)
+        if not p.deleting and selector_matches(selector, p.labels)
     ]
     return resolve_serving(pods, spec.serving.model_dump())
 
@@ -484,9 +418,7 @@ def node_work(
     if el.eligible and held and prior.state not in FLAG_ON_STATES:
         el = gating.Eligibility(False, held, el.fingerprint)
     selector = spec.podSelector.model_dump()
-    pods = [
-        p for p in world.pods.get((rollout.namespace, view.name), ()) if webhook.selector_matches(selector, p.labels)
-    ]
+    pods = [p for p in world.pods.get((rollout.namespace, view.name), ()) if selector_matches(selector, p.labels)]
     summary = gating.summarize_pods([p.facts() for p in pods], prior.changed_at)
     step = gating.advance(prior, el, summary, verdict, now, cleared, None if cleared else rollback)
     status = step.status
@@ -594,7 +526,7 @@ def choose_enables(
     return [], None
 
 
-def core(status: NodeStatus | None) -> tuple[Any, ...] | None:
+def deciding_fields(status: NodeStatus | None) -> tuple[Any, ...] | None:
     """The record's fields that decide something (a change is worth a node write)."""
     if status is None:
         return None
@@ -634,7 +566,7 @@ def node_plan(
                 "numbers": dict(new.numbers),
             }
         )
-    if core(w.recorded) != core(new) or contract.ANNOTATION_ROLLBACK in annotations:
+    if deciding_fields(w.recorded) != deciding_fields(new) or contract.ANNOTATION_ROLLBACK in annotations:
         annotations[contract.ANNOTATION_NODE_RECORD] = dumps(new.record(rollout.key))
     if annotations or any(view.labels.get(k) != v for k, v in labels.items()):
         starts = new.state in IN_PROGRESS and (w.recorded is None or w.recorded.state not in IN_PROGRESS)
@@ -893,33 +825,3 @@ def dry_run_only(rollout: RolloutView, out: Plan) -> None:
         old = before.get(name)
         if isinstance(old, Mapping) and old.get("state") == entry["state"]:
             entry["since"] = old.get("since", entry["since"])
-
-
-# ---------------------------------------------------------------- a preview from raw API objects
-
-
-def preview(rollout: dict, nodes: list[dict], pods: list[dict], now: float) -> dict:
-    """The next reconcile's plan, from raw API objects (a GluonRollout, Nodes, Pods: agent pods and serving
-    pods, as `kubectl get -o json` lists them), without running the analysis (no verdicts). JSON-able:
-    {"dryRun", "nodeWrites": [{node, labels, annotations}], "restarts": [{namespace, node, pods, why}],
-    "podLabels", "events": [{type, reason, message}], "transitions": [{node, old, new, rollback}], "status"}.
-
-    Where to read a node's facts (for `kubectl gluon status/explain`):
-    - state and reason: the rollout's status.nodes[NODE] {state, reason, since, changedAt, fingerprint,
-      holdout, numbers} while the rollout has at most 500 nodes (beyond, only nodes needing attention are
-      there, status.nodesOmitted counts the rest); always on the Node itself, in the JSON annotation
-      contract.ANNOTATION_NODE_RECORD (the same fields plus "rollout": "namespace/name"), and the label
-      contract.LABEL_STATE.
-    - flag: the Node label contract.LABEL_ENABLED ("true" | "false"); each serving pod's real flag is its
-      label contract.LABEL_POD_FLAG.
-    - effect and the analysis numbers: `numbers` of the node record (effect, ci, p_worse, threshold,
-      failStreak, ...); a rolled-back node's numbers also in contract.ANNOTATION_ROLLBACK.
-    - eligibility and self-test: the agent report contract.ANNOTATION_REPORT and labels contract.LABEL_CAPABLE,
-      contract.LABEL_SELFTEST; the record's reason says why a node is not eligible.
-    The preview sees only this rollout: overlaps with other rollouts (the Conflict condition) are not checked.
-    """
-    from . import world  # the Pod and Node readings the caches use, so the preview decides as the operator does
-
-    view = rollout_view(rollout)
-    w = world.world_from_objects(nodes, pods, [claim_of(view)])
-    return plan(view, w, {}, None, now).to_dict()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, ValidationError, WithJsonSchema
 
@@ -159,10 +159,8 @@ class Requirement(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": (
-                        "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : "
-                        "!has(self.values) || size(self.values) == 0"
-                    ),
+                    "rule": "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : "
+                    "!has(self.values) || size(self.values) == 0",
                     "message": "values must be given with operator In or NotIn, and only then",
                 }
             ]
@@ -179,11 +177,9 @@ class LabelSelector(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": (
-                        f"self.all(k, size(k) <= {LABEL_KEY_MAX} && "
-                        f"k.matches('{LABEL_KEY_SCHEMA_PATTERN.replace(chr(92), chr(92) * 2)}') && k.lastIndexOf('/') "
-                        f"<= {LABEL_PREFIX_MAX})"
-                    ),
+                    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && "
+                    f"k.matches('{LABEL_KEY_SCHEMA_PATTERN.replace(chr(92), chr(92) * 2)}') "
+                    f"&& k.lastIndexOf('/') <= {LABEL_PREFIX_MAX})",
                     "message": "every key " + KEY_MESSAGE,
                 }
             ]
@@ -205,25 +201,19 @@ class Batches(Model):
 class Strategy(Model):
     canaryNodes: CountOrPercent = Field(
         1,
-        description=(
-            "Nodes enabled first (per batch); the rest wait until these are promoted. A count or a percentage of the "
-            "batch's nodes, rounded up."
-        ),
+        description="Nodes enabled first (per batch); the rest wait until these are promoted. A count or a percentage "
+        "of the batch's nodes, rounded up.",
     )
     maxParallel: PositiveCountOrPercent = Field(
         1,
-        description=(
-            "Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the batch's "
-            "nodes, rounded up (at least 1)."
-        ),
+        description="Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the "
+        "batch's nodes, rounded up (at least 1).",
     )
     approval: Literal["Automatic", "AfterCanary", "EachBatch"] = Field(
         "Automatic",
-        description=(
-            "Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first canaries are "
-            "promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by annotating the "
-            f"rollout {contract.ANNOTATION_ROLLOUT_APPROVE}=<gate> (kubectl gluon promote)."
-        ),
+        description="Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first "
+        "canaries are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by "
+        "annotating the rollout " + contract.ANNOTATION_ROLLOUT_APPROVE + "=<gate> (kubectl gluon promote).",
     )
     batches: Batches | None = Field(
         None, description="Roll out group by group; a group whose failures pass abort.maxFailedNodes aborts the rest."
@@ -262,8 +252,8 @@ def span_rule(schema: dict) -> None:
             "rule": rule,
             "message": (
                 "baselineSeconds + warmupSeconds + 4 x windowSeconds, divided by stepSeconds, must be at most "
-                f"{PROMETHEUS_MAX_POINTS} (Prometheus's limit of points per series in one query): raise stepSeconds or "
-                "shorten the window or baseline"
+                f"{PROMETHEUS_MAX_POINTS} (Prometheus's limit of points per series in one query): raise stepSeconds "
+                "or shorten the window or baseline"
             ),
         }
     ]
@@ -282,10 +272,8 @@ class Analysis(Model):
         None,
         min_length=1,
         max_length=4096,
-        description=(
-            "PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node (default: decode "
-            "tokens/s per sequence)."
-        ),
+        description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node "
+        "(default: decode tokens/s per sequence).",
     )
     direction: Literal["higher", "lower"] = "higher"
     intervalSeconds: int = Field(60, ge=1, le=DAY)
@@ -297,10 +285,8 @@ class Analysis(Model):
         1200,
         ge=10,
         le=DAY,
-        description=(
-            "How much history before a node's flag flipped is its own baseline (its error is shared by every later "
-            "evaluation, so longer is better)."
-        ),
+        description="How much history before a node's flag flipped is its own baseline (its error is shared by every "
+        "later evaluation, so longer is better).",
     )
     warmupSeconds: int = Field(120, ge=0, le=DAY)
     minSamples: int = Field(5, ge=1)
@@ -308,10 +294,8 @@ class Analysis(Model):
         3,
         ge=1,
         le=1000,
-        description=(
-            "Control nodes (flag steady over the node's baseline and since) a node is judged against at least; with "
-            "fewer it stays inconclusive (docs/how-it-decides/analysis.md)."
-        ),
+        description="Control nodes (flag steady over the node's baseline and since) a node is judged against at "
+        "least; with fewer it stays inconclusive (docs/analysis.md).",
     )
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
     tolerance: float = Field(0.05, ge=0, lt=1, description="How much worse than control still passes (0.05 = 5%).")
@@ -331,10 +315,8 @@ def query_span(a: Analysis) -> int:
 class Abort(Model):
     maxFailedNodes: CountOrPercent = Field(
         2,
-        description=(
-            "Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage of the "
-            "batch's nodes, rounded down."
-        ),
+        description="Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage of "
+        "the batch's nodes, rounded down.",
     )
 
 
@@ -370,16 +352,13 @@ class GluonRolloutSpec(Model):
     paused: StrictBool = Field(False, description="Enable no further nodes; nodes already on stay on.")
     dryRun: StrictBool = Field(
         False,
-        description=(
-            "Decide and report (status.dryRun, Events), change nothing on nodes or pods. The analysis still runs."
-        ),
+        description="Decide and report (status.dryRun, Events), change nothing on nodes or pods. "
+        "The analysis still runs.",
     )
     serving: Serving = Field(
         default_factory=Serving,
-        description=(
-            "The serving pods' SGLang setup where their args and env do not say it: decides which decode routes each "
-            "node's self-test must prove."
-        ),
+        description="The serving pods' SGLang setup where their args and env do not say it: decides which decode "
+        "routes each node's self-test must prove.",
     )
 
 
@@ -431,3 +410,48 @@ def parse_spec(raw: dict | None) -> tuple[GluonRolloutSpec | None, list[str]]:
     except ValidationError as exc:
         return None, [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
     return spec, semantic_problems(spec)
+
+
+# ---------------------------------------------------------------- label selectors, as plain dicts
+# The rollout index (handlers.rollout_index) and claims keep selectors as the spec's dicts: these read them so.
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Kubernetes label selector semantics (matchLabels AND matchExpressions); empty matches nothing here."""
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not match_labels and not expressions:
+        return False
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    for expr in expressions:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def selector_query(selector: Mapping[str, Any]) -> str:
+    """A LabelSelector as the API's labelSelector query string (so the API server filters the pods); ""
+    for one that is not a valid selector (its rollout is Invalid and reads no pods)."""
+    try:
+        terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+        for expr in selector.get("matchExpressions") or []:
+            key, op, values = expr["key"], expr["operator"], ",".join(sorted(expr.get("values") or []))
+            terms.append(
+                {
+                    "In": f"{key} in ({values})",
+                    "NotIn": f"{key} notin ({values})",
+                    "Exists": key,
+                    "DoesNotExist": f"!{key}",
+                }[op]
+            )
+    except (AttributeError, KeyError, TypeError):
+        return ""
+    return ",".join(terms)

@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping
 from gluon_agent import contract
 
 from . import serving
+from .spec import selector_matches
 
 VOLUME = "gluon-flag"
 MOUNT = "/gluon"
@@ -48,6 +49,28 @@ class Injection:
     image_pull_policy: str = "IfNotPresent"
     deadline_s: int = 90  # the whole preflight, enforced by its shell (Python's own is DEADLINE_GRACE_S less)
     agent_port: int = contract.AGENT_PORT  # where the node's agent listens (the chart's agent.port)
+
+
+DEFAULT_AGENT_IMAGE = "ghcr.io/gluon-rollout/agent:0.1.0"
+
+
+def injection_from_env(environ: Mapping[str, str]) -> Injection:
+    """The injection as the chart configures it (read once, at operator start): GLUON_AGENT_IMAGE,
+    GLUON_INJECTION_MODE ("shell", else fileKeyRef) and GLUON_AGENT_PORT."""
+    return Injection(
+        agent_image=environ.get("GLUON_AGENT_IMAGE", DEFAULT_AGENT_IMAGE),
+        mode="shell" if environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
+        agent_port=agent_port(environ.get("GLUON_AGENT_PORT")),
+    )
+
+
+def agent_port(value: str | None) -> int:
+    """GLUON_AGENT_PORT (the chart sets it from agent.port): where the preflight asks the node's agent."""
+    if value is None or value == "":
+        return contract.AGENT_PORT
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise ValueError(f"GLUON_AGENT_PORT={value!r} is not a TCP port (1-65535): set the chart's agent.port to one")
+    return int(value)
 
 
 class NotInjectable(ValueError):
@@ -153,8 +176,8 @@ def reserved_name_clash(spec: Mapping[str, Any], annotations: Mapping[str, Any])
         for mount in container["volumeMounts"]:
             if mount.get("name") == VOLUME or mount.get("mountPath") == MOUNT:
                 return (
-                    f"container {container['name']!r} already mounts {mount.get('name')!r} at "
-                    f"{mount.get('mountPath')!r}"
+                    f"container {container['name']!r} already mounts {mount.get('name')!r} "
+                    f"at {mount.get('mountPath')!r}"
                 )
     return None
 
@@ -211,9 +234,9 @@ def preflight_script(
         f"rm -f {mount}/deadline-passed",
         f"say() {{ printf '%s' \"$1\" > {termination_log}; printf '%s\\n' \"$1\"; }}",
         f"refuse() {{ printf \"%s='0'\\n\" {contract.FLAG_ENV} > {mount}/{FLAG_FILE}; "
-        'say "{\\"flag\\": \\"0\\", $1}"; exit 0; }',
-        "py=$(command -v python3 || command -v python) "
-        f"|| refuse '{refusal}\"the serving image has no python3 on PATH\"'",
+        f'say "{{\\"flag\\": \\"0\\", $1}}"; exit 0; }}',
+        f"py=$(command -v python3 || command -v python) || "
+        f"refuse '{refusal}\"the serving image has no python3 on PATH\"'",
         f'"$py" -c "{LAUNCHER}" --flag-dir {mount} --termination-log {termination_log} '
         f"--deadline {python_deadline(deadline_s)}{port} &",
         "pid=$!",
@@ -223,9 +246,10 @@ def preflight_script(
         "wait $pid; status=$?",
         "kill $dog 2>/dev/null",
         '[ "$status" = 0 ] && exit 0',
-        f'[ "$status" = {TOO_OLD_EXIT} ] && refuse "{refusal.replace(chr(34), chr(92) + chr(34))}\\"the serving '
-        "image's python ($(\"$py\" -V 2>&1 | tr -cd 'A-Za-z0-9. +-')) is older than "
-        f'{".".join(map(str, PYTHON_FLOOR))}, which the preflight needs\\""',
+        f'[ "$status" = {TOO_OLD_EXIT} ] && '
+        f'refuse "{refusal.replace(chr(34), chr(92) + chr(34))}\\"the serving image\'s python '
+        f"($(\"$py\" -V 2>&1 | tr -cd 'A-Za-z0-9. +-')) is older than {'.'.join(map(str, PYTHON_FLOOR))}, "
+        f'which the preflight needs\\""',
         f"[ -e {mount}/deadline-passed ] && "
         f'refuse \'"reason": "the preflight passed its deadline of {deadline_s} s and was killed"\'',
         'refuse "\\"reason\\": \\"the preflight exited with status $status\\""',
@@ -400,7 +424,8 @@ def no_rollback_warning(pod: Mapping[str, Any]) -> tuple[str, ...]:
     )
     return (
         f"gluon-rollout: this pod's SGLang setup ({serving.describe(config)}) has no working route at "
-        f"{contract.FLAG_ENV}=0 ({reasons[0]}): flag 0 is no safe fallback here, so "
+        f"{contract.FLAG_ENV}=0 "
+        f"({reasons[0]}): flag 0 is no safe fallback here, so "
         + (
             f"the template's {contract.FLAG_ENV}=0 would crash serving"
             if template
@@ -441,24 +466,3 @@ def review_problem(review: Any) -> str | None:
     if request.get("subResource") is not None and not isinstance(request["subResource"], str):
         return "request.subResource is not a string"
     return None
-
-
-def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """Kubernetes label selector semantics (matchLabels AND matchExpressions); empty matches nothing here."""
-    match_labels = selector.get("matchLabels") or {}
-    expressions = selector.get("matchExpressions") or []
-    if not match_labels and not expressions:
-        return False
-    if any(labels.get(k) != v for k, v in match_labels.items()):
-        return False
-    for expr in expressions:
-        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True

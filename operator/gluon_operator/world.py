@@ -1,9 +1,11 @@
-"""Gathering the world: what the plan (plan.py) reads, from the node and pod caches (informer.py).
+"""Gathering the world (its types in world_types.py): what the plan (plan.py) reads, from the node and pod
+caches (informer.py).
 
 The readings of a Node or Pod are pure functions (`node_view`, `agent_entry`, `pod_view`), shared by the
-caches and by `plan.preview` (raw objects from kubectl), so both decide alike. The caches hold only what
-the operator needs: every Node; agent pods by their label; and, per rollout, the pods its podSelector
-selects in its namespace (both selected by the API server, so no other pod is listed or watched).
+caches and by `kubectl gluon plan` (kubectl_plugin.views.preview, from raw objects), so both decide alike.
+The caches hold only what the operator needs: every Node; agent pods by their label; and, per rollout, the
+pods its podSelector selects in its namespace (both selected by the API server, so no other pod is listed
+or watched).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from gluon_agent.kube import ApiFailure
 
 from . import webhook
 from .informer import Informer
-from .plan import Claim, NodeView, PodView, World, unix
 from .records import PreflightVerdict, read_json
 from .serving import PodServing, container_serving
+from .world_types import Claim, NodeView, PodView, World, unix
 
 log = logging.getLogger("gluon_operator.world")
 
@@ -137,28 +139,8 @@ def pod_serving(obj: Mapping[str, Any]) -> PodServing | None:
         return None
 
 
-def label_selector(selector: Mapping[str, Any]) -> str:
-    """A LabelSelector as the API's labelSelector query string (so the API server filters the pods); ""
-    for one that is not a valid selector (its rollout is Invalid and reads no pods)."""
-    try:
-        terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
-        for expr in selector.get("matchExpressions") or []:
-            key, op, values = expr["key"], expr["operator"], ",".join(sorted(expr.get("values") or []))
-            terms.append(
-                {
-                    "In": f"{key} in ({values})",
-                    "NotIn": f"{key} notin ({values})",
-                    "Exists": key,
-                    "DoesNotExist": f"!{key}",
-                }[op]
-            )
-    except (AttributeError, KeyError, TypeError):
-        return ""
-    return ",".join(terms)
-
-
 def world_from_objects(nodes: list[dict], pods: list[dict], claims: list[Claim]) -> World:
-    """The world from raw objects (plan.preview): the same readings the caches make."""
+    """The world from raw objects (kubectl_plugin.views.preview): the same readings the caches make."""
     views = {v.name: v for v in map(node_view, nodes)}
     agents: dict[str, bool] = {}
     serving: dict[tuple[str, str], list[PodView]] = {}
@@ -184,103 +166,99 @@ class Caches:
     """The informers: every Node; agent pods (label-selected by the API server); and per rollout pod
     selector, that namespace's pods it selects (selected by the API server), so nothing else is held.
     `written` overlays our own node writes the node watch has not shown yet, so a reconcile never plans
-    from a node older than its own last write (it would re-enable past maxParallel)."""
+    from a node older than its own last write (it would re-enable past maxParallel). One per operator run,
+    built by the startup handler (handlers.configure)."""
 
-    nodes: Informer | None = None
-    agents: Informer | None = None
-    pods: dict[PodsKey, Informer] = {}
-    core: Any = None
-    timeout = 300
-    on_error: Callable[[ApiFailure], None] | None = None
-    written: dict[str, tuple[float, dict[str, Any], dict[str, Any]]] = {}
+    def __init__(self, core: Any, timeout: int, on_error: Callable[[ApiFailure], None] | None) -> None:
+        self.core, self.timeout, self.on_error = core, timeout, on_error
+        self.nodes: Informer | None = None
+        self.agents: Informer | None = None
+        self.pods: dict[PodsKey, Informer] = {}
+        self.written: dict[str, tuple[float, dict[str, Any], dict[str, Any]]] = {}
 
-    @classmethod
-    def start(cls, core: Any, timeout: int, on_error: Callable[[ApiFailure], None]) -> None:
-        cls.close()
-        cls.core, cls.timeout, cls.on_error, cls.written, cls.pods = core, timeout, on_error, {}, {}
-        cls.nodes = Informer(
+    def start(self) -> Caches:
+        self.nodes = Informer(
             "nodes",
-            core.list_node,
+            self.core.list_node,
             {"nodes": lambda o: {o["metadata"]["name"]: node_view(o)}},
-            watch_timeout=timeout,
-            on_error=on_error,
+            watch_timeout=self.timeout,
+            on_error=self.on_error,
         ).start()
-        cls.agents = Informer(
+        self.agents = Informer(
             "agents",
-            core.list_pod_for_all_namespaces,
+            self.core.list_pod_for_all_namespaces,
             {"agents": agent_entry},
             label_selector=AGENT_LABEL,
-            watch_timeout=timeout,
-            on_error=on_error,
+            watch_timeout=self.timeout,
+            on_error=self.on_error,
         ).start()
+        return self
 
-    @classmethod
-    def close(cls) -> None:
-        for informer in (cls.nodes, cls.agents, *cls.pods.values()):
+    def close(self) -> None:
+        for informer in (self.nodes, self.agents, *self.pods.values()):
             if informer is not None:
                 informer.close()
 
-    @classmethod
-    def want_pods(cls, wanted: Iterable[PodsKey]) -> None:
+    def want_pods(self, wanted: Iterable[PodsKey]) -> None:
         """Start a pod informer for each (namespace, selector) some rollout has; stop those none has."""
         wanted = set(wanted)
-        for key in set(cls.pods) - wanted:
-            cls.pods.pop(key).close()
-        for namespace, selector in wanted - set(cls.pods):
+        for key in set(self.pods) - wanted:
+            self.pods.pop(key).close()
+        for namespace, selector in wanted - set(self.pods):
 
             def serving(obj: Mapping[str, Any]) -> dict[Any, Any] | None:
                 view = pod_view(obj)
                 return {view.node: view} if view is not None else None
 
-            cls.pods[(namespace, selector)] = Informer(
+            self.pods[(namespace, selector)] = Informer(
                 f"pods {namespace} {selector}",
-                functools.partial(cls.core.list_namespaced_pod, namespace),
+                functools.partial(self.core.list_namespaced_pod, namespace),
                 {"serving": serving},
                 label_selector=selector,
-                watch_timeout=cls.timeout,
-                on_error=cls.on_error,
+                watch_timeout=self.timeout,
+                on_error=self.on_error,
             ).start()
 
-    @classmethod
-    def wait_synced(cls, pods: PodsKey | None, timeout: float) -> bool:
+    def wait_synced(self, pods: PodsKey | None, timeout: float) -> bool:
         """True once the node and agent caches (and the pod cache of `pods`) have listed once; waits at most
         `timeout` s."""
         deadline = time.monotonic() + timeout
-        informers = [cls.nodes, cls.agents] + ([cls.pods.get(pods)] if pods else [])
+        informers = [self.nodes, self.agents] + ([self.pods.get(pods)] if pods else [])
         return all(i is not None and i.synced.wait(max(0.0, deadline - time.monotonic())) for i in informers)
 
-    @classmethod
-    def refused(cls, pods: PodsKey) -> str | None:
+    def nodes_listed(self) -> bool:
+        """Whether the node cache has listed once (until then it knows no node)."""
+        return self.nodes is not None and self.nodes.synced.is_set()
+
+    def refused(self, pods: PodsKey) -> str | None:
         """Why the API server refuses to list the pods of this (namespace, selector), if it does."""
-        informer = cls.pods.get(pods) if pods[1] else None
+        informer = self.pods.get(pods) if pods[1] else None
         return informer.refused if informer is not None else None
 
-    @classmethod
-    def wrote(cls, node: str, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> None:
-        cls.written[node] = (time.monotonic(), dict(labels), dict(annotations))
+    def wrote(self, node: str, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> None:
+        self.written[node] = (time.monotonic(), dict(labels), dict(annotations))
 
-    @classmethod
-    def world(cls, claims: list[Claim], pods: PodsKey | None = None) -> World:
+    def world(self, claims: list[Claim], pods: PodsKey | None = None) -> World:
         """What the caches see, with our own node writes not yet shown; the serving pods of `pods` only."""
-        assert cls.nodes is not None and cls.agents is not None
-        nodes_index, agents_index = cls.nodes.snapshot("nodes"), cls.agents.snapshot("agents")
+        assert self.nodes is not None and self.agents is not None
+        nodes_index, agents_index = self.nodes.snapshot("nodes"), self.agents.snapshot("agents")
         nodes = {name: (nodes_index.get(name) or [None])[0] for name in nodes_index}
-        for name, (at, labels, node_annotations) in list(cls.written.items()):
+        for name, (at, labels, own_annotations) in list(self.written.items()):
             view = nodes.get(name)
             shown = (
                 view is not None
                 and all(view.labels.get(k) == v for k, v in labels.items())
-                and all(view.annotations.get(k) == v for k, v in node_annotations.items())
+                and all(view.annotations.get(k) == v for k, v in own_annotations.items())
             )
             if view is None or shown or time.monotonic() - at > STALE_WRITE_SECONDS:
-                del cls.written[name]
+                del self.written[name]
                 continue
             nodes[name] = replace(
-                view, labels=merged(view.labels, labels), annotations=merged(view.annotations, node_annotations)
+                view, labels=merged(view.labels, labels), annotations=merged(view.annotations, own_annotations)
             )
         agents = {node: any(agents_index.get(node) or []) for node in agents_index}
         serving: dict[tuple[str, str], list[PodView]] = {}
-        informer = cls.pods.get(pods) if pods else None
+        informer = self.pods.get(pods) if pods else None
         if informer is not None and pods is not None:
             index = informer.snapshot("serving")
             serving = {(pods[0], node): list(index.get(node) or []) for node in index}

@@ -22,7 +22,7 @@ from .. import contract
 from ..fingerprint import fingerprint, fingerprint_parts
 from ..isolation import ChildOutcome, run_isolated
 from ..sglang_routes import ServingConfig, flag_routes
-from . import plan
+from . import cases
 
 PATHS = ("accelerated", "fallback")
 DEFAULT_TIMEOUT_S = 300.0
@@ -49,10 +49,10 @@ def last_marked(stdout: str, marker: str) -> dict[str, Any] | None:
 
 def interpret(outcome: ChildOutcome) -> tuple[dict[str, Any] | None, str | None]:
     """(child result, failure reason): exactly one is set."""
-    result = last_marked(outcome.stdout, plan.RESULT_MARKER)
+    result = last_marked(outcome.stdout, cases.RESULT_MARKER)
     if outcome.ok and result is not None:
         return result, None
-    step = last_marked(outcome.stdout, plan.PROGRESS_MARKER)
+    step = last_marked(outcome.stdout, cases.PROGRESS_MARKER)
     where = f" during {step['step']} ({step['backend']})" if step else " before its first step"
     tail = [ln for ln in outcome.stderr.strip().splitlines() if ln.strip()][-1:]
     last = f"; last stderr line: {tail[0][:400]}" if tail else ""
@@ -87,7 +87,7 @@ def run_path(
     if outcome.status == "cancelled":
         return None
     child, failure = interpret(outcome)
-    result, reasons = plan.path_verdict(child, failure)
+    result, reasons = cases.path_verdict(child, failure)
     return {"result": result, "reasons": reasons, "child": child, "child_seconds": round(outcome.seconds, 2)}
 
 
@@ -131,12 +131,12 @@ def run_device(
     spec = spec_source() or {}
     backend_set = spec.get("backend_set")
     for path, flag in (("accelerated", "1"), ("fallback", "0")):
-        reason = plan.no_route_reason(flag, spec.get("paths", {}).get(path, {}))
+        reason = cases.no_route_reason(flag, spec.get("paths", {}).get(path, {}))
         if reason and paths[path]["result"] == "fail":  # the kernel's own refusal follows it
             paths[path]["reasons"].insert(0, reason)
     timings = {p: (paths[p]["child"] or {}).get("timing", []) for p in PATHS}
-    speedup = plan.speedups(timings["accelerated"], timings["fallback"])
-    slow = plan.speed_gate(backend_set, speedup) if paths["accelerated"]["result"] == "pass" else None
+    speedup = cases.speedups(timings["accelerated"], timings["fallback"])
+    slow = cases.speed_gate(backend_set, speedup) if paths["accelerated"]["result"] == "pass" else None
     if slow:
         paths["accelerated"]["result"] = "fail"
         paths["accelerated"]["reasons"].append(slow)
@@ -191,7 +191,7 @@ def run_selftest(
     python: str | None = None,
     env: Mapping[str, str] | None = None,
     seed: int | None = None,
-    mtp_q_lens: tuple[int, ...] = plan.MTP_Q_LENS,
+    mtp_q_lens: tuple[int, ...] = cases.MTP_Q_LENS,
     serving: ServingConfig | None = None,
 ) -> dict[str, Any]:
     """`probe_report` may be the probe itself (a callable): then the children for the devices it will
@@ -220,9 +220,9 @@ def run_selftest(
             "backend_set": chosen,
             "seed": seed,
             "timing": timing,
-            "memory_limit_bytes": plan.MEMORY_LIMIT_BYTES,
+            "memory_limit_bytes": cases.MEMORY_LIMIT_BYTES,
             "sglang": sglang,
-            "paths": plan.path_plan(chosen, routes, config.q_lens),
+            "paths": cases.path_plan(chosen, routes, config.q_lens),
             "serving_setup": {
                 "speculative": bool(config.verify_q_lens),
                 "page_size": config.page_size,
@@ -249,7 +249,7 @@ def run_selftest(
         "backends": {
             p: gpus[0]["paths"][p]["child"]["backend"] for p in PATHS if gpus and gpus[0]["paths"][p]["child"]
         },
-        "thresholds": plan.thresholds(chosen),
+        "thresholds": cases.thresholds(chosen),
         "sglang": report.get("sglang"),
         "serving": config.as_dict() | {"digest": config.digest},
         "routes": {
@@ -260,8 +260,8 @@ def run_selftest(
         "fingerprint_parts": fingerprint_parts(report),
         "seed": seed,
         "gpus": gpus,
-        "result": plan.worst(per_path) if gpus else "error",
-        "failures": plan.gpu_failures(gpus),
+        "result": cases.worst(per_path) if gpus else "error",
+        "failures": cases.gpu_failures(gpus),
         "problems": problems,
         "seconds": round(time.monotonic() - started, 2),
         "finished_at": time.time(),

@@ -22,7 +22,7 @@ IMPORT_STARTED = time.monotonic()  # before torch: the report says how long the 
 import torch  # noqa: E402 - timed from IMPORT_STARTED
 
 from .. import contract  # noqa: E402 - timed from IMPORT_STARTED
-from . import plan, timing  # noqa: E402 - timed from IMPORT_STARTED
+from . import cases, timing  # noqa: E402 - timed from IMPORT_STARTED
 from .backends import BACKEND_SETS, Backend, Call, Serving  # noqa: E402 - timed from IMPORT_STARTED
 from .capture_guard import CaptureGuard  # noqa: E402 - timed from IMPORT_STARTED
 from .problem import Problem, make_problem  # noqa: E402 - timed from IMPORT_STARTED
@@ -50,7 +50,7 @@ def reference_of(p: Problem) -> torch.Tensor:
 
 def compare(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     values = out.float()
-    unwritten = int((values == plan.POISON).sum())
+    unwritten = int((values == cases.POISON).sum())
     nonfinite = int((~torch.isfinite(values)).sum())
     if unwritten or nonfinite:
         return {"unwritten": unwritten, "nonfinite": nonfinite, "rel_l2": None, "cos_diff": None}
@@ -74,11 +74,11 @@ def serving_for(spec: dict[str, Any], q_len: int) -> Serving:
 
 
 def check_case(
-    backend: Backend, case: plan.Case, device: torch.device, seed: int, heads: int, serving: Serving = Serving()
-) -> tuple[plan.CaseResult, Problem]:
+    backend: Backend, case: cases.Case, device: torch.device, seed: int, heads: int, serving: Serving = Serving()
+) -> tuple[cases.CaseResult, Problem]:
     p = make_problem(list(case.lengths), heads=heads, device=device, seed=seed, q_len=case.q_len)
     ref = reference_of(p)
-    out = p.new_output(plan.POISON)
+    out = p.new_output(cases.POISON)
     started = time.perf_counter()
     raised = None
     try:
@@ -87,7 +87,7 @@ def check_case(
     except Exception as exc:  # noqa: BLE001 - the kernel's refusal is this case's result
         raised = f"{type(exc).__name__}: {str(exc)[:600]}"
     numbers = compare(out, ref) if raised is None else {"rel_l2": None, "cos_diff": None}
-    result = plan.CaseResult(
+    result = cases.CaseResult(
         case=case.name,
         backend=backend.name,
         batch=p.batch,
@@ -97,7 +97,7 @@ def check_case(
         raised=raised,
         **numbers,
     )
-    return plan.judge_case(result), p
+    return cases.judge_case(result), p
 
 
 def rotations_for(p: Problem, device: torch.device) -> int:
@@ -106,7 +106,7 @@ def rotations_for(p: Problem, device: torch.device) -> int:
 
 
 def time_case(
-    backend: Backend, case: plan.Case, first: Problem, device: torch.device, seed: int, serving: Serving = Serving()
+    backend: Backend, case: cases.Case, first: Problem, device: torch.device, seed: int, serving: Serving = Serving()
 ) -> dict[str, Any]:
     """Median ms per call under graph replay (as SGLang decodes), rotating through fresh inputs. The work
     metadata is filled before capture and not timed: SGLang fills it once per step for every layer."""
@@ -141,31 +141,31 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float | None:
 
 def check_graph(
     backend: Backend, device: torch.device, seed: int, heads: int, serving: Serving = Serving()
-) -> plan.GraphResult:
+) -> cases.GraphResult:
     """Capture once at the largest length, then replay at each length with new token tables written in
     place and the metadata refilled outside the graph, as a serving engine's decode graph is reused across
     steps. Nothing of ours may allocate or copy from the host inside the capture (CaptureGuard)."""
-    batch, capture_len = plan.GPU_GRAPH_BATCH, plan.GPU_GRAPH_LENGTHS[0]
+    batch, capture_len = cases.GPU_GRAPH_BATCH, cases.GPU_GRAPH_LENGTHS[0]
     p = make_problem([capture_len] * batch, heads=heads, device=device, seed=seed)
-    static_out = p.new_output(plan.POISON)
+    static_out = p.new_output(cases.POISON)
     bound = backend.bind(p, Call(max_kv_len=capture_len, capturing=True), serving)
     bound.refresh()
     guard = CaptureGuard()
     graph = timing.capture([lambda: bound.launch(static_out)], guard=guard)
     gen = torch.Generator(device=device).manual_seed(seed + 7)
     replays, replay_ms, eager_ms = [], None, None
-    for kv_len in plan.GPU_GRAPH_LENGTHS:
+    for kv_len in cases.GPU_GRAPH_LENGTHS:
         p.kv_indptr.copy_(torch.arange(batch + 1, device=device, dtype=torch.int32) * kv_len)
         p.kv_indices[: batch * kv_len] = torch.randperm(p.kv.shape[0], generator=gen, device=device)[
             : batch * kv_len
         ].int()
         view = dataclasses.replace(p, lengths=[kv_len] * batch)
         bound.refresh()
-        static_out.fill_(plan.POISON)
+        static_out.fill_(cases.POISON)
         graph.replay()
         synchronize(device)
         replayed = static_out.clone()
-        eager = view.new_output(plan.POISON)
+        eager = view.new_output(cases.POISON)
         eager_call = Call(max_kv_len=kv_len)
         eager_bound = backend.bind(view, eager_call, serving)
         eager_bound.refresh()
@@ -182,8 +182,8 @@ def check_graph(
         if kv_len == capture_len:
             eager_ms = timing.eager_ms(lambda: eager_bound.launch(eager))
             replay_ms = timing.median_ms(graph.replay, warm=False)  # the eager runs have just warmed the GPU
-    return plan.judge_graph(
-        plan.GraphResult(
+    return cases.judge_graph(
+        cases.GraphResult(
             backend.name, batch, capture_len, replays, replay_ms, eager_ms, capture_violations=guard.violations
         )
     )
@@ -204,7 +204,7 @@ def memory_info(device: torch.device) -> tuple[int, int] | None:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)
     fake_free = fake_device_rule(contract.ENV_SELFTEST_FAKE_FREE_GIB)
-    return None if fake_free is None else (int(float(fake_free) * plan.GiB), FAKE_DEVICE_TOTAL)
+    return None if fake_free is None else (int(float(fake_free) * cases.GiB), FAKE_DEVICE_TOTAL)
 
 
 FAKE_DEVICE_TOTAL = 192 * 2**30  # a fake CPU device's "memory", as an MI355X/H200-class card
@@ -220,8 +220,8 @@ def prepare_device(device: torch.device, limit: int) -> str | None:
     free, total = info
     if free < limit:
         return (
-            f"{device}: {free / plan.GiB:.1f} GiB free of {total / plan.GiB:.1f} GiB, the self-test needs "
-            f"{limit / plan.GiB:.1f} GiB"
+            f"{device}: {free / cases.GiB:.1f} GiB free of {total / cases.GiB:.1f} GiB, the self-test needs "
+            f"{limit / cases.GiB:.1f} GiB"
         )
     if device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
@@ -259,18 +259,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     waited = round(time.monotonic() - PREWARM["done_at"], 3)  # for the spec: the probe, or the other path's GPU turn
     clock.start("device setup")
     device = torch.device(spec["device"])
-    limit = int(spec.get("memory_limit_bytes", plan.MEMORY_LIMIT_BYTES))
+    limit = int(spec.get("memory_limit_bytes", cases.MEMORY_LIMIT_BYTES))
     deferred = prepare_device(device, limit)
     if deferred:
         return {"deferred": deferred}
     backend = BACKEND_SETS[spec["backend_set"]][spec["path"]]
     on_gpu = device.type == "cuda"
-    cases = (plan.GPU_CASES if on_gpu else plan.CPU_CASES) + plan.mtp_cases(spec.get("mtp_q_lens", ()), on_gpu)
+    to_run = (cases.GPU_CASES if on_gpu else cases.CPU_CASES) + cases.mtp_cases(spec.get("mtp_q_lens", ()), on_gpu)
     seed, heads = int(spec["seed"]), int(spec.get("heads", 12))
     started = time.perf_counter()
     results, timings, graphs = [], [], []
-    for index, case in enumerate(cases):
-        emit(plan.PROGRESS_MARKER, {"step": f"case {case.name}", "backend": backend.name})
+    for index, case in enumerate(to_run):
+        emit(cases.PROGRESS_MARKER, {"step": f"case {case.name}", "backend": backend.name})
         clock.start(f"case {case.name}")
         if index == 0:
             fake_fault(device, spec["path"])
@@ -278,18 +278,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         result, problem = check_case(backend, case, device, seed + index, heads, serving)
         results.append(result)
         if on_gpu and case.timed and spec.get("timing", True) and result.ok:
-            emit(plan.PROGRESS_MARKER, {"step": f"timing {case.name}", "backend": backend.name})
+            emit(cases.PROGRESS_MARKER, {"step": f"timing {case.name}", "backend": backend.name})
             clock.start(f"timing {case.name}")
             timings.append(time_case(backend, case, problem, device, seed + index, serving))
         del problem
     decode_serves = all(r.ok for r in results if r.q_len == 1)
     if on_gpu and spec.get("graph", True) and decode_serves:
-        emit(plan.PROGRESS_MARKER, {"step": "graph", "backend": backend.name})
+        emit(cases.PROGRESS_MARKER, {"step": "graph", "backend": backend.name})
         clock.start("graph")
         graphs.append(check_graph(backend, device, seed + 99, heads, serving_for(spec, 1)))
     ceiling = None
     if on_gpu and spec.get("timing", True):
-        emit(plan.PROGRESS_MARKER, {"step": "copy ceiling", "backend": backend.name})
+        emit(cases.PROGRESS_MARKER, {"step": "copy ceiling", "backend": backend.name})
         clock.start("copy ceiling")
         torch.cuda.empty_cache()  # the graphs' pools are gone; their cached blocks would count against the cap
         ceiling = timing.copy_ceiling_tbps(device)
@@ -356,7 +356,7 @@ def main(argv: list[str]) -> int:
     text = sys.stdin.readline() if argv[0] == "-" else argv[0]
     if not text.strip():
         return 0
-    emit(plan.RESULT_MARKER, run(json.loads(text)))
+    emit(cases.RESULT_MARKER, run(json.loads(text)))
     return 0
 
 

@@ -171,11 +171,9 @@ def cmd_explain(args: argparse.Namespace, cluster: Cluster) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, cluster: Cluster) -> int:
-    from .. import plan
-
     rollout = cluster.rollout(args.rollout)
     pods = cluster.serving_pods() + cluster.agent_pods(args.agent_selector)
-    emit(args, plan.preview(rollout, cluster.nodes(), pods, time.time()), views.render_plan)
+    emit(args, views.preview(rollout, cluster.nodes(), pods, time.time()), views.render_plan)
     return 0
 
 

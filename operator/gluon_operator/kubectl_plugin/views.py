@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from gluon_agent import contract
 from gluon_agent.sglang_routes import ServingConfig
 
-from .. import gating, plan, records, serving, webhook, world
+from .. import gating, plan, records, serving, spec, world
 
 NONE = "-"
 FLAG_ORDER = ("1", "0", "?")
@@ -67,7 +67,7 @@ def serving_pods(rollout: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) 
         for p in pods
         if meta(p).get("namespace") == namespace
         and (p.get("spec") or {}).get("nodeName")
-        and webhook.selector_matches(selector, labels(p))
+        and spec.selector_matches(selector, labels(p))
     ]
 
 
@@ -377,8 +377,9 @@ def render_explain(record: Mapping[str, Any]) -> str:
     if served.get("digest"):
         proved = served["proved"] or NONE
         out.append(
-            f"  serving:     rollout serves config {served['digest']} ({served['described']}); the self-test proved "
-            f"{proved}" + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)")
+            f"  serving:     rollout serves config {served['digest']} ({served['described']}); "
+            f"the self-test proved {proved}"
+            + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)")
         )
     elif served.get("problem"):
         out.append(f"  serving:     unresolved: {served['problem']}")
@@ -401,8 +402,8 @@ def render_explain(record: Mapping[str, Any]) -> str:
     selftest = record.get("selftest")
     if selftest:
         out.append(
-            f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, tested at "
-            f"{when(selftest['testedAt'])}" + (" (SIMULATION)" if selftest["simulated"] else "")
+            f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, "
+            f"tested at {when(selftest['testedAt'])}" + (" (SIMULATION)" if selftest["simulated"] else "")
         )
         rows = [
             [
@@ -455,6 +456,32 @@ def indent(text: str, by: str = "    ") -> str:
 # ---------------------------------------------------------------- plan
 
 
+def preview(rollout: dict, nodes: list[dict], pods: list[dict], now: float) -> dict:
+    """The next reconcile's plan, from raw API objects (a GluonRollout, Nodes, Pods: agent pods and serving
+    pods, as `kubectl get -o json` lists them), without running the analysis (no verdicts). JSON-able:
+    {"dryRun", "nodeWrites": [{node, labels, annotations}], "restarts": [{namespace, node, pods, why}],
+    "podLabels", "events": [{type, reason, message}], "transitions": [{node, old, new, rollback}], "status"}.
+
+    Where to read a node's facts (for `kubectl gluon status/explain`):
+    - state and reason: the rollout's status.nodes[NODE] {state, reason, since, changedAt, fingerprint,
+      holdout, numbers} while the rollout has at most 500 nodes (beyond, only nodes needing attention are
+      there, status.nodesOmitted counts the rest); always on the Node itself, in the JSON annotation
+      contract.ANNOTATION_NODE_RECORD (the same fields plus "rollout": "namespace/name"), and the label
+      contract.LABEL_STATE.
+    - flag: the Node label contract.LABEL_ENABLED ("true" | "false"); each serving pod's real flag is its
+      label contract.LABEL_POD_FLAG.
+    - effect and the analysis numbers: `numbers` of the node record (effect, ci, p_worse, threshold,
+      failStreak, ...); a rolled-back node's numbers also in contract.ANNOTATION_ROLLBACK.
+    - eligibility and self-test: the agent report contract.ANNOTATION_REPORT and labels contract.LABEL_CAPABLE,
+      contract.LABEL_SELFTEST; the record's reason says why a node is not eligible.
+    The preview sees only this rollout: overlaps with other rollouts (the Conflict condition) are not checked.
+    """
+    view = plan.rollout_view(rollout)
+    # the Pod and Node readings the caches use, so the preview decides as the operator does
+    seen = world.world_from_objects(nodes, pods, [plan.claim_of(view)])
+    return plan.plan(view, seen, {}, None, now).to_dict()
+
+
 def short(value: Any, width: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= width else text[:width] + f"... ({len(text)} chars)"
@@ -466,7 +493,7 @@ def changes_text(changes: Mapping[str, Any]) -> str:
 
 
 def render_plan(plan: Mapping[str, Any]) -> str:
-    """`kubectl gluon plan`: the next reconcile's plan (gluon_operator.plan.preview), in the order the
+    """`kubectl gluon plan`: the next reconcile's plan (preview), in the order the
     operator would execute it: status, node writes, restarts, pod labels, events."""
     out = ["The next reconcile's plan (a preview: nothing has been written)"]
     if plan.get("dryRun"):

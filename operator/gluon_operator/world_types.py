@@ -1,0 +1,79 @@
+"""The world as the plan (plan.py) reads it, as plain data: the nodes, which agents run, the serving pods
+and the other rollouts' claims. world.py reads these from the caches or from raw API objects; the plan
+decides over them. Its own module, so the readings and the plan both import it and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from . import gating
+from .serving import PodServing
+
+
+def unix(timestamp: str | None) -> float:
+    """A Kubernetes timestamp (RFC 3339, as metadata.creationTimestamp) in seconds since the epoch; 0 for none."""
+    if not timestamp:
+        return 0.0
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    unschedulable: bool = False
+    ready: bool | None = None  # the Ready condition; None when the node reports none (counted as ready)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A serving pod, as gating needs it (world.pod_view reads it from a Pod)."""
+
+    namespace: str
+    name: str
+    node: str
+    labels: Mapping[str, str]
+    created: float
+    ready: bool = True
+    deleting: bool = False
+    flag: str | None = None
+    preflight_reason: str | None = None
+    injected: bool = True
+    transient: bool = False
+    controlled: bool = True  # a controller (ReplicaSet, StatefulSet, ...) recreates it when it is restarted
+    serving: PodServing | None = None  # what its serving container states of its SGLang setup (serving.py)
+
+    def facts(self) -> gating.PodFacts:
+        return gating.PodFacts(
+            self.name,
+            self.created,
+            self.flag,
+            self.preflight_reason,
+            self.ready,
+            self.deleting,
+            self.injected,
+            self.transient,
+            self.controlled,
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Another rollout's claim on nodes: its node selector and age (the older one owns an overlap)."""
+
+    namespace: str
+    name: str
+    created: float
+    node_selector: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class World:
+    nodes: Mapping[str, NodeView]
+    agents: Mapping[str, bool]  # node -> its agent pod runs and is ready
+    pods: Mapping[tuple[str, str], Sequence[PodView]]  # (namespace, node) -> serving pods there
+    rollouts: Sequence[Claim] = ()  # every rollout, this one included
