@@ -295,7 +295,7 @@ class Analysis(Model):
         ge=1,
         le=1000,
         description="Control nodes (flag steady over the node's baseline and since) a node is judged against at "
-        "least; with fewer it stays inconclusive (docs/analysis.md).",
+        "least; with fewer it stays inconclusive (docs/how-it-decides/analysis.md).",
     )
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
     tolerance: float = Field(0.05, ge=0, lt=1, description="How much worse than control still passes (0.05 = 5%).")
