@@ -86,7 +86,8 @@ import numpy as np
 from scipy import stats
 
 from gluon_operator import analysis
-from gluon_operator.analysis import JudgeConfig, decide
+from gluon_operator.analysis import JudgeConfig
+from gluon_operator.evaluation import decide
 
 STEP, PER_INTERVAL, BASELINE, WARMUP_INTERVALS, HORIZON, CONTROLS = 15.0, 4, 80, 1, 20, 7
 GUARD_INTERVALS = 360  # 6 h of promoted life, one look per 60 s interval
@@ -615,6 +616,7 @@ def targets(report: dict) -> dict[str, bool | None]:
             for m in measures
         )
 
+    tuned = at_least_every_tuned_anchor
     return {
         "false_rollbacks_at_most_1pct_every_harmless_scenario": o["false_rollback_rate_worst_harmless"] <= 0.01,
         "power_10pct_5pct_noise_at_least_95pct_within_10": (o["power_10pct_5pct_noise_within_10"] or 0) >= 0.95,
@@ -626,16 +628,16 @@ def targets(report: dict) -> dict[str, bool | None]:
             for a in ANCHORS
             for k in regressions
         ),
-        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks": at_least_every_tuned_anchor(
+        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_same_looks": tuned(
             "horizon + 6 h guard mode"
         ),
-        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor(
+        "equal_or_better_power_than_every_anchor_setting_at_equal_false_rollbacks_anchors_horizon_only": tuned(
             "horizon only"
         ),
-        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks": at_least_every_tuned_anchor(
+        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_same_looks": tuned(
             "horizon + 6 h guard mode", "anchors_at_ours_false_rollback_rate"
         ),
-        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_anchors_horizon_only": at_least_every_tuned_anchor(
+        "equal_or_better_power_than_every_anchor_setting_at_ours_false_rollbacks_anchors_horizon_only": tuned(
             "horizon only", "anchors_at_ours_false_rollback_rate"
         ),
     }
@@ -769,8 +771,8 @@ def main() -> None:
         "--only",
         action="append",
         metavar="SCENARIO",
-        help="run only this scenario (a key such as regression_10pct@5pct_noise; repeatable), on the seeds --runs gives it: "
-        "each judge's table and an exact 95%% interval of its power within 10 intervals (see only())",
+        help="run only this scenario (a key such as regression_10pct@5pct_noise; repeatable), on the seeds --runs "
+        "gives it: each judge's table and an exact 95%% interval of its power within 10 intervals (see only())",
     )
     parser.add_argument(
         "--lonely",

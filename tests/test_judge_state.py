@@ -28,8 +28,11 @@ def entry(name: str, number: int) -> dict[str, Any]:
 @pytest.mark.parametrize("name, number", LOOKS)
 def test_a_recorded_state_gives_the_recorded_judgement(name, number):
     recorded, case = entry(name, number), FIXTURE[name]["case"]
-    judgement = judge_states.look(case, *series(name), recorded["now"], recorded["state"])
-    assert json.loads(json.dumps(judgement.to_dict())) == recorded["judgement"]
+    judgement = json.loads(
+        json.dumps(judge_states.look(case, *series(name), recorded["now"], recorded["state"]).to_dict())
+    )
+    assert judgement["sequential"].pop("version") == 1  # the one key the recorded states did not have
+    assert judgement == recorded["judgement"]
 
 
 def test_the_fixture_covers_every_part_of_the_state():
