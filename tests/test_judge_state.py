@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gluon_operator import analysis
 from tests import judge_states
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "judge_states.json").read_text())
@@ -46,3 +47,45 @@ def test_the_fixture_covers_every_part_of_the_state():
     assert {j["result"] for j in judged} == {"pass", "fail", "inconclusive"}
     assert all(e["judgement"]["looks"] == 1 for e in FIXTURE["baseline_without_load_means"]["looks"])
     assert all("switchedAt" not in e["state"] for e in FIXTURE["without_switched_at"]["looks"][1:])
+
+
+def test_every_recorded_state_restores_to_the_same_keys_and_values_by_readable_names():
+    """The typed state reads every key of the states written before it (nothing dropped, nothing added but
+    the version), and names what the short keys meant: `pn` is p_not_worse at the top level, the open batch's
+    count under `bm`; `s` is the clip scale in the baseline, the post-flip sum, a batch sum under `bm`."""
+    states = [e["judgement"]["sequential"] for recorded in FIXTURE.values() for e in recorded["looks"]]
+    for state in states:
+        restored = analysis.restore(state, state["changedAt"])
+        assert analysis.judgement.rounded(restored.kept()) == {"version": 1} | state
+    state = next(s for s in states if (s["post"]["bm"] or {}).get("k", 0) >= 5)
+    restored = analysis.restore(state, state["changedAt"])
+    assert restored.p_not_worse == state["pn"] and restored.post.batches.open_count == state["post"]["bm"]["pn"]
+    assert restored.baseline.clip_scale == state["baseline"]["s"] and restored.post.total == state["post"]["s"]
+    assert restored.post.batches.sum_of_means == state["post"]["bm"]["s"] and restored.post.batches.full_batches >= 5
+    assert restored.baseline.samples == state["baseline"]["n"] and restored.baseline.placebos == state["baseline"]["pl"]
+
+
+def test_a_state_of_another_flip_version_or_shape_starts_afresh():
+    state = FIXTURE["pooled_load_fit"]["looks"][-1]["judgement"]["sequential"]
+    at = state["changedAt"]
+    assert analysis.restore(state, at) is not None and analysis.restore({"version": 1} | state, at) is not None
+    assert analysis.restore(state, at + 1) is None  # another flip
+    assert analysis.restore({"version": 2} | state, at) is None  # a layout this judge does not know
+    broken = json.loads(json.dumps(state))
+    broken["baseline"]["beta"] = broken["baseline"]["beta"][:1]  # beta for one gauge, cols for two
+    assert analysis.restore(broken, at) is None
+    for unreadable in (None, [], "x", {"changedAt": at}, {"changedAt": at, "post": "x"}, {"changedAt": "x"}):
+        assert analysis.restore(unreadable, at) is None
+    # a placebo row fitted on other gauges is left out; the rest of the state is kept
+    odd = json.loads(json.dumps(state))
+    odd["baseline"]["pl"]["c0"] = odd["baseline"]["pl"]["c0"][:2]
+    assert set(analysis.restore(odd, at).baseline.placebos) == set(state["baseline"]["pl"]) - {"c0"}
+
+
+def test_a_state_from_before_the_flag_split_counts_from_its_flip():
+    state = FIXTURE["pooled_load_fit"]["looks"][2]["judgement"]["sequential"]
+    legacy = {key: value for key, value in state.items() if key not in ("switchedAt", "version")}
+    assert analysis.restore(legacy, state["changedAt"]).switched_at == state["changedAt"]
+    waiting = json.loads(json.dumps(legacy))
+    waiting["post"]["n"] = 0
+    assert analysis.restore(waiting, state["changedAt"]).switched_at is None

@@ -40,8 +40,8 @@ def build_panel(
 ) -> Panel:
     """Series ((t, v) pairs or (n, 2) arrays) on the speed series' common time grid (Prometheus range
     queries share their step); gauge samples off that grid are dropped. `flags`: split_by_flag's codes."""
-    arrays = {n: _as_points(s) for n, s in speed.items()}
-    stamps = np.unique(np.round(np.concatenate([a[:, 0] for a in arrays.values()]), 3)) if arrays else np.empty(0)
+    arrays = {node: _as_points(series) for node, series in speed.items()}
+    stamps = np.unique(np.round(np.concatenate([p[:, 0] for p in arrays.values()]), 3)) if arrays else np.empty(0)
 
     def column(points: np.ndarray) -> np.ndarray:
         out = np.full(len(stamps), np.nan)
@@ -52,13 +52,17 @@ def build_panel(
             out[at[hit]] = points[hit, 1]
         return out
 
-    gauges = {name: {n: _as_points(s) for n, s in series.items()} for name, series in load.items()}
+    gauges = {name: {node: _as_points(series) for node, series in by_node.items()} for name, by_node in load.items()}
     empty = np.empty((0, 2))
+
+    def gauge_columns(node: str) -> np.ndarray:
+        return np.column_stack([column(gauges.get(name, {}).get(node, empty)) for name in COVARIATES])
+
     return Panel(
         stamps.astype(float),
-        {n: column(a) for n, a in arrays.items()},
-        {n: np.column_stack([column(gauges.get(name, {}).get(n, empty)) for name in COVARIATES]) for n in arrays},
-        {n: column(_as_points(f)) for n, f in (flags or {}).items() if n in arrays},
+        {node: column(points) for node, points in arrays.items()},
+        {node: gauge_columns(node) for node in arrays},
+        {node: column(_as_points(codes)) for node, codes in (flags or {}).items() if node in arrays},
     )
 
 
@@ -135,9 +139,9 @@ class Reference:
 
         def compute() -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
             count = min(len(self.names), LOO_CONTROLS) if self.stack is not None and len(self.names) > 1 else 0
-            t, k = self.speed.shape[0], self.load.shape[1]
+            steps, gauges = self.speed.shape[0], self.load.shape[1]
             if not count:
-                return (), np.empty((0, t)), np.empty((0, t, k))
+                return (), np.empty((0, steps)), np.empty((0, steps, gauges))
             ratios = np.stack(
                 [self.stack[i] - _nanmedian(np.delete(self.stack, i, axis=0), self.min_controls) for i in range(count)]
             )
@@ -163,18 +167,21 @@ def reference(
 ) -> Reference:
     """The controls' medians. `held`: the flag each control held (FLAG_OFF unless named); with samples
     split by flag, a control contributes only samples of that flag (none from a restart in between)."""
-    k, t = len(COVARIATES), len(panel.times)
-    names = [c for c in controls if c in panel.speed]
-    if not names or not t:
-        return Reference(np.full(t, np.nan), np.full((t, k), np.nan), 0)
+    gauges, steps = len(COVARIATES), len(panel.times)
+    names = [name for name in controls if name in panel.speed]
+    if not names or not steps:
+        return Reference(np.full(steps, np.nan), np.full((steps, gauges), np.nan), 0)
+    held = held or {}
 
-    def own(c: str) -> np.ndarray:
-        speed = log_usable(panel.speed[c], cfg.min_traffic)
-        return np.where(panel.flags_of(c) == (held or {}).get(c, FLAG_OFF), speed, np.nan) if panel.by_flag else speed
+    def own(control: str) -> np.ndarray:
+        speed = log_usable(panel.speed[control], cfg.min_traffic)
+        if not panel.by_flag:
+            return speed
+        return np.where(panel.flags_of(control) == held.get(control, FLAG_OFF), speed, np.nan)
 
-    speed = np.vstack([own(c) for c in names])
-    flag = (held or {}).get(names[0], FLAG_OFF)
-    load = np.stack([log_usable(panel.load[c]) for c in names])  # (C, T, K)
+    speed = np.vstack([own(name) for name in names])
+    flag = held.get(names[0], FLAG_OFF)
+    load = np.stack([log_usable(panel.load[name]) for name in names])  # (C, T, K)
     return Reference(
         _nanmedian(speed, 1),
         _nanmedian(load, 1),
