@@ -217,17 +217,8 @@ def switch_time(
 
 def _not_switched(look: Look, previous: JudgeState | None, fitted: Baseline | None, waiting: str) -> Judgement:
     """Not judged yet: the baseline is kept, nothing after the flip is counted."""
-    kept = JudgeState(
-        changed_at=float(look.changed_at),
-        control_flag=int(look.ref.flag),
-        baseline_seconds=float(look.baseline_seconds),
-        baseline=fitted,
-        switched_at=None,
-        post=PostFlip(samples=0, total=0.0, gauge_sums=[0.0] * len(_gauges(fitted)), until=look.changed_at),
-        looks=(previous.looks if previous else 0) + 1,
-        p_worse=previous.p_worse if previous else 1.0,
-        p_not_worse=previous.p_not_worse if previous else 1.0,
-    )
+    nothing = PostFlip(samples=0, total=0.0, gauge_sums=[0.0] * len(_gauges(fitted)), until=look.changed_at)
+    kept = _next_state(look, previous, fitted, float(look.baseline_seconds), None, nothing)
     return Judgement(
         "inconclusive",
         f"not judged yet: {waiting}",
@@ -242,6 +233,28 @@ def _gauges(fitted: Baseline | None) -> list[int]:
     return fitted.gauges if fitted else []
 
 
+def _next_state(
+    look: Look,
+    previous: JudgeState | None,
+    fitted: Baseline | None,
+    baseline_seconds: float,
+    switched_at: float | None,
+    post: PostFlip,
+) -> JudgeState:
+    """The state this look keeps: its flip, the controls' flag, one look more, the p-values so far."""
+    return JudgeState(
+        changed_at=float(look.changed_at),
+        control_flag=int(look.ref.flag),
+        baseline_seconds=baseline_seconds,
+        baseline=fitted,
+        switched_at=switched_at,
+        post=post,
+        looks=(previous.looks if previous else 0) + 1,
+        p_worse=previous.p_worse if previous else 1.0,
+        p_not_worse=previous.p_not_worse if previous else 1.0,
+    )
+
+
 # ---------------------------------------------------------------- accumulate
 
 
@@ -252,8 +265,9 @@ def accumulate(
     placebos' too; the state to keep."""
     start = switched + look.warmup  # the warm-up counts from the moment every serving pod runs flag 1
     gauges = _gauges(fitted)
-    post = previous.post if previous else PostFlip(samples=0, total=0.0, gauge_sums=[0.0] * len(gauges), until=0.0)
-    until = max(post.until, start - 1e-3) if previous else start - 1e-3
+    fresh = PostFlip(samples=0, total=0.0, gauge_sums=[0.0] * len(gauges), until=start - 1e-3)
+    post = previous.post if previous else fresh
+    until = max(post.until, start - 1e-3)
     window, adjusted = _post_flip_samples(series, fitted, start, look.now)
     new = window & (series.times > until)
     batch = batch_size(series.times)
@@ -266,17 +280,8 @@ def accumulate(
         batches=(post.batches or BatchMeans()).added(adjusted[new], batch),
         placebos=_placebo_sums(series, look, fitted, post.placebos, start),
     )
-    state = JudgeState(
-        changed_at=float(look.changed_at),
-        control_flag=int(look.ref.flag),
-        baseline_seconds=float((previous.baseline_seconds if previous else 0.0) or look.baseline_seconds),
-        baseline=fitted,
-        switched_at=float(switched),
-        post=counted,
-        looks=(previous.looks if previous else 0) + 1,
-        p_worse=previous.p_worse if previous else 1.0,
-        p_not_worse=previous.p_not_worse if previous else 1.0,
-    )
+    seconds = float((previous.baseline_seconds if previous else 0.0) or look.baseline_seconds)
+    state = _next_state(look, previous, fitted, seconds, float(switched), counted)
     return Accumulated(state, window, adjusted, start, batch)
 
 
