@@ -3,8 +3,8 @@ once per flip, the running sums since the flip, the always-valid p-values so far
 
 Fields have readable names; the status keeps the short keys it has always had (each field's alias: a
 state of thousands of nodes lives in one object, and an operator rolled back still reads what a newer one
-wrote). `version` is 1; a state without it is of the same layout (written before the version was), one of
-another version, of another flip, or malformed starts the judgement afresh (`restore`).
+wrote). `version` is 1, and a state without it has the same layout (it was written before the version was);
+a state of another version, of another flip, or malformed starts the judgement afresh (`restore`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ VERSION = 1
 
 
 class _Kept(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=False)
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")  # fields by name or by their short key
 
     def kept(self) -> dict[str, Any]:
         """As the status keeps it: by the short keys."""
