@@ -86,7 +86,8 @@ import numpy as np
 from scipy import stats
 
 from gluon_operator import analysis
-from gluon_operator.analysis import JudgeConfig, decide
+from gluon_operator.analysis import JudgeConfig
+from gluon_operator.evaluation import decide
 
 STEP, PER_INTERVAL, BASELINE, WARMUP_INTERVALS, HORIZON, CONTROLS = 15.0, 4, 80, 1, 20, 7
 GUARD_INTERVALS = 360  # 6 h of promoted life, one look per 60 s interval

@@ -33,7 +33,8 @@ import judge as bench
 import numpy as np
 
 from gluon_operator import analysis, evaluation, gating
-from gluon_operator.analysis import JudgeConfig, decide
+from gluon_operator.analysis import JudgeConfig
+from gluon_operator.evaluation import decide
 from gluon_operator.spec import Analysis
 
 GUARD_STUDY = 120  # 2 h of guard mode after the horizon on harmless runs (the counting)

@@ -29,7 +29,7 @@ looks (one per 60 s interval):
             (`one_sided_mixture_tuned`). `anytime_best` is the higher of the two, per scenario. No
             test that keeps its level over unlimited looks can be the best at every horizon; these are
             the standard ones with the oracle's knowledge, tuned to the effect.
-  ours_boundary_true_variance   ours' own rule (the two-sided discrete mixture of analysis.py, fail
+  ours_boundary_true_variance   ours' own rule (the two-sided discrete mixture of analysis/sequential.py, fail
             when the interval lies below theta / 2 and the estimate below theta, consecutiveFailures 2)
             on the oracle's estimate and its true variance: what ours' boundary costs, apart from
             estimating the variance (and its robustness to tails, wander and load).
@@ -182,7 +182,7 @@ def sprt_log(estimate: np.ndarray, variance: np.ndarray, null: float, effect: fl
 
 
 def ours_rule(estimate: np.ndarray, variance: np.ndarray) -> bool:
-    """Ours' fail rule on these estimates and variances: the discrete mixture interval (analysis.py)
+    """Ours' fail rule on these estimates and variances: the discrete mixture interval (analysis/sequential.py)
     below theta / 2 and the estimate below theta, at `consecutiveFailures` looks in a row."""
     mixture = analysis._mixture(THETA, bench.OURS)
     bound = math.log(1 / ALPHA)

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gluon_operator import analysis
-from gluon_operator.analysis import JudgeConfig, decide
+from gluon_operator.analysis import JudgeConfig
+from gluon_operator.evaluation import decide
 from gluon_operator.promclient import PrometheusClient, PrometheusError
 from tests.helpers import free_port
 

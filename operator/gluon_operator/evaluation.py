@@ -1,8 +1,9 @@
 """The analysis shell: a fixed number of Prometheus queries per rollout per interval (decode speed and
 the two load gauges, whatever the fleet size), a judgement and a decision for every node in Analyzing
-or Promoted (guard mode). The statistics are analysis.py's (pure). Any failure, a hanging Prometheus
-included (one overall deadline), is an inconclusive verdict for every judged node, with the error in
-the summary and a metric: the analysis never stops the reconcile."""
+or Promoted (guard mode). The statistics are the analysis package's (pure); the streak policy over its
+judgements (`decide`, pure) is here. Any failure, a hanging Prometheus included (one overall deadline), is
+an inconclusive verdict for every judged node, with the error in the summary and a metric: the analysis
+never stops the reconcile."""
 
 from __future__ import annotations
 
@@ -79,6 +80,44 @@ class ControlIndex:
 
 def _spread(name: str) -> str:
     return hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+
+
+# ---------------------------------------------------------------- per-node bookkeeping across intervals
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str | None  # "pass" | "fail" | None (keep waiting)
+    reason: str
+    streak: int
+    inconclusive_since: float | None
+
+
+def decide(
+    judgement: analysis.Judgement,
+    streak: int,
+    inconclusive_since: float | None,
+    now: float,
+    consecutive: int,
+    on_no_data: str,
+    deadline: float,
+) -> Decision:
+    """K consecutive failing evaluations before a rollback; inconclusive past the deadline does what
+    `onNoData` says (hold by default)."""
+    if judgement.result == "fail":
+        streak += 1
+        if streak >= consecutive:
+            return Decision("fail", f"{streak} consecutive failing evaluations: {judgement.reason}", streak, None)
+        return Decision(None, f"failing evaluation {streak}/{consecutive}: {judgement.reason}", streak, None)
+    if judgement.result == "pass":
+        return Decision("pass", judgement.reason, 0, None)
+    since = inconclusive_since if inconclusive_since is not None else now
+    if now - since >= deadline and on_no_data != "hold":
+        verdict = "pass" if on_no_data == "promote" else "fail"
+        return Decision(
+            verdict, f"inconclusive for {now - since:.0f} s, onNoData={on_no_data}: {judgement.reason}", 0, since
+        )
+    return Decision(None, f"inconclusive: {judgement.reason}", 0, since)
 
 
 def steady_controls(
@@ -225,7 +264,7 @@ async def analyse(
     a = spec.analysis
     for node in judged:
         status, judgement = statuses[node], judgements[node]
-        decision = analysis.decide(
+        decision = decide(
             judgement,
             _int(status.numbers.get("failStreak")),
             _float(status.numbers.get("inconclusiveSince")),
