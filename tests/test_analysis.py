@@ -298,7 +298,7 @@ def test_the_finite_window_factor_is_that_of_the_fit_the_variance_uses(monkeypat
     judged = [look(*series, now) for series in (wandering, alone)]
     base = judged[1].state["baseline"]
     assert base["f"] > 10 and base["phi"] > 0.9  # the premise: the controls' memory, not the node's own
-    monkeypatch.setattr(analysis, "contrast_factor", lambda *args: 1.0)
+    monkeypatch.setattr(analysis.judging, "contrast_factor", lambda *args: 1.0)
     asymptotic = [look(*series, now).model_sd for series in (wandering, alone)]
     assert judged[0].model_sd < 0.9 * asymptotic[0]
     monkeypatch.undo()

@@ -10,7 +10,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import analysis as package  # contrast_factor is looked up there, so that tests can replace it
 from .baseline import fit_baseline
 from .judgement import JudgeConfig, Judgement, rounded
 from .panel import Panel, Reference, log_usable
@@ -21,6 +20,7 @@ from .state import Baseline, BatchMeans, JudgeState, PlaceboSums, PostFlip, rest
 from .variance import (
     batch_size,
     clip,
+    contrast_factor,
     gap_samples,
     inflation_of,
     long_run_variance,
@@ -380,7 +380,7 @@ def _finite_window_factor(step: Accumulated, series: NodeSeries, look: Look) -> 
     if not fitted:
         return 1.0
     gap = gap_samples(series.times, step.start - look.changed_at)
-    return package.contrast_factor(fitted.samples, step.state.post.samples, gap, fitted.inflation, fitted.phi)
+    return contrast_factor(fitted.samples, step.state.post.samples, gap, fitted.inflation, fitted.phi)
 
 
 def _widened(model: float, model_dof: float, placebo: float, placebos: int, look: Look) -> float:
