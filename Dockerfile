@@ -11,6 +11,7 @@ FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY common ./common
 COPY agent ./agent
 COPY operator ./operator
 RUN pip install --no-cache-dir . && rm -rf /src
@@ -22,6 +23,7 @@ FROM ${BASE_IMAGE} AS agent
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY common ./common
 COPY agent ./agent
 COPY operator ./operator
 # --no-deps for the GPU stack: torch, triton and aiter are the serving image's own and must stay so.

@@ -44,8 +44,8 @@ from clusterbench import (
     wait_until,
 )
 
-from gluon_agent import contract  # noqa: E402
 from gluon_agent.sources import simulated_node  # noqa: E402
+from gluon_common import contract  # noqa: E402
 from gluon_localcluster import fleet, processes  # noqa: E402
 from gluon_localcluster.controlplane import ControlPlane  # noqa: E402
 from gluon_localcluster.install import install  # noqa: E402

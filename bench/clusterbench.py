@@ -91,7 +91,7 @@ def provenance(bench: str, script: str) -> dict[str, Any]:
 
 def child_pythonpath() -> str:
     """This checkout's packages first: the venv's editable install points at another checkout."""
-    return os.pathsep.join(str(ROOT / part) for part in ("agent", "operator", "localcluster"))
+    return os.pathsep.join(str(ROOT / part) for part in ("common", "agent", "operator", "localcluster"))
 
 
 # ---------------------------------------------------------------- agent pods

@@ -59,7 +59,7 @@ from clusterbench import (
     wait_until,
 )
 
-from gluon_agent import contract  # noqa: E402
+from gluon_common import contract  # noqa: E402
 from gluon_localcluster import fleet, processes  # noqa: E402
 from gluon_localcluster.binaries import binary  # noqa: E402
 from gluon_localcluster.controlplane import ControlPlane, free_port  # noqa: E402

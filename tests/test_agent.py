@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
 from gluon_agent.sources import simulated_node
+from gluon_common import contract
 from gluon_localcluster.faultproxy import FaultProxy, Rule, path_is
 from gluon_localcluster.install import Installed
 from tests.clusterkit import MERGE, Nodes, api_for, proxy_for

@@ -12,13 +12,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gluon_agent import contract, decisions, sglang_routes
+from gluon_agent import decisions
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.probe import probe
 from gluon_agent.selftest import plan, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call, Serving
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
+from gluon_common import contract, sglang_routes
 from gluon_localcluster.fakes.stacks import (
     AITER_STACK,
     FAKES,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.processes import operator as start_operator
 from gluon_operator.spec import GROUP, PLURAL, VERSION
@@ -283,8 +283,8 @@ def test_the_serving_config_reaches_the_agent_and_a_node_proven_for_another_is_k
     """The rollout's serving config (here from spec.serving: no serving pods) is written on its node; the
     node's report proves another config, so it stays out; its real agent reads the annotation, self-tests
     that config (SIMULATION) and publishes the digest; then the node is enabled."""
-    from gluon_agent.sglang_routes import ServingConfig
     from gluon_agent.sources import simulated_node
+    from gluon_common.sglang_routes import ServingConfig
     from tests.helpers import running_agent
 
     (name,) = gpu_nodes(1)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_operator.kubectl_plugin import cli, controls, views
 from gluon_operator.kubectl_plugin.views import PluginError
 from gluon_operator.spec import GROUP, PLURAL, VERSION

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gluon_agent import contract, isolation
+from gluon_agent import isolation
 from gluon_agent.selftest import plan, runner, worker
+from gluon_common import contract
 from gluon_localcluster.fakes.stacks import AITER_STACK, child_env
 
 CAPABLE = {

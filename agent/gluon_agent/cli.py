@@ -9,10 +9,11 @@ import os
 import sys
 from typing import Sequence
 
+from gluon_common.sglang_routes import ServingConfig
+
 from . import __version__
 from .probe import DEFAULT_TIMEOUT_S, format_table, probe
 from .selftest import runner
-from .sglang_routes import ServingConfig
 
 
 def positive_float(text: str) -> float:
@@ -61,8 +62,9 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from gluon_common.kube import NodeApi, make_api_client
+
     from .daemon import Agent, AgentConfig, install_signal_handlers
-    from .kube import NodeApi, make_api_client
     from .sources import RealSource, SimulatedSource
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -18,11 +18,14 @@ from typing import Any, Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import __version__, contract, decisions, isolation
+from gluon_common import contract
+from gluon_common.backoff import backoff
+from gluon_common.kube import ApiFailure, NodeApi
+from gluon_common.sglang_routes import DEFAULT_SERVING, ServingConfig
+
+from . import __version__, decisions, isolation
 from .fingerprint import fingerprint, fingerprint_parts
-from .kube import ApiFailure, NodeApi
 from .metrics import AgentMetrics
-from .sglang_routes import DEFAULT_SERVING, ServingConfig
 from .sources import ResultSource
 
 log = logging.getLogger("gluon_agent")
@@ -191,7 +194,7 @@ def watch_node(
             metrics.api_errors.labels(failure.kind).inc()
             log.warning("node watch: %s", failure)
             failures += 1
-            stop.wait(decisions.backoff(failures, config.api_backoff_base, config.api_backoff_cap, rng))
+            stop.wait(backoff(failures, config.api_backoff_base, config.api_backoff_cap, rng))
 
 
 # ---------------------------------------------------------------- the agent
@@ -351,7 +354,7 @@ class Agent:
                     return False
                 if failure.kind != "conflict":
                     self.stop.wait(
-                        decisions.backoff(attempt, self.config.api_backoff_base, self.config.api_backoff_cap, self.rng)
+                        backoff(attempt, self.config.api_backoff_base, self.config.api_backoff_cap, self.rng)
                     )
         return False
 

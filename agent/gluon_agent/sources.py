@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from gluon_common.sglang_routes import DEFAULT_SERVING, ServingConfig, decode_routes
+
 from .fingerprint import fingerprint, fingerprint_parts
 from .probe import probe
 from .selftest import runner
-from .sglang_routes import DEFAULT_SERVING, ServingConfig, decode_routes
 
 
 class ResultSource(Protocol):

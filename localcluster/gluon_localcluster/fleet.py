@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gluon_agent import contract, decisions
+from gluon_agent import decisions
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.fingerprint import fingerprint
-from gluon_agent.sglang_routes import ServingConfig
 from gluon_agent.sources import simulated_node
+from gluon_common import contract
+from gluon_common.sglang_routes import ServingConfig
 from gluon_operator.spec import GROUP, KIND, VERSION
 
 from .controlplane import KWOK_NODE_ANNOTATION

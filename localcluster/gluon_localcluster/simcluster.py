@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gluon_agent import contract
 from gluon_agent.sources import simulated_node
+from gluon_common import contract
 from gluon_operator.spec import GROUP, PLURAL, VERSION
 
 from . import fleet, processes

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Mapping
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from . import analysis, gating
 from .metrics import METRICS

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from gluon_agent import contract
-from gluon_agent.sglang_routes import ServingConfig
+from gluon_common import contract
+from gluon_common.sglang_routes import ServingConfig
 
 from . import serving as routing
 from .records import AgentReport, NodeRecord, RollbackRecord, finite, finite_number, read_json, whole_count

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from . import gating, webhook
 from .gating import (

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from gluon_agent import contract
+from gluon_common import contract
 
 # Finite JSON numbers; a string of digits is read as its number, anything else (NaN, "Infinity") is an
 # error naming the field.

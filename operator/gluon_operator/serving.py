@@ -31,7 +31,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from gluon_agent.sglang_routes import MAX_VERIFY_Q_LEN, ServingConfig, flag_routes, no_route
+from gluon_common.sglang_routes import MAX_VERIFY_Q_LEN, ServingConfig, flag_routes, no_route
 
 ALGORITHM, DRAFT_TOKENS, STEPS, TOPK = (
     "--speculative-algorithm",

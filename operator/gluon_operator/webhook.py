@@ -14,7 +14,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from . import serving
 
@@ -195,8 +195,8 @@ def preflight_script(
     deadline_s: int, mount: str = MOUNT, termination_log: str = TERMINATION_LOG, agent_port: int = contract.AGENT_PORT
 ) -> str:
     """The preflight container's POSIX sh program (dash, bash, busybox). It keeps the image's PYTHONPATH and
-    adds ours in front (only `gluon_agent` lives there), and bounds the whole run with a watchdog of its
-    own rather than `timeout`, whose syntax differs between coreutils and older busybox. Whatever Python
+    adds ours in front (only `gluon_agent` and `gluon_common` live there), and bounds the whole run with a
+    watchdog of its own rather than `timeout`, whose syntax differs between coreutils and older busybox. Whatever Python
     does (hangs, dies, refuses to start), the flag ends '0' unless Python wrote '1', and the termination
     message says why. `agent.asked: false` marks a stack refusal the agent had no part in: not transient.
     The agent's port is passed only when it is not the default, so an agent image older than the option

@@ -20,7 +20,8 @@ IMPORT_STARTED = time.monotonic()  # before torch: the report says how long the 
 
 import torch  # noqa: E402
 
-from .. import contract
+from gluon_common import contract
+
 from . import plan, timing
 from .backends import BACKEND_SETS, Backend, Call, Serving
 from .capture_guard import CaptureGuard
