@@ -14,6 +14,7 @@ from gluon_agent import decisions
 from gluon_agent.daemon import restore
 from gluon_common import contract
 from gluon_common.backoff import backoff
+from gluon_common.report import SelfTest
 
 PROBE = {"capable": True, "gpus": [{"arch": "gfx950"}, {"arch": "gfx950"}]}
 OTHER = "example.com/keep"
@@ -198,7 +199,7 @@ def test_flag_decision(labels, age, verdict, capable, flag, reason):
 def test_restore_previous_verdict():
     report = json.dumps({"fingerprint": "fp", "verdict": "pass", "selftest": {"result": "pass"}})
     annotated = node(annotations={contract.ANNOTATION_REPORT: report})
-    assert restore(annotated, "fp") == ("pass", {"result": "pass"}, None)
+    assert restore(annotated, "fp") == ("pass", SelfTest(result="pass"), None)
     assert restore(annotated, "other") == (None, None, None)
     assert restore(node(), "fp") == (None, None, None)
     verdict, _, problem = restore(node(annotations={contract.ANNOTATION_REPORT: "{not json"}), "fp")

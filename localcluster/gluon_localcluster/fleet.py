@@ -82,10 +82,9 @@ def agent_published(
         fingerprint=STALE_FINGERPRINT if stale else fp,
         serving=serving.as_dict() | {"digest": serving.digest},
     )
-    summary = selftest_summary(selftest, "start") | {"fingerprint": selftest["fingerprint"]}
-    desired = decisions.desired_state(
-        probe, selftest["result"], node_report(name, probe, fp, summary, selftest["result"], None)
-    )
+    summary = selftest_summary(selftest, "start", selftest["fingerprint"])
+    report = node_report(name, probe, fp, summary, selftest["result"], None)
+    desired = decisions.desired_state(probe, selftest["result"], report.annotation_value())
     return dict(desired.labels), dict(desired.annotations)
 
 
