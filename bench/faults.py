@@ -39,6 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "localcluster"))  # the harness: not in the wheel
 
 from gluon_localcluster.faultsim import (
     ROLLOUT_SCENARIOS,

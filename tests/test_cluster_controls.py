@@ -283,8 +283,8 @@ def test_the_serving_config_reaches_the_agent_and_a_node_proven_for_another_is_k
     """The rollout's serving config (here from spec.serving: no serving pods) is written on its node; the
     node's report proves another config, so it stays out; its real agent reads the annotation, self-tests
     that config (SIMULATION) and publishes the digest; then the node is enabled."""
-    from gluon_agent.sources import simulated_node
     from gluon_common.sglang_routes import ServingConfig
+    from gluon_localcluster.fakes.simulated import simulated_node
     from tests.helpers import running_agent
 
     (name,) = gpu_nodes(1)

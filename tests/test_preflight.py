@@ -92,7 +92,7 @@ def node(installed):
 @pytest.fixture
 def enabled_agent(node, installed, tmp_path):
     """A live agent (its token bound to its DaemonSet pod) whose node the operator enabled."""
-    from gluon_agent.sources import simulated_node
+    from gluon_localcluster.fakes.simulated import simulated_node
 
     name = node.name("n1")
     node.reset()

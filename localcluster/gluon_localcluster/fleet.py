@@ -13,12 +13,12 @@ from typing import Any
 from gluon_agent import decisions
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.fingerprint import fingerprint
-from gluon_agent.sources import simulated_node
 from gluon_common import contract
 from gluon_common.sglang_routes import ServingConfig
 from gluon_operator.spec import GROUP, KIND, VERSION
 
 from .controlplane import KWOK_NODE_ANNOTATION
+from .fakes.simulated import simulated_node
 
 GPU_NODE_LABEL = {"feature.node.kubernetes.io/amd-gpu": "true"}  # what the agent DaemonSet selects (chart default)
 SERVING_LABELS = {"app": "sglang"}  # what a rollout's podSelector names (and its analysis query's label matchers)

@@ -15,6 +15,7 @@ from typing import Any
 from gluon_common import contract
 
 from .controlplane import die_with_parent, free_port
+from .fakes.simulated import agent_arguments
 from .install import Installed
 
 # This checkout's packages: a child runs the code under test, not whatever checkout the venv installed.
@@ -127,8 +128,7 @@ def agent(
         "run",
         "--kubeconfig",
         str(installed.agent_kubeconfig(node, server)),
-        "--simulate",
-        str(simulate),
+        *agent_arguments(simulate),
         "--node-name",
         node,
         "--host",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 FAKES = Path(__file__).parent
 AITER_STACK = FAKES / "aiter_stack"
-# this checkout's gluon_agent and gluon_common, ahead of any installed copy
-AGENT_SOURCES = (FAKES.parents[2] / "agent", FAKES.parents[2] / "common")
+# this checkout's gluon_agent and gluon_common, ahead of any installed copy, and the harness (fake devices)
+CHECKOUT_SOURCES = tuple(FAKES.parents[2] / part for part in ("agent", "common", "localcluster"))
 
 
 def fresh_fake_aiter(monkeypatch) -> list:
@@ -27,8 +27,8 @@ def fresh_fake_aiter(monkeypatch) -> list:
 
 
 def child_env(env: dict[str, str], *paths: Path) -> dict[str, str]:
-    """`env` for a child that imports gluon_agent (self-test workers): `paths`, then this checkout's agent and common."""
-    return dict(env, PYTHONPATH=os.pathsep.join(str(p) for p in (*paths, *AGENT_SOURCES)))
+    """`env` for a child that imports gluon_agent (self-test workers): `paths`, then this checkout's packages."""
+    return dict(env, PYTHONPATH=os.pathsep.join(str(p) for p in (*paths, *CHECKOUT_SOURCES)))
 
 
 AITER_FAILURES = {
