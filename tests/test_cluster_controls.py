@@ -44,9 +44,8 @@ def operator(installed):
     # This checkout's code: the child's environment drops PYTHONPATH, and the shared venv's editable
     # install may point at another checkout.
     here = Path(__file__).resolve().parent.parent
-    process = start_operator(
-        installed, reconcile_seconds=0.5, PYTHONPATH=os.pathsep.join(str(here / d) for d in ("agent", "operator", ""))
-    )
+    checkout = os.pathsep.join(str(here / d) for d in ("common", "agent", "operator", ""))
+    process = start_operator(installed, reconcile_seconds=0.5, PYTHONPATH=checkout)
     yield process
     process.stop()
     assert "Traceback" not in process.tail(400), process.tail(80)

@@ -700,7 +700,7 @@ def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp
     env = {
         **os.environ,
         "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster")),
+        "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("common", "agent", "operator", "localcluster")),
     }
     kubectl = binary("kubectl")
     run = lambda *args: subprocess.run(
