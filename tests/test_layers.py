@@ -70,3 +70,15 @@ def test_the_agent_takes_the_harness_simulation_through_its_source_seam(tmp_path
 def test_a_source_seam_that_names_nothing_usable_says_what_is_wrong(factory, why):
     with pytest.raises(ValueError, match=why):
         named_source(factory, "x")
+
+
+def test_the_webhook_names_the_preflight_module_the_agent_copies():
+    """The operator runs the agent's preflight by the name in the contract, never by importing the agent."""
+    import importlib.util
+
+    from gluon_agent import preflight
+    from gluon_common import contract
+
+    spec = importlib.util.find_spec(contract.PREFLIGHT_MODULE)
+    assert spec is not None and Path(spec.origin) == Path(preflight.__file__)
+    assert "gluon_agent/preflight.py" in {relative for _, relative in preflight.portable_sources()}

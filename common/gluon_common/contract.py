@@ -180,6 +180,11 @@ ENV_PROMETHEUS_TRUSTED_URLS: Final = "GLUON_PROMETHEUS_TRUSTED_URLS"
 # One deadline, in seconds, for a rollout's whole analysis (queries and judgement).
 ENV_ANALYSIS_DEADLINE: Final = "GLUON_ANALYSIS_DEADLINE_SECONDS"
 
+# ---------------------------------------------------------------- preflight
+# The module the webhook's preflight container runs, from the copy the agent image's install step puts in
+# the pod's shared volume (gluon-agent preflight --install).
+PREFLIGHT_MODULE: Final = "gluon_agent.preflight"
+
 # ---------------------------------------------------------------- agent HTTP
 AGENT_PORT: Final = 9477
 DECISION_PATH: Final = "/v1/decision"

@@ -147,7 +147,7 @@ class AgentAnswer(Lenient):
 
 
 class PreflightVerdict(Lenient):
-    """The preflight's termination message (gluon_agent.preflight)."""
+    """The preflight's termination message (contract.PREFLIGHT_MODULE)."""
 
     flag: Literal["0", "1"] | None = None
     reason: StrictStr | None = None

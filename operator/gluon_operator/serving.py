@@ -1,4 +1,4 @@
-"""The serving configuration a rollout's pods run (gluon_agent.sglang_routes.ServingConfig), read from
+"""The serving configuration a rollout's pods run (gluon_common.sglang_routes.ServingConfig), read from
 their serving container's command, args and env, with `spec.serving` for what the pods do not say. Pure.
 
 Upstream facts (sgl-project/sglang, read 2026-12-02):
