@@ -11,7 +11,8 @@ FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY agent ./agent
+# The operator's code and the shared ground only: it imports nothing from the agent.
+COPY common ./common
 COPY operator ./operator
 RUN pip install --no-cache-dir . && rm -rf /src
 RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin gluon
@@ -22,8 +23,8 @@ FROM ${BASE_IMAGE} AS agent
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY common ./common
 COPY agent ./agent
-COPY operator ./operator
 # --no-deps for the GPU stack: torch, triton and aiter are the serving image's own and must stay so.
 RUN python3 -m pip install --no-cache-dir "kopf==1.45.2" "kubernetes==37.0.2" "prometheus-client>=0.20" "pydantic>=2.6" \
  && python3 -m pip install --no-cache-dir --no-deps . && rm -rf /src

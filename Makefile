@@ -40,7 +40,7 @@ demo: setup tools cluster
 	@echo "== gluon-agent probe on this machine =="
 	-$(VENV)/bin/gluon-agent probe
 	@echo "== the whole rollout on a real control plane on 127.0.0.1 (localcluster/gluon_localcluster/demo.py) =="
-	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m gluon_localcluster.demo --out out/demo
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" PYTHONPATH="$(CURDIR)/localcluster" $(PY) -m gluon_localcluster.demo --out out/demo
 
 bench-probe: setup
 	$(PY) bench/probe.py --json

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "localcluster"))  # the harness: not in the wheel
 
 from clusterbench import (
     agent_daemonset,
@@ -44,13 +45,13 @@ from clusterbench import (
     wait_until,
 )
 
-from gluon_agent import contract
-from gluon_agent.sources import simulated_node
-from gluon_localcluster import fleet, processes
-from gluon_localcluster.controlplane import ControlPlane
-from gluon_localcluster.install import install
-from gluon_localcluster.kubelet_sim import Image, KubeletSim
-from gluon_operator.spec import GROUP, PLURAL, VERSION
+from gluon_common import contract  # noqa: E402
+from gluon_localcluster import fleet, processes  # noqa: E402
+from gluon_localcluster.controlplane import ControlPlane  # noqa: E402
+from gluon_localcluster.fakes.simulated import simulated_node  # noqa: E402
+from gluon_localcluster.install import install  # noqa: E402
+from gluon_localcluster.kubelet_sim import Image, KubeletSim  # noqa: E402
+from gluon_operator.spec import GROUP, PLURAL, VERSION  # noqa: E402
 
 NAMESPACE, UNSEEN = "serving", "kube-system"
 NODE, NODE_INDEX = "gpu-start", 3

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "localcluster"))  # the harness: not in the wheel
 
 from clusterbench import (
     agent_daemonset,
@@ -34,11 +35,11 @@ from clusterbench import (
     wait_until,
 )
 
-from gluon_agent import contract
-from gluon_agent.sources import simulated_node
-from gluon_localcluster import fleet, processes
-from gluon_localcluster.controlplane import ControlPlane
-from gluon_localcluster.install import install
+from gluon_common import contract  # noqa: E402
+from gluon_localcluster import fleet, processes  # noqa: E402
+from gluon_localcluster.controlplane import ControlPlane  # noqa: E402
+from gluon_localcluster.fakes.simulated import agent_arguments, simulated_node  # noqa: E402
+from gluon_localcluster.install import install  # noqa: E402
 
 NODE, NODE_INDEX = "bench-node", 0
 
@@ -73,8 +74,7 @@ def main() -> None:
             "run",
             "--kubeconfig",
             str(installed.agent_kubeconfig(NODE)),
-            "--simulate",
-            str(sim),
+            *agent_arguments(sim),
             "--node-name",
             NODE,
             "--host",

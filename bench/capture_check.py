@@ -5,7 +5,7 @@ with the CaptureGuard on, then two deliberately wrong adapters (a host-to-device
 fallback adapter once made, and work metadata allocated inside the capture) to prove the guard catches
 them. Prints one JSON object; exits 1 if our adapters are flagged or a wrong one is not.
 
-    PYTHONPATH=localcluster/gluon_localcluster/fakes/aiter_stack:agent python3 bench/capture_check.py
+    PYTHONPATH=localcluster/gluon_localcluster/fakes/aiter_stack:common:agent python3 bench/capture_check.py
 """
 
 from __future__ import annotations

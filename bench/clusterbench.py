@@ -17,6 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "localcluster"))  # the harness: not in the wheel
+
 from gluon_localcluster.background import Background, list_then_watch
 from gluon_localcluster.waiting import wait_for
 
@@ -91,7 +93,7 @@ def provenance(bench: str, script: str) -> dict[str, Any]:
 
 def child_pythonpath() -> str:
     """This checkout's packages first: the venv's editable install points at another checkout."""
-    return os.pathsep.join(str(ROOT / part) for part in ("agent", "operator", "localcluster"))
+    return os.pathsep.join(str(ROOT / part) for part in ("common", "agent", "operator", "localcluster"))
 
 
 # ---------------------------------------------------------------- agent pods

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "localcluster"))  # the harness: not in the wheel
 
 from clusterbench import (
     AGENT_LABEL,
@@ -59,15 +60,15 @@ from clusterbench import (
     wait_until,
 )
 
-from gluon_agent import contract
-from gluon_localcluster import fleet, processes
-from gluon_localcluster.binaries import binary
-from gluon_localcluster.controlplane import ControlPlane, free_port
-from gluon_localcluster.faultproxy import FaultProxy
-from gluon_localcluster.install import install
-from gluon_operator import analysis
-from gluon_operator.executor import NODE_WRITE_CONCURRENCY
-from gluon_operator.spec import GROUP, PLURAL, VERSION
+from gluon_common import contract  # noqa: E402
+from gluon_localcluster import fleet, processes  # noqa: E402
+from gluon_localcluster.binaries import binary  # noqa: E402
+from gluon_localcluster.controlplane import ControlPlane, free_port  # noqa: E402
+from gluon_localcluster.faultproxy import FaultProxy  # noqa: E402
+from gluon_localcluster.install import install  # noqa: E402
+from gluon_operator import analysis  # noqa: E402
+from gluon_operator.executor import NODE_WRITE_CONCURRENCY  # noqa: E402
+from gluon_operator.spec import GROUP, PLURAL, VERSION  # noqa: E402
 
 NAMESPACE = "serving"
 ROLLOUT = "scale"

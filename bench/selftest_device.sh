@@ -7,7 +7,7 @@
 # aiter_cold and triton_cold are the first runs of their kind (the aiter stand-in compiles no Triton).
 set -u; export PYTHONUNBUFFERED=1
 FA=localcluster/gluon_localcluster/fakes/aiter_stack
-export PYTHONPATH=$FA:agent
+export PYTHONPATH=$FA:common:agent
 LOG=$OUT/log.txt
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch,triton,sys;print('torch',torch.__version__,'triton',triton.__version__,'python',sys.version.split()[0])"; } > $LOG 2>&1

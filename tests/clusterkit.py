@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from kubernetes import client, config
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.background import Background
 from gluon_localcluster.faultproxy import FaultProxy

@@ -50,8 +50,8 @@ def running_agent(kubeconfig: Path, node_name: str, simulate: Path, **overrides:
     """A real agent (the daemon's own Agent.run) in a thread, with `kubeconfig`'s credentials (on the local
     control plane: installed.agent_kubeconfig(node), a token bound to the node's agent pod)."""
     from gluon_agent.daemon import Agent, AgentConfig
-    from gluon_agent.kube import NodeApi, make_api_client
-    from gluon_agent.sources import SimulatedSource
+    from gluon_common.kube import NodeApi, make_api_client
+    from gluon_localcluster.fakes.simulated import SimulatedSource
 
     settings = dict(
         node_name=node_name,

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
-from gluon_agent.sources import simulated_node
+from gluon_common import contract
+from gluon_localcluster.fakes.simulated import agent_arguments, simulated_node
 from gluon_localcluster.faultproxy import FaultProxy, Rule, path_is
 from gluon_localcluster.install import Installed
+from gluon_localcluster.processes import python_env
 from tests.clusterkit import MERGE, Nodes, api_for, proxy_for
 from tests.helpers import http_json, http_text, prometheus, running_agent, wait_for
 
@@ -277,7 +278,7 @@ def test_conflicts_and_server_errors_are_retried(api, sim):
 
 
 def test_sigterm_exits_cleanly(api, sim, installed):
-    env = dict(os.environ, NODE_NAME=N1)
+    env = python_env(NODE_NAME=N1)  # this checkout's packages: the simulated source is the harness's
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -286,8 +287,7 @@ def test_sigterm_exits_cleanly(api, sim, installed):
             "run",
             "--kubeconfig",
             str(installed.agent_kubeconfig(N1)),
-            "--simulate",
-            str(sim),
+            *agent_arguments(sim),
             "--host",
             "127.0.0.1",
             "--port",

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from gluon_agent.daemon import Agent, AgentConfig, serve
-from gluon_agent.kube import NodeApi, make_api_client
-from gluon_agent.sources import SimulatedSource, simulated_node
+from gluon_common.kube import NodeApi, make_api_client
+from gluon_localcluster.fakes.simulated import SimulatedSource, simulated_node
 
 IDLE = 0.5  # the idle timeout these tests give the server
 BURST = 64  # connections opened at once

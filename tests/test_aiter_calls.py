@@ -12,13 +12,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gluon_agent import contract, decisions, sglang_routes
+from gluon_agent import decisions
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.probe import probe
 from gluon_agent.selftest import cases, runner
 from gluon_agent.selftest.backends import BACKEND_SETS, Call, Serving
 from gluon_agent.selftest.problem import D_LATENT, D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
+from gluon_common import contract, sglang_routes
 from gluon_localcluster.fakes.stacks import (
     AITER_STACK,
     FAKES,
@@ -604,9 +605,8 @@ def test_old_sglang_image_fails_the_fallback_and_the_node_stays_ineligible(clean
         # and the kernel call itself was refused, as aiter refuses it on an MI355X
         assert any(HEAP.split(" prefill")[0] in r for r in gpu["paths"]["fallback"]["reasons"][1:])
     summary = selftest_summary(report, "start")
-    desired = decisions.desired_state(
-        probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary, report["result"], None)
-    )
+    published = node_report("gpu-1", probed, report["fingerprint"], summary, report["result"], None)
+    desired = decisions.desired_state(probed, report["result"], published.annotation_value())
     assert desired.labels[contract.LABEL_SELFTEST] == "fail" and desired.labels[contract.LABEL_CAPABLE] == "true"
     verdict = gating.eligibility(
         gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None
@@ -634,10 +634,9 @@ def test_mtp_without_37601_fails_the_accelerated_path_and_the_operator_names_fla
             and "#37601" in gpu["paths"]["accelerated"]["reasons"][0]
         )
     summary = selftest_summary(report, "start")
-    assert summary["serving"]["digest"] == serving.digest and summary["no_route"]["accelerated"]
-    desired = decisions.desired_state(
-        probed, report["result"], node_report("gpu-1", probed, report["fingerprint"], summary, report["result"], None)
-    )
+    assert summary.serving.digest == serving.digest and summary.no_route["accelerated"]
+    published = node_report("gpu-1", probed, report["fingerprint"], summary, report["result"], None)
+    desired = decisions.desired_state(probed, report["result"], published.annotation_value())
     verdict = gating.eligibility(
         gating.NodeFacts("gpu-1", desired.labels, desired.annotations, agent_alive=True), 0.0, None, serving
     )

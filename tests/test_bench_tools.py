@@ -144,7 +144,7 @@ def run_cluster_bench(script: str, *args: str, timeout: float = 240) -> dict:
         k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "TRITON_INTERPRET", "GLUON_RECONCILE_SECONDS")
     }
     env["PYTHONPATH"] = (
-        os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster")) + os.pathsep + str(ROOT)
+        os.pathsep.join(str(ROOT / p) for p in ("common", "agent", "operator", "localcluster")) + os.pathsep + str(ROOT)
     )
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), "--json", "--quick", *args],

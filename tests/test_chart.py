@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gluon_agent import contract
+from gluon_common import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts/gluon-rollout"

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 from kubernetes import client, config
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.processes import operator as start_operator
 from gluon_operator.spec import GROUP, PLURAL, VERSION

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.processes import operator as start_operator
 from gluon_operator.spec import GROUP, PLURAL, VERSION
@@ -44,9 +44,8 @@ def operator(installed):
     # This checkout's code: the child's environment drops PYTHONPATH, and the shared venv's editable
     # install may point at another checkout.
     here = Path(__file__).resolve().parent.parent
-    process = start_operator(
-        installed, reconcile_seconds=0.5, PYTHONPATH=os.pathsep.join(str(here / d) for d in ("agent", "operator", ""))
-    )
+    checkout = os.pathsep.join(str(here / d) for d in ("common", "agent", "operator", ""))
+    process = start_operator(installed, reconcile_seconds=0.5, PYTHONPATH=checkout)
     yield process
     process.stop()
     assert "Traceback" not in process.tail(400), process.tail(80)
@@ -283,8 +282,8 @@ def test_the_serving_config_reaches_the_agent_and_a_node_proven_for_another_is_k
     """The rollout's serving config (here from spec.serving: no serving pods) is written on its node; the
     node's report proves another config, so it stays out; its real agent reads the annotation, self-tests
     that config (SIMULATION) and publishes the digest; then the node is enabled."""
-    from gluon_agent.sglang_routes import ServingConfig
-    from gluon_agent.sources import simulated_node
+    from gluon_common.sglang_routes import ServingConfig
+    from gluon_localcluster.fakes.simulated import simulated_node
     from tests.helpers import running_agent
 
     (name,) = gpu_nodes(1)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import ControlPlane, fleet
 from gluon_localcluster.install import install
 from gluon_localcluster.kubelet_sim import Image, KubeletSim

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gluon_agent import contract
+from gluon_common import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 # Built by concatenation so this file does not match itself.
@@ -13,14 +13,14 @@ SPELLINGS = re.compile("gluon" + r"rollout\.io/|['\"]gluon_(?:agent|rollout)_[a-
 
 
 def python_sources():
-    for folder in ("agent", "operator", "bench", "tests"):
+    for folder in ("common", "agent", "operator", "bench", "tests"):
         yield from (ROOT / folder).rglob("*.py")
 
 
 def test_no_module_but_the_contract_spells_names():
     offenders = []
     for path in python_sources():
-        if path == ROOT / "agent/gluon_agent/contract.py":
+        if path == ROOT / "common/gluon_common/contract.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if SPELLINGS.search(line):

@@ -10,8 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gluon_agent import contract, decisions
+from gluon_agent import decisions
 from gluon_agent.daemon import restore
+from gluon_common import contract
+from gluon_common.backoff import backoff
+from gluon_common.report import SelfTest
 
 PROBE = {"capable": True, "gpus": [{"arch": "gfx950"}, {"arch": "gfx950"}]}
 OTHER = "example.com/keep"
@@ -145,14 +148,14 @@ def test_retest_reasons_in_priority_order():
 
 @given(attempt=st.integers(0, 30), seed=st.integers(0, 2**32))
 def test_backoff_bounds(attempt, seed):
-    delay = decisions.backoff(attempt, 1.0, 60.0, random.Random(seed))
+    delay = backoff(attempt, 1.0, 60.0, random.Random(seed))
     step = min(60.0, 2.0**attempt)
     assert step / 2 <= delay <= step
 
 
 def test_backoff_after_hours_of_failures_stays_at_the_cap():
     """An informer or node watch failing every 30 s for 9 hours is past attempt 1024: 2**1024 overflows a float."""
-    assert 30.0 <= decisions.backoff(5000, 0.5, 60.0, random.Random(1)) <= 60.0
+    assert 30.0 <= backoff(5000, 0.5, 60.0, random.Random(1)) <= 60.0
 
 
 def test_after_run_schedules_period_with_jitter_and_deferral_backoff():
@@ -196,7 +199,7 @@ def test_flag_decision(labels, age, verdict, capable, flag, reason):
 def test_restore_previous_verdict():
     report = json.dumps({"fingerprint": "fp", "verdict": "pass", "selftest": {"result": "pass"}})
     annotated = node(annotations={contract.ANNOTATION_REPORT: report})
-    assert restore(annotated, "fp") == ("pass", {"result": "pass"}, None)
+    assert restore(annotated, "fp") == ("pass", SelfTest(result="pass"), None)
     assert restore(annotated, "other") == (None, None, None)
     assert restore(node(), "fp") == (None, None, None)
     verdict, _, problem = restore(node(annotations={contract.ANNOTATION_REPORT: "{not json"}), "fp")

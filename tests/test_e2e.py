@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import demo
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_operator import analysis, evaluation, gating
 from gluon_operator.metrics import METRICS
 from gluon_operator.promclient import PrometheusClient, PrometheusError, is_trusted

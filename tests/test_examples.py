@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_operator import webhook
 from gluon_operator.spec import GROUP, KIND, VERSION, parse_spec, selector_matches
 

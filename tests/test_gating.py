@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster.fleet import agent_published
 from gluon_operator import gating
 from gluon_operator.gating import (

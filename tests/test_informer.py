@@ -230,7 +230,7 @@ class CountedStop:
 
 def test_the_relist_back_off_is_jittered_and_capped_so_caches_return_soon_after_an_outage():
     """issue 34: capped at 30 s, the caches came back up to 30 s after the API server did."""
-    from gluon_agent.kube import ApiFailure
+    from gluon_common.kube import ApiFailure
     from gluon_operator.informer import BACKOFF_CAP_SECONDS
 
     def refused(**_):

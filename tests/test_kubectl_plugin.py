@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_operator.kubectl_plugin import cli, controls, views
 from gluon_operator.kubectl_plugin.views import PluginError
 from gluon_operator.spec import GROUP, PLURAL, VERSION
@@ -700,7 +700,7 @@ def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp
     env = {
         **os.environ,
         "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
-        "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster")),
+        "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("common", "agent", "operator", "localcluster")),
     }
     kubectl = binary("kubectl")
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.controlplane import free_port
 from gluon_localcluster.faultproxy import Rule

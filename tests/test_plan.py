@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_operator import gating, records, world, world_types
 from gluon_operator import plan as planner
 from gluon_operator.analysis import Judgement
@@ -170,7 +170,7 @@ def test_after_a_failed_node_write_no_node_is_started(monkeypatch):
     import asyncio
     import logging
 
-    from gluon_agent.kube import ApiFailure
+    from gluon_common.kube import ApiFailure
     from gluon_operator import executor
 
     written: list[str] = []

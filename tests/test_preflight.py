@@ -14,8 +14,9 @@ import venv
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
+from gluon_agent import preflight
 from gluon_agent.preflight import FLAG_FILE_NAME, flag_line, install
+from gluon_common import contract
 from gluon_localcluster.fakes.stacks import AITER_STACK, TORCH_GFX950, TRITON_36, write_tree
 from tests.clusterkit import MERGE, Nodes, api_for
 from tests.helpers import free_port, http_json, running_agent, wait_for
@@ -91,7 +92,7 @@ def node(installed):
 @pytest.fixture
 def enabled_agent(node, installed, tmp_path):
     """A live agent (its token bound to its DaemonSet pod) whose node the operator enabled."""
-    from gluon_agent.sources import simulated_node
+    from gluon_localcluster.fakes.simulated import simulated_node
 
     name = node.name("n1")
     node.reset()
@@ -179,13 +180,16 @@ def capable_stack(tmp_path) -> list[str]:
 def test_portable_modules_parse_as_python_3_8():
     """Every module the preflight copies into a serving image parses with Python 3.8's grammar."""
     import ast
-    from pathlib import Path
 
-    from gluon_agent import preflight
+    for source, relative in preflight.portable_sources():
+        ast.parse(source.read_text(), filename=relative, feature_version=(3, 8))
 
-    folder = Path(preflight.__file__).parent
-    for name in preflight.PORTABLE_MODULES:
-        ast.parse((folder / name).read_text(), filename=name, feature_version=(3, 8))
+
+def test_the_install_copies_every_portable_module_and_nothing_else(shared):
+    """Both packages the preflight imports land under lib/: the agent's part and the shared contract."""
+    copied = sorted(str(p.relative_to(shared / "lib")) for p in (shared / "lib").rglob("*.py"))
+    assert copied == sorted(relative for _, relative in preflight.portable_sources())
+    assert {"gluon_agent/preflight.py", "gluon_common/contract.py", "gluon_common/sglang_routes.py"} <= set(copied)
 
 
 def run_script(shared, env, shell="sh", deadline_s=60, timeout=90):

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gluon_agent import contract
+from gluon_common import contract
+from gluon_common.report import AgentReport
 from gluon_operator import gating, records, world
 from gluon_operator.records import (
-    AgentReport,
     NodeRecord,
     PreflightVerdict,
     RollbackRecord,

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gluon_agent import contract
-from gluon_agent.sources import simulated_node
+from gluon_common import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.fake_sglang import FakeSglang, NodeModel
+from gluon_localcluster.fakes.simulated import simulated_node
 from tests.clusterkit import Nodes, PreflightReporter, create_rollout, events, kopf_operator, rollout_status, serve
 from tests.helpers import free_port, prometheus, running_agent, wait_for
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_operator import gating, records
 from gluon_operator import plan as planner
 from gluon_operator.gating import Verdict

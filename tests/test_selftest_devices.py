@@ -1,15 +1,18 @@
 """The self-test runner across many GPUs, with fake devices on the CPU: every device's children run at
 once, a crash or a hang of one device's child leaves the other devices' results standing, the report
 says which GPU failed and why, and a device another process keeps busy is `deferred`. The crash, the
-hang and the busy device come from test-only switches (contract.ENV_SELFTEST_FAKE_*)."""
+hang and the busy device come from the harness's fake devices (gluon_localcluster.fakes.devices), which
+the worker reaches through its device hooks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gluon_agent import contract, isolation
+from gluon_agent import isolation
 from gluon_agent.selftest import cases, runner, worker
+from gluon_common import contract
+from gluon_localcluster.fakes import devices
 from gluon_localcluster.fakes.stacks import AITER_STACK, child_env
 
 CAPABLE = {
@@ -26,8 +29,7 @@ TIMEOUT = 45.0
 @pytest.fixture(scope="module")
 def eight_gpus(clean_env_module):
     env = child_env(clean_env_module, AITER_STACK)
-    env[contract.ENV_SELFTEST_FAKE_FAULT] = "1:crash:accelerated,2:hang:fallback"
-    env[contract.ENV_SELFTEST_FAKE_FREE_GIB] = "3:1.5"
+    env.update(devices.environment(fault="1:crash:accelerated,2:hang:fallback", free_gib="3:1.5"))
     report = runner.run_selftest(
         CAPABLE, cpu_interpret=True, cpu_devices=DEVICES, timeout=TIMEOUT, env=env, seed=21, mtp_q_lens=()
     )
@@ -82,25 +84,38 @@ def test_devices_run_at_once(eight_gpus):
 
 def test_a_busy_fake_device_defers_like_a_busy_gpu(monkeypatch):
     """The same check and wording as a GPU's mem_get_info, for a fake device a test gives 2 GiB."""
+    for name, value in devices.environment(free_gib="5:2,6:100").items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv(contract.ENV_SELFTEST_DEVICE_INDEX, "5")
-    monkeypatch.setenv(contract.ENV_SELFTEST_FAKE_FREE_GIB, "5:2,6:100")
     assert (
         worker.prepare_device(torch.device("cpu"), cases.MEMORY_LIMIT_BYTES)
         == "cpu: 2.0 GiB free of 192.0 GiB, the self-test needs 4.0 GiB"
     )
     monkeypatch.setenv(contract.ENV_SELFTEST_DEVICE_INDEX, "6")
     assert worker.prepare_device(torch.device("cpu"), cases.MEMORY_LIMIT_BYTES) is None
-    monkeypatch.delenv(contract.ENV_SELFTEST_FAKE_FREE_GIB)
+    monkeypatch.delenv(contract.ENV_SELFTEST_DEVICE_HOOKS)
     assert worker.prepare_device(torch.device("cpu"), cases.MEMORY_LIMIT_BYTES) is None  # a plain CPU run
 
 
 def test_fault_switches_never_touch_a_real_gpu(monkeypatch):
+    for name, value in devices.environment(fault="0:crash").items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv(contract.ENV_SELFTEST_DEVICE_INDEX, "0")
-    monkeypatch.setenv(contract.ENV_SELFTEST_FAKE_FAULT, "0:crash")
-    worker.fake_fault(torch.device("cuda:0"), "accelerated")  # returns: the switch is for fake devices only
-    assert worker.fake_device_rule(contract.ENV_SELFTEST_FAKE_FAULT, "fallback") == "crash"
-    monkeypatch.setenv(contract.ENV_SELFTEST_FAKE_FAULT, "0:hang:fallback")
-    assert worker.fake_device_rule(contract.ENV_SELFTEST_FAKE_FAULT, "accelerated") is None
+    worker.before_first_case(torch.device("cuda:0"), "accelerated")  # returns: the hooks are for fake devices only
+    assert devices.device_rule(devices.ENV_FAULT, "fallback") == "crash"
+    monkeypatch.setenv(devices.ENV_FAULT, "0:hang:fallback")
+    assert devices.device_rule(devices.ENV_FAULT, "accelerated") is None
+
+
+def test_without_hooks_a_cpu_device_is_a_plain_cpu(monkeypatch):
+    """The product reaches fake devices only through the hooks the harness names: the fault switches alone
+    do nothing (a stray variable in a deployment changes nothing)."""
+    monkeypatch.delenv(contract.ENV_SELFTEST_DEVICE_HOOKS, raising=False)
+    monkeypatch.setenv(contract.ENV_SELFTEST_DEVICE_INDEX, "0")
+    monkeypatch.setenv(devices.ENV_FAULT, "0:crash")
+    monkeypatch.setenv(devices.ENV_FREE_GIB, "0:1")
+    assert worker.device_hooks() is None and worker.memory_info(torch.device("cpu")) is None
+    worker.before_first_case(torch.device("cpu"), "accelerated")  # returns: no hooks, no fault
 
 
 def test_gpu_failures_lists_every_path_that_did_not_pass():

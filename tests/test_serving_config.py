@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from gluon_agent import contract, decisions
+from gluon_agent import decisions
 from gluon_agent.daemon import Agent, AgentConfig, parse_serving_config
-from gluon_agent.sglang_routes import ABORTS, DEFAULT_SERVING, PERSISTENT, ServingConfig
-from gluon_agent.sources import SimulatedSource, simulated_node
+from gluon_common import contract
+from gluon_common.sglang_routes import ABORTS, DEFAULT_SERVING, PERSISTENT, ServingConfig
+from gluon_localcluster.fakes.simulated import SimulatedSource, simulated_node
 from gluon_localcluster.fleet import agent_published
 from gluon_operator import gating, webhook
 from gluon_operator.gating import ENABLING, INELIGIBLE, NodeFacts

@@ -11,7 +11,7 @@ from gluon_agent.selftest.backends import BACKEND_SETS, Call, Serving
 from gluon_agent.selftest.capture_guard import CaptureGuard
 from gluon_agent.selftest.problem import D_QK, make_problem
 from gluon_agent.selftest.reference import mla_decode_reference
-from gluon_agent.sglang_routes import ABORTS, NO_GLUON, PERSISTENT, ServingConfig, flag_routes
+from gluon_common.sglang_routes import ABORTS, NO_GLUON, PERSISTENT, ServingConfig, flag_routes
 from gluon_localcluster.fakes.stacks import fresh_fake_aiter
 
 NEW = {"flag0_route": PERSISTENT, "mtp_through_gluon": True, "version": "0.5.20"}

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_operator import webhook
 from tests.helpers import free_port
 

@@ -15,7 +15,7 @@ import jsonpatch
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import fleet
 from gluon_operator import webhook
 from tests.clusterkit import create_rollout, kopf_operator

@@ -9,10 +9,11 @@ import os
 import sys
 from typing import Sequence
 
+from gluon_common.sglang_routes import ServingConfig
+
 from . import __version__
 from .probe import DEFAULT_TIMEOUT_S, format_table, probe
 from .selftest import runner
-from .sglang_routes import ServingConfig
 
 
 def positive_float(text: str) -> float:
@@ -61,9 +62,10 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from gluon_common.kube import NodeApi, make_api_client
+
     from .daemon import Agent, AgentConfig, install_signal_handlers
-    from .kube import NodeApi, make_api_client
-    from .sources import RealSource, SimulatedSource
+    from .sources import RealSource, named_source
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if not args.node_name:
@@ -71,7 +73,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             "gluon-agent run: no node name: set NODE_NAME (downward API spec.nodeName) or --node-name", file=sys.stderr
         )
         return 2
-    source = SimulatedSource(args.simulate) if args.simulate else RealSource(args.cpu_interpret, args.selftest_timeout)
+    if args.source_arg is not None and not args.source:
+        print("gluon-agent run: --source-arg without --source", file=sys.stderr)
+        return 2
+    try:
+        source = (
+            named_source(args.source, args.source_arg)
+            if args.source
+            else RealSource(args.cpu_interpret, args.selftest_timeout)
+        )
+    except ValueError as exc:
+        print(f"gluon-agent run: {exc}", file=sys.stderr)
+        return 2
     config = AgentConfig(
         node_name=args.node_name,
         host=args.host,
@@ -149,7 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tick", type=positive_float, default=1.0)
     r.add_argument("--selftest-timeout", type=positive_float, default=runner.DEFAULT_TIMEOUT_S)
     r.add_argument("--cpu-interpret", action="store_true", help="self-test the portable kernel on the CPU")
-    r.add_argument("--simulate", metavar="FILE", help="SIMULATION: read probe and self-test results from FILE")
+    r.add_argument(
+        "--source",
+        metavar="MODULE:FACTORY",
+        help="take probe and self-test results from FACTORY(--source-arg) instead of this node's GPUs "
+        "(the local-cluster harness's SIMULATION: gluon_localcluster.fakes.simulated:SimulatedSource)",
+    )
+    r.add_argument("--source-arg", metavar="TEXT", help="the argument --source's factory is called with")
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=cmd_run)
 

@@ -18,15 +18,18 @@ from typing import Any, Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import __version__, contract, decisions, isolation
+from gluon_common import contract
+from gluon_common.backoff import backoff
+from gluon_common.kube import ApiFailure, NodeApi
+from gluon_common.report import REPORT_SCHEMA_VERSION, AgentReport, GpuResult, LastAttempt, Probe, SelfTest
+from gluon_common.sglang_routes import DEFAULT_SERVING, ServingConfig
+
+from . import __version__, decisions, isolation
 from .fingerprint import fingerprint, fingerprint_parts
-from .kube import ApiFailure, NodeApi
 from .metrics import AgentMetrics
-from .sglang_routes import DEFAULT_SERVING, ServingConfig
 from .sources import ResultSource
 
 log = logging.getLogger("gluon_agent")
-REPORT_SCHEMA_VERSION = 1
 MAX_REASONS = 5
 
 
@@ -51,9 +54,10 @@ class AgentConfig:
 # ---------------------------------------------------------------- report building (pure)
 
 
-def selftest_summary(report: Mapping[str, Any], trigger: str) -> dict[str, Any]:
+def selftest_summary(report: Mapping[str, Any], trigger: str, fingerprint: str | None = None) -> SelfTest:
     """The self-test report, cut to what the operator and a person need on the Node (annotations are
-    small); the full report stays in the agent's log and metrics."""
+    small); the full report stays in the agent's log and metrics. `fingerprint`: the one the verdict is
+    published for, when not the report's own."""
     gpus = []
     for gpu in report.get("gpus", []):
         paths = gpu.get("paths", {})
@@ -62,60 +66,60 @@ def selftest_summary(report: Mapping[str, Any], trigger: str) -> dict[str, Any]:
             errors = [c["rel_l2"] for c in (info.get("child") or {}).get("cases", []) if c.get("rel_l2") is not None]
             max_error[path] = max(errors) if errors else None
         gpus.append(
-            {
-                "index": gpu.get("index"),
-                "result": gpu.get("result", {}),
-                "speedup": gpu.get("speedup", {}),
-                "max_rel_l2": max_error,
-                "reasons": {p: i.get("reasons", [])[:MAX_REASONS] for p, i in paths.items() if i.get("reasons")},
-            }
+            GpuResult(
+                index=gpu.get("index"),
+                result=gpu.get("result", {}),
+                speedup=gpu.get("speedup", {}),
+                max_rel_l2=max_error,
+                reasons={p: i.get("reasons", [])[:MAX_REASONS] for p, i in paths.items() if i.get("reasons")},
+            )
         )
-    return {
-        "result": report.get("result"),
-        "fingerprint": report.get("fingerprint"),
-        "tested_at": report.get("finished_at"),
-        "seconds": report.get("seconds"),
-        "trigger": trigger,
-        "mode": report.get("mode"),
-        "backend_set": report.get("backend_set"),
-        "thresholds": report.get("thresholds"),
-        "problems": report.get("problems", []),
-        "simulated": bool(report.get("simulated")),
-        "serving": report.get("serving"),  # the configuration proved, with its digest (the operator gates on it)
-        "no_route": {
+    return SelfTest(
+        result=report.get("result"),
+        fingerprint=fingerprint or report.get("fingerprint"),
+        tested_at=report.get("finished_at"),
+        seconds=report.get("seconds"),
+        trigger=trigger,
+        mode=report.get("mode"),
+        backend_set=report.get("backend_set"),
+        thresholds=report.get("thresholds"),
+        problems=report.get("problems", []),
+        simulated=bool(report.get("simulated")),
+        serving=report.get("serving"),  # the configuration proved, with its digest (the operator gates on it)
+        no_route={
             path: info.get("no_route") for path, info in (report.get("routes") or {}).items() if info.get("no_route")
         },
-        "gpus": gpus,
-    }
+        gpus=gpus,
+    )
 
 
 def node_report(
     node: str,
     probe: Mapping[str, Any],
     fp: str,
-    selftest: Mapping[str, Any] | None,
+    selftest: SelfTest | None,
     verdict: str,
-    last_attempt: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    return {
-        "schema_version": REPORT_SCHEMA_VERSION,
-        "agent_version": __version__,
-        "node": node,
-        "fingerprint": fp,
-        "fingerprint_parts": fingerprint_parts(dict(probe)),
-        "verdict": verdict,
-        "probe": {
-            "capable": probe.get("capable"),
-            "ready": probe.get("ready"),
-            "missing_for_capable": probe.get("missing_for_capable", []),
-            "summary": probe.get("summary"),
-            "import_crash": probe.get("import_crash"),
-            "sglang": probe.get("sglang"),
-            "simulated": bool(probe.get("simulated")),
-        },
-        "selftest": selftest,
-        "last_attempt": last_attempt,
-    }
+    last_attempt: LastAttempt | None,
+) -> AgentReport:
+    return AgentReport(
+        schema_version=REPORT_SCHEMA_VERSION,
+        agent_version=__version__,
+        node=node,
+        fingerprint=fp,
+        fingerprint_parts=fingerprint_parts(dict(probe)),
+        verdict=verdict,
+        probe=Probe(
+            capable=bool(probe.get("capable")),
+            ready=probe.get("ready"),
+            missing_for_capable=probe.get("missing_for_capable", []),
+            summary=probe.get("summary"),
+            import_crash=probe.get("import_crash"),
+            sglang=probe.get("sglang"),
+            simulated=bool(probe.get("simulated")),
+        ),
+        selftest=selftest,
+        last_attempt=last_attempt,
+    )
 
 
 def parse_serving_config(raw: str | None) -> tuple[ServingConfig, str | None]:
@@ -128,25 +132,25 @@ def parse_serving_config(raw: str | None) -> tuple[ServingConfig, str | None]:
         return DEFAULT_SERVING, f"{exc} ({raw[:100]!r})"
 
 
-def restore(node: Mapping[str, Any] | None, fp: str) -> tuple[str | None, dict[str, Any] | None, str | None]:
+def restore(node: Mapping[str, Any] | None, fp: str) -> tuple[str | None, SelfTest | None, str | None]:
     """(verdict, selftest summary, problem) from a report this agent published earlier for the same
     fingerprint, so a restarted agent does not fall back to 'pending' while it tests again."""
     raw = ((node or {}).get("metadata", {}).get("annotations") or {}).get(contract.ANNOTATION_REPORT)
     if not raw:
         return None, None, None
     try:
-        report = json.loads(raw)
-        if report.get("fingerprint") != fp or report.get("verdict") not in decisions.CONCLUSIVE:
-            return None, None, None
-        return report["verdict"], report.get("selftest"), None
-    except (ValueError, AttributeError, TypeError) as exc:
+        report = AgentReport.model_validate_json(raw)
+    except ValueError as exc:  # pydantic's ValidationError is one
         return None, None, f"{contract.ANNOTATION_REPORT} is not our JSON report ({exc}): {raw[:100]!r}"
+    if report.fingerprint != fp or report.verdict not in decisions.CONCLUSIVE:
+        return None, None, None
+    return report.verdict, report.selftest, None
 
 
 # ---------------------------------------------------------------- the node view (watch)
 
 
-class NodeView:
+class WatchedNode:
     """The agent's view of its Node from its own watch; thread-safe."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -172,7 +176,12 @@ class NodeView:
 
 
 def watch_node(
-    api: NodeApi, view: NodeView, stop: threading.Event, config: AgentConfig, metrics: AgentMetrics, rng: random.Random
+    api: NodeApi,
+    view: WatchedNode,
+    stop: threading.Event,
+    config: AgentConfig,
+    metrics: AgentMetrics,
+    rng: random.Random,
 ) -> None:
     """List, then watch from that resourceVersion; reconnect on any end, relist on 410, back off on errors."""
     failures = 0
@@ -191,7 +200,7 @@ def watch_node(
             metrics.api_errors.labels(failure.kind).inc()
             log.warning("node watch: %s", failure)
             failures += 1
-            stop.wait(decisions.backoff(failures, config.api_backoff_base, config.api_backoff_cap, rng))
+            stop.wait(backoff(failures, config.api_backoff_base, config.api_backoff_cap, rng))
 
 
 # ---------------------------------------------------------------- the agent
@@ -212,15 +221,15 @@ class Agent:
         self.rng = rng or random.Random()
         self.clock = clock
         self.stop = threading.Event()
-        self.view = NodeView()
+        self.view = WatchedNode()
         self.schedule = decisions.Schedule()
         self.probe_report: dict[str, Any] | None = None
         self.fingerprint: str | None = None
         self.probed_at = 0.0
         self.verdict = "pending"
         self.verdict_fingerprint: str | None = None
-        self.selftest: dict[str, Any] | None = None
-        self.last_attempt: dict[str, Any] | None = None
+        self.selftest: SelfTest | None = None
+        self.last_attempt: LastAttempt | None = None
         self.running: Future | None = None
         self.running_trigger = ""
         self.running_request: str | None = None
@@ -270,7 +279,7 @@ class Agent:
         report = node_report(
             self.config.node_name, self.probe_report, self.fingerprint, self.selftest, self.verdict, self.last_attempt
         )
-        return decisions.desired_state(self.probe_report, self.verdict, report)
+        return decisions.desired_state(self.probe_report, self.verdict, report.annotation_value())
 
     # ------------------------------------------------------------ self-test
 
@@ -299,18 +308,15 @@ class Agent:
         self.running = None
         self.metrics.observe_selftest(report)
         result = report.get("result", "error")
-        summary = selftest_summary(report, self.running_trigger) | {"fingerprint": self.fingerprint}
+        summary = selftest_summary(report, self.running_trigger, self.fingerprint)
         merged = decisions.merge_verdict(self.verdict, self.verdict_fingerprint, result, self.fingerprint)
         if merged == result:
             self.verdict, self.verdict_fingerprint, self.selftest = result, self.fingerprint, summary
             self.last_attempt = None
         else:
-            self.last_attempt = {
-                "result": result,
-                "at": summary["tested_at"],
-                "problems": summary["problems"],
-                "gpus": summary["gpus"],
-            }
+            self.last_attempt = LastAttempt(
+                result=result, at=summary.tested_at, problems=summary.problems, gpus=summary.gpus
+            )
         log.info("self-test %s (published verdict %s)", result, self.verdict)
         self.schedule = decisions.after_run(
             self.schedule,
@@ -351,7 +357,7 @@ class Agent:
                     return False
                 if failure.kind != "conflict":
                     self.stop.wait(
-                        decisions.backoff(attempt, self.config.api_backoff_base, self.config.api_backoff_cap, self.rng)
+                        backoff(attempt, self.config.api_backoff_base, self.config.api_backoff_cap, self.rng)
                     )
         return False
 

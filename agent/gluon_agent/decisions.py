@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from . import contract
+from gluon_common import contract
+from gluon_common.backoff import backoff
 
 CONCLUSIVE = ("pass", "fail", "error")
 REQUEST_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")  # e.g. a timestamp or a UUID
@@ -164,13 +165,6 @@ def retest_reason(
 
 def jittered(period: float, fraction: float, rng: random.Random) -> float:
     return period * (1 + rng.uniform(-fraction, fraction))
-
-
-def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
-    """Exponential back-off with "equal jitter": d/2 + uniform(0, d/2), d = min(cap, base * 2^attempt).
-    Never less than half the step (no hammering), never in lock-step with the rest of the fleet."""
-    step = min(cap, base * 2 ** min(max(0, attempt), 64))  # bounded exponent: 2**1024 would overflow a float
-    return step / 2 + rng.uniform(0, step / 2)
 
 
 def after_run(

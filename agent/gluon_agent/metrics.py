@@ -6,7 +6,8 @@ from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
-from . import contract
+from gluon_common import contract
+
 from .selftest.cases import WORST_FIRST
 
 

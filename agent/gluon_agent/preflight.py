@@ -22,25 +22,30 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import contract
+import gluon_common
+from gluon_common import contract
+
 from .probe import REQUIRED_ARCH, Facts, missing_for_capable, probe
 
 FLAG_FILE_NAME = "flag.env"
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LIMIT = 4096  # the kubelet keeps at most this much of a termination message
-# The modules the preflight needs in a foreign image: all stdlib-only.
 DEFAULT_DEADLINE_S = 80.0  # the webhook passes its own (its shell's deadline less a grace)
 PROBE_MARGIN_S = 2.0  # of the deadline, kept for writing the verdict after the probe
 ANSWER_LIMIT = 64 * 1024  # the agent's decision is a few hundred bytes
-PORTABLE_MODULES = (
-    "__init__.py",
-    "contract.py",
-    "isolation.py",
-    "probe.py",
-    "probe_child.py",
-    "preflight.py",
-    "sglang_routes.py",
-)
+# The modules the preflight needs in a foreign image, by package: all stdlib-only.
+PORTABLE_MODULES = {
+    "gluon_agent": ("__init__.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py"),
+    "gluon_common": ("__init__.py", "contract.py", "sglang_routes.py"),
+}
+
+
+def portable_sources() -> list[tuple[Path, str]]:
+    """(this install's file, its path under the copy's lib/) for every module of PORTABLE_MODULES."""
+    folders = {"gluon_agent": Path(__file__).parent, "gluon_common": Path(gluon_common.__file__).parent}
+    return [
+        (folders[package] / name, f"{package}/{name}") for package, names in PORTABLE_MODULES.items() for name in names
+    ]
 
 
 def flag_line(value: str) -> str:
@@ -55,11 +60,10 @@ def write_atomically(path: Path, text: str) -> None:
 
 def install(target: Path) -> None:
     """Copy the preflight package into `target/lib` and write the safe default flag."""
-    package = target / "lib" / "gluon_agent"
-    package.mkdir(parents=True, exist_ok=True)
-    here = Path(__file__).parent
-    for name in PORTABLE_MODULES:
-        shutil.copyfile(here / name, package / name)
+    for source, relative in portable_sources():
+        copy = target / "lib" / relative
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, copy)
     write_atomically(target / FLAG_FILE_NAME, flag_line("0"))
 
 

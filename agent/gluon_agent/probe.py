@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .contract import FLAG_ENV
+from gluon_common.contract import FLAG_ENV
+from gluon_common.sglang_routes import decode_routes
+
 from .isolation import ChildOutcome, run_isolated
 from .probe_child import CHECKS, RESULT_MARKER
-from .sglang_routes import decode_routes
 
 SCHEMA_VERSION = 1
 REQUIRED_ARCH = "gfx950"  # mla_gluon asserts gfx950 (MI350X/MI355X)

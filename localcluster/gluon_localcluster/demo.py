@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from .simcluster import SERVING_NS, SimCluster
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_operator import gating
 
 from .faultproxy import Rule, everything, path_is

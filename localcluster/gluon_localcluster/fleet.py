@@ -10,14 +10,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gluon_agent import contract, decisions
+from gluon_agent import decisions
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.fingerprint import fingerprint
-from gluon_agent.sglang_routes import ServingConfig
-from gluon_agent.sources import simulated_node
+from gluon_common import contract
+from gluon_common.sglang_routes import ServingConfig
 from gluon_operator.spec import GROUP, KIND, VERSION
 
 from .controlplane import KWOK_NODE_ANNOTATION
+from .fakes.simulated import simulated_node
 
 GPU_NODE_LABEL = {"feature.node.kubernetes.io/amd-gpu": "true"}  # what the agent DaemonSet selects (chart default)
 SERVING_LABELS = {"app": "sglang"}  # what a rollout's podSelector names (and its analysis query's label matchers)
@@ -81,10 +82,9 @@ def agent_published(
         fingerprint=STALE_FINGERPRINT if stale else fp,
         serving=serving.as_dict() | {"digest": serving.digest},
     )
-    summary = selftest_summary(selftest, "start") | {"fingerprint": selftest["fingerprint"]}
-    desired = decisions.desired_state(
-        probe, selftest["result"], node_report(name, probe, fp, summary, selftest["result"], None)
-    )
+    summary = selftest_summary(selftest, "start", selftest["fingerprint"])
+    report = node_report(name, probe, fp, summary, selftest["result"], None)
+    desired = decisions.desired_state(probe, selftest["result"], report.annotation_value())
     return dict(desired.labels), dict(desired.annotations)
 
 

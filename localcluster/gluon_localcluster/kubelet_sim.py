@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from .background import Background, list_then_watch
 from .stages import EXIT_CODE, PREFLIGHT_CONTAINER, PREFLIGHT_MESSAGE

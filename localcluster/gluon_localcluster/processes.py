@@ -12,14 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from .controlplane import die_with_parent, free_port
+from .fakes.simulated import agent_arguments
 from .install import Installed
 
 # This checkout's packages: a child runs the code under test, not whatever checkout the venv installed.
 CHECKOUT_PATH = os.pathsep.join(
-    str(Path(__file__).resolve().parents[2] / part) for part in ("agent", "operator", "localcluster")
+    str(Path(__file__).resolve().parents[2] / part) for part in ("common", "agent", "operator", "localcluster")
 )
 
 
@@ -127,8 +128,7 @@ def agent(
         "run",
         "--kubeconfig",
         str(installed.agent_kubeconfig(node, server)),
-        "--simulate",
-        str(simulate),
+        *agent_arguments(simulate),
         "--node-name",
         node,
         "--host",

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gluon_agent import contract
-from gluon_agent.sources import simulated_node
+from gluon_common import contract
 from gluon_operator.spec import GROUP, PLURAL, VERSION
 
 from . import fleet, processes
 from .controlplane import ControlPlane, free_port
 from .fake_sglang import FakeSglang, NodeModel
+from .fakes.simulated import simulated_node
 from .faultproxy import FaultProxy
 from .install import Installed, install
 from .kubelet_sim import Image, InitOutcome, KubeletSim

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from .binaries import ensure_built, stages_dir
 

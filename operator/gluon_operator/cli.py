@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Sequence
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from . import __version__
 
@@ -56,7 +56,7 @@ def cmd_prune_nodes(args: argparse.Namespace) -> int:
     """The chart's post-delete hook: nothing keeps our keys true once agents and operator are gone."""
     from kubernetes import client
 
-    from gluon_agent.kube import MERGE_PATCH, make_api_client
+    from gluon_common.kube import MERGE_PATCH, make_api_client
 
     from . import records
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Container, Mapping
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from . import analysis, gating
 from .metrics import METRICS

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 import kopf
 from kubernetes import client
 
-from gluon_agent import contract
-from gluon_agent.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify, make_api_client
+from gluon_common import contract
+from gluon_common.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify, make_api_client
 
 from . import records
 from .metrics import METRICS

@@ -12,11 +12,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from gluon_agent import contract
-from gluon_agent.sglang_routes import ServingConfig
+from gluon_common import contract
+from gluon_common.report import AgentReport, SelfTest
+from gluon_common.sglang_routes import ServingConfig
 
 from . import serving as routing
-from .records import AgentReport, NodeRecord, RollbackRecord, finite, finite_number, read_json, whole_count
+from .records import NodeRecord, RollbackRecord, finite, finite_number, read_json, whole_count
 
 INELIGIBLE, ELIGIBLE, ENABLING, ANALYZING, PROMOTED, ROLLED_BACK, DISABLED = contract.NODE_STATES
 FLAG_ON_STATES = (ENABLING, ANALYZING, PROMOTED)
@@ -56,9 +57,14 @@ def parse_rollback(annotations: Mapping[str, str]) -> tuple[RollbackRecord | Non
     return read_json(RollbackRecord, annotations.get(contract.ANNOTATION_ROLLBACK), "the rollback record annotation")
 
 
+def tested(report: AgentReport) -> SelfTest:
+    """The report's self-test; an empty one while the agent has none for its fingerprint yet (pending)."""
+    return report.selftest or SelfTest()
+
+
 def failing_paths(report: AgentReport) -> list[str]:
     out = []
-    for gpu in report.selftest.gpus:
+    for gpu in tested(report).gpus:
         for path, result in gpu.result.items():
             if result != "pass":
                 reasons = gpu.reasons.get(path, [])
@@ -111,7 +117,8 @@ def proof_problem(report: AgentReport, serving: ServingConfig | str | None) -> s
     """Why the node's self-test is not the proof of the rollout's configuration (it proved another), or None."""
     if not isinstance(serving, ServingConfig):
         return None
-    proved = report.selftest.serving.digest if report.selftest.serving else None
+    proof = tested(report).serving
+    proved = proof.digest if proof else None
     if proved == serving.digest:
         return None
     return (
@@ -149,12 +156,13 @@ def eligibility(
         failing = failing_paths(report)
         detail = "; ".join(failing) if failing else f"label {verdict}, report {report.verdict}"
         return Eligibility(False, f"self-test not passed: {detail}" + (f" ({proof})" if proof else ""), fingerprint)
-    if report.selftest.fingerprint != fingerprint:
+    selftest = tested(report)
+    if selftest.fingerprint != fingerprint:
         return Eligibility(
-            False, f"self-test is for fingerprint {report.selftest.fingerprint}, node is at {fingerprint}", fingerprint
+            False, f"self-test is for fingerprint {selftest.fingerprint}, node is at {fingerprint}", fingerprint
         )
     if proof:  # a passing node whose agent re-tests for this config: eligible once it has (proof_pending)
-        return Eligibility(False, proof, fingerprint, proof_pending=report.selftest.serving is not None)
+        return Eligibility(False, proof, fingerprint, proof_pending=selftest.serving is not None)
     record, unreadable = parse_rollback(facts.annotations)
     if unreadable:
         return Eligibility(False, unreadable, fingerprint)

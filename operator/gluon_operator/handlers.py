@@ -21,8 +21,9 @@ from typing import Any, Mapping
 import kopf
 from kubernetes import client
 
-from gluon_agent import contract, decisions
-from gluon_agent.kube import ApiFailure
+from gluon_common import contract
+from gluon_common.backoff import backoff
+from gluon_common.kube import ApiFailure
 
 from . import gating, webhook
 from .admission import AdmissionServer
@@ -125,7 +126,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     rng = random.Random()
     settings.networking.error_backoffs = [
-        decisions.backoff(attempt, 0.5, API_BACKOFF_CAP_SECONDS, rng) for attempt in range(API_RETRIES)
+        backoff(attempt, 0.5, API_BACKOFF_CAP_SECONDS, rng) for attempt in range(API_RETRIES)
     ]
     # A deleted rollout's timer that was mid-reconcile is checked again after this many seconds (kopf's
     # default, 60 s, held every deletion that met a running reconcile for a minute).

@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from gluon_agent import decisions
-from gluon_agent.kube import REQUEST_TIMEOUT, ApiFailure, classify
+from gluon_common.backoff import backoff
+from gluon_common.kube import REQUEST_TIMEOUT, ApiFailure, classify
 
 from . import records
 from .metrics import METRICS
@@ -32,7 +32,7 @@ log = logging.getLogger("gluon_operator.informer")
 Indexer = Callable[[Mapping[str, Any]], Mapping[Any, Any] | None]
 ListCall = Callable[..., Any]  # a kubernetes client list_* function
 LIST_PAGE = 500  # client-go's reflector default
-# The relist back-off after errors: 0.5 s doubling, "equal jitter" (decisions.backoff), capped here. client-go's
+# The relist back-off after errors: 0.5 s doubling, "equal jitter" (gluon_common.backoff), capped here. client-go's
 # reflector caps at 30 s; so did this, and after an API-server outage the caches then came back up to 30 s
 # after the API server did. At the cap a dead API server costs one refused connection per informer every
 # 2.5-5 s; a live one answering errors, one list every 2.5-5 s per informer.
@@ -239,6 +239,6 @@ class Informer:
                     log.error("%s informer: the API server refuses the list: %s; not retried", self.name, failure)
                     return
                 version = None
-                delay = decisions.backoff(failures, 0.5, self.backoff_cap, rng)
+                delay = backoff(failures, 0.5, self.backoff_cap, rng)
                 log.warning("%s informer: %s; relisting in %.1f s", self.name, failure, delay)
                 self.stop.wait(delay)

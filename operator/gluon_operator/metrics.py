@@ -8,7 +8,7 @@ from typing import Any, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from . import webhook
 

@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from . import gating
 from .gating import (

@@ -1,7 +1,8 @@
-"""Type-checked readings of what the operator parses from Nodes and Pods: the agent's report, the
-operator's own rollback and node records, the preflight's verdict. Anyone who can write a node annotation
-or a pod's termination message can put anything there; a wrong type must make that one node or pod
-unreadable (with a reason naming the field), never fail the reconcile of the fleet.
+"""Type-checked readings of what the operator parses from Nodes and Pods: the agent's report (its schema,
+shared with the agent, is gluon_common.report), the operator's own rollback and node records, the
+preflight's verdict. Anyone who can write a node annotation or a pod's termination message can put
+anything there; a wrong type must make that one node or pod unreadable (with a reason naming the field),
+never fail the reconcile of the fleet.
 
 Unknown fields are ignored (agents of other versions add some); known fields have strict types.
 
@@ -18,9 +19,10 @@ import math
 import threading
 from typing import Annotated, Any, Literal, Mapping, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, Field, StrictBool, StrictStr, ValidationError
 
-from gluon_agent import contract
+from gluon_common import contract
+from gluon_common.report import Lenient
 
 # Finite JSON numbers; a string of digits is read as its number, anything else (NaN, "Infinity") is an
 # error naming the field.
@@ -116,43 +118,6 @@ def dumps(value: Any) -> str:
     return json.dumps(finite(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-class Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class Probe(Lenient):
-    capable: StrictBool = False
-    missing_for_capable: list[StrictStr] = Field(default_factory=list)
-    sglang: dict[StrictStr, Any] | None = None  # sglang_routes.decode_routes of the serving image's SGLang
-
-
-class ServingProof(Lenient):
-    """The serving configuration a self-test proved (its digest decides; the rest is for people)."""
-
-    digest: StrictStr | None = None
-
-
-class GpuResult(Lenient):
-    index: StrictInt | None = None
-    result: dict[StrictStr, StrictStr] = Field(default_factory=dict)
-    reasons: dict[StrictStr, list[StrictStr]] = Field(default_factory=dict)
-
-
-class SelfTest(Lenient):
-    fingerprint: StrictStr | None = None
-    serving: ServingProof | None = None
-    gpus: list[GpuResult] = Field(default_factory=list)
-
-
-class AgentReport(Lenient):
-    """The agent's node report (gluon_agent.daemon.node_report), the fields the operator decides on."""
-
-    fingerprint: StrictStr | None = None
-    verdict: StrictStr | None = None
-    probe: Probe = Field(default_factory=Probe)
-    selftest: SelfTest = Field(default_factory=SelfTest)
-
-
 class RollbackRecord(Lenient):
     """contract.ANNOTATION_ROLLBACK: why the node was rolled back, for which fingerprint, with the numbers."""
 
@@ -182,7 +147,7 @@ class AgentAnswer(Lenient):
 
 
 class PreflightVerdict(Lenient):
-    """The preflight's termination message (gluon_agent.preflight)."""
+    """The preflight's termination message (contract.PREFLIGHT_MODULE)."""
 
     flag: Literal["0", "1"] | None = None
     reason: StrictStr | None = None

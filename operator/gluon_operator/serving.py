@@ -1,4 +1,4 @@
-"""The serving configuration a rollout's pods run (gluon_agent.sglang_routes.ServingConfig), read from
+"""The serving configuration a rollout's pods run (gluon_common.sglang_routes.ServingConfig), read from
 their serving container's command, args and env, with `spec.serving` for what the pods do not say. Pure.
 
 Upstream facts (sgl-project/sglang, read 2026-12-02):
@@ -31,7 +31,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from gluon_agent.sglang_routes import MAX_VERIFY_Q_LEN, ServingConfig, flag_routes, no_route
+from gluon_common.sglang_routes import MAX_VERIFY_Q_LEN, ServingConfig, flag_routes, no_route
 
 ALGORITHM, DRAFT_TOKENS, STEPS, TOPK = (
     "--speculative-algorithm",

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, ValidationError, WithJsonSchema
 
-from gluon_agent import contract
-from gluon_agent.sglang_routes import MAX_VERIFY_Q_LEN
+from gluon_common import contract
+from gluon_common.sglang_routes import MAX_VERIFY_Q_LEN
 
 GROUP = "gluonrollout.io"
 VERSION = "v1alpha1"

@@ -14,7 +14,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from . import serving
 from .spec import selector_matches
@@ -208,7 +208,7 @@ SHELL_WRAPPER = f'. {MOUNT}/{FLAG_FILE} && export {contract.FLAG_ENV} && exec "$
 # somewhere in our code with an error that would read as transient.
 LAUNCHER = (
     f"import sys; sys.version_info < {PYTHON_FLOOR} and sys.exit({TOO_OLD_EXIT}); import runpy; "
-    "runpy.run_module('gluon_agent.preflight', run_name='__main__', alter_sys=True)"
+    f"runpy.run_module('{contract.PREFLIGHT_MODULE}', run_name='__main__', alter_sys=True)"
 )
 
 
@@ -221,8 +221,8 @@ def preflight_script(
     deadline_s: int, mount: str = MOUNT, termination_log: str = TERMINATION_LOG, agent_port: int = contract.AGENT_PORT
 ) -> str:
     """The preflight container's POSIX sh program (dash, bash, busybox). It keeps the image's PYTHONPATH and
-    adds ours in front (only `gluon_agent` lives there), and bounds the whole run with a watchdog of its
-    own rather than `timeout`, whose syntax differs between coreutils and older busybox. Whatever Python
+    adds ours in front (only the preflight's copy lives there), and bounds the whole run with a
+    watchdog of its own rather than `timeout`, whose syntax differs between coreutils and older busybox. Whatever Python
     does (hangs, dies, refuses to start), the flag ends '0' unless Python wrote '1', and the termination
     message says why. `agent.asked: false` marks a stack refusal the agent had no part in: not transient.
     The agent's port is passed only when it is not the default, so an agent image older than the option

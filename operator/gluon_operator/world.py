@@ -17,8 +17,8 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
-from gluon_agent import contract
-from gluon_agent.kube import ApiFailure
+from gluon_common import contract
+from gluon_common.kube import ApiFailure
 
 from . import webhook
 from .informer import Informer

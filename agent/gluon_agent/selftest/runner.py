@@ -18,10 +18,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import contract
+from gluon_common import contract
+from gluon_common.sglang_routes import ServingConfig, flag_routes
+
 from ..fingerprint import fingerprint, fingerprint_parts
 from ..isolation import ChildOutcome, run_isolated
-from ..sglang_routes import ServingConfig, flag_routes
 from . import cases
 
 PATHS = ("accelerated", "fallback")

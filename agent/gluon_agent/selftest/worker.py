@@ -10,6 +10,7 @@ Prints progress lines (so a crash can be attributed to the step that died) and o
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import sys
@@ -21,7 +22,8 @@ IMPORT_STARTED = time.monotonic()  # before torch: the report says how long the 
 # The imports below come after IMPORT_STARTED on purpose (they are what it times), hence their noqa.
 import torch  # noqa: E402 - timed from IMPORT_STARTED
 
-from .. import contract  # noqa: E402 - timed from IMPORT_STARTED
+from gluon_common import contract  # noqa: E402 - timed from IMPORT_STARTED
+
 from . import cases, timing  # noqa: E402 - timed from IMPORT_STARTED
 from .backends import BACKEND_SETS, Backend, Call, Serving  # noqa: E402 - timed from IMPORT_STARTED
 from .capture_guard import CaptureGuard  # noqa: E402 - timed from IMPORT_STARTED
@@ -189,25 +191,20 @@ def check_graph(
     )
 
 
-def fake_device_rule(variable: str, path: str | None = None) -> str | None:
-    """This child's entry in a test-only switch ("INDEX:VALUE[:PATH],..."), for fake devices on the CPU."""
-    index = os.environ.get(contract.ENV_SELFTEST_DEVICE_INDEX, "0")
-    for rule in filter(None, os.environ.get(variable, "").split(",")):
-        parts = rule.split(":")
-        if parts[0] == index and len(parts) > 1 and (len(parts) < 3 or parts[2] == path):
-            return parts[1]
-    return None
+def device_hooks() -> Any | None:
+    """The module contract.ENV_SELFTEST_DEVICE_HOOKS names, or None: what a device that is not a GPU does
+    (its free memory, a fault at its first case). The local-cluster harness fills this seam with fake
+    devices on the CPU (gluon_localcluster.fakes.devices); a deployment leaves it unset."""
+    name = os.environ.get(contract.ENV_SELFTEST_DEVICE_HOOKS)
+    return importlib.import_module(name) if name else None
 
 
 def memory_info(device: torch.device) -> tuple[int, int] | None:
-    """(free, total) bytes of the device; a fake CPU device has them only when a test gives them."""
+    """(free, total) bytes of the device; a device that is not a GPU has them only when its hooks say."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)
-    fake_free = fake_device_rule(contract.ENV_SELFTEST_FAKE_FREE_GIB)
-    return None if fake_free is None else (int(float(fake_free) * cases.GiB), FAKE_DEVICE_TOTAL)
-
-
-FAKE_DEVICE_TOTAL = 192 * 2**30  # a fake CPU device's "memory", as an MI355X/H200-class card
+    hooks = device_hooks()
+    return None if hooks is None else hooks.memory_info(device)
 
 
 def prepare_device(device: torch.device, limit: int) -> str | None:
@@ -229,13 +226,11 @@ def prepare_device(device: torch.device, limit: int) -> str | None:
     return None
 
 
-def fake_fault(device: torch.device, path: str) -> None:
-    """The test-only crash or hang of a fake CPU device's child, at its first case."""
-    fault = fake_device_rule(contract.ENV_SELFTEST_FAKE_FAULT, path) if device.type == "cpu" else None
-    if fault == "crash":
-        os.abort()
-    if fault == "hang":
-        time.sleep(3600)
+def before_first_case(device: torch.device, path: str) -> None:
+    """A CPU device's hooks, at its first case (a fake device's crash or hang); never a real GPU's."""
+    hooks = device_hooks() if device.type == "cpu" else None
+    if hooks is not None:
+        hooks.before_first_case(device, path)
 
 
 class StepClock:
@@ -273,7 +268,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         emit(cases.PROGRESS_MARKER, {"step": f"case {case.name}", "backend": backend.name})
         clock.start(f"case {case.name}")
         if index == 0:
-            fake_fault(device, spec["path"])
+            before_first_case(device, spec["path"])
         serving = serving_for(spec, case.q_len)
         result, problem = check_case(backend, case, device, seed + index, heads, serving)
         results.append(result)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 FAKES = Path(__file__).parent
 AITER_STACK = FAKES / "aiter_stack"
-AGENT_SOURCE = FAKES.parents[1] / "agent"  # this checkout's gluon_agent, ahead of any installed copy
+# this checkout's gluon_agent and gluon_common, ahead of any installed copy, and the harness (fake devices)
+CHECKOUT_SOURCES = tuple(FAKES.parents[2] / part for part in ("agent", "common", "localcluster"))
 
 
 def fresh_fake_aiter(monkeypatch) -> list:
@@ -26,8 +27,8 @@ def fresh_fake_aiter(monkeypatch) -> list:
 
 
 def child_env(env: dict[str, str], *paths: Path) -> dict[str, str]:
-    """`env` for a child that imports gluon_agent (self-test workers): `paths`, then this checkout's agent."""
-    return dict(env, PYTHONPATH=os.pathsep.join(str(p) for p in (*paths, AGENT_SOURCE)))
+    """`env` for a child that imports gluon_agent (self-test workers): `paths`, then this checkout's packages."""
+    return dict(env, PYTHONPATH=os.pathsep.join(str(p) for p in (*paths, *CHECKOUT_SOURCES)))
 
 
 AITER_FAILURES = {

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from gluon_agent import contract
+from gluon_common import contract
 
 Series = Sequence[tuple[float, float]]  # (unix seconds, value)
 

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from gluon_agent.kube import MERGE_PATCH
+from gluon_common.kube import MERGE_PATCH
 
 from .. import __version__, records
 from ..spec import GROUP, PLURAL, VERSION

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from gluon_agent import contract
+from gluon_common import contract
 
 from .. import gating
 from .views import PluginError, annotations, meta, node_records, rollout_ref

@@ -7,8 +7,8 @@ import datetime
 import json
 from typing import Any, Iterable, Mapping, Sequence
 
-from gluon_agent import contract
-from gluon_agent.sglang_routes import ServingConfig
+from gluon_common import contract
+from gluon_common.sglang_routes import ServingConfig
 
 from .. import gating, plan, records, serving, spec, world
 

@@ -16,12 +16,9 @@ FLAG_ENV: Final = "SGLANG_AITER_MLA_GLUON"
 # ---------------------------------------------------------------- self-test child environment (ours)
 # The device index the runner gives each self-test child (fakes of aiter key their failure modes on it).
 ENV_SELFTEST_DEVICE_INDEX: Final = "GLUON_SELFTEST_DEVICE_INDEX"
-# Test-only switches for fake devices on the CPU (never set in a deployment; the chart has no way to):
-# "INDEX:crash[:PATH]" / "INDEX:hang[:PATH]" (comma-separated) make that device's children (of that path)
-# abort or hang at their first case; "INDEX:GIB" in the second gives that fake device only GIB GiB free, as
-# if another process held it.
-ENV_SELFTEST_FAKE_FAULT: Final = "GLUON_SELFTEST_FAKE_FAULT"
-ENV_SELFTEST_FAKE_FREE_GIB: Final = "GLUON_SELFTEST_FAKE_FREE_GIB"
+# A module the self-test child asks about devices that are not GPUs (memory_info, before_first_case): the
+# seam the local-cluster harness fills with fake devices on the CPU. Unset in a deployment.
+ENV_SELFTEST_DEVICE_HOOKS: Final = "GLUON_SELFTEST_DEVICE_HOOKS"
 
 # ---------------------------------------------------------------- node labels, agent-owned
 # "true" when the probe found the stack and hardware able to run the Gluon path (gfx950, the aiter
@@ -182,6 +179,11 @@ ENV_PROMETHEUS_CA: Final = "GLUON_PROMETHEUS_CA"
 ENV_PROMETHEUS_TRUSTED_URLS: Final = "GLUON_PROMETHEUS_TRUSTED_URLS"
 # One deadline, in seconds, for a rollout's whole analysis (queries and judgement).
 ENV_ANALYSIS_DEADLINE: Final = "GLUON_ANALYSIS_DEADLINE_SECONDS"
+
+# ---------------------------------------------------------------- preflight
+# The module the webhook's preflight container runs, from the copy the agent image's install step puts in
+# the pod's shared volume (gluon-agent preflight --install).
+PREFLIGHT_MODULE: Final = "gluon_agent.preflight"
 
 # ---------------------------------------------------------------- agent HTTP
 AGENT_PORT: Final = 9477
