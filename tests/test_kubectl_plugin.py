@@ -515,7 +515,6 @@ def args_for(*argv):
     args = cli.build_parser().parse_args(list(argv))
     args.watch = getattr(args, "watch", False)
     args.all_namespaces = getattr(args, "all_namespaces", False)
-    args.namespace_given = args.namespace is not None
     return args
 
 
@@ -823,7 +822,14 @@ def test_e2e_every_command_against_the_operator(live, capsys, create_rollout):
     assert record["decision"]["state"] == "Ineligible"
     assert {g["result"] for g in record["selftest"]["gpus"] if g["path"] == "fallback"} == {"fail"}
     rc, text, _ = gluon(live, capsys, "explain", "plug-c")
-    assert rc == 0 and re.search(r"\n\s+0\s+fallback\s+fail\s", text) and "simulated fail" in text
+    assert rc == 0 and re.search(r"GPUs? [-, 0-9]+ fallback fail \(simulated fail\)", text)
+    # from another namespace: the node's record names its rollout
+    capsys.readouterr()
+    assert cli.main(["--kubeconfig", live.kubeconfig, "-n", "default", "explain", "plug-c"]) == 0
+    assert capsys.readouterr().out.startswith(f"Node plug-c in GluonRollout {live.namespace}/kimi")
+    # -A: every namespace's rollouts, -o yaml
+    every = gluon_json(live, capsys, "status", "-A")
+    assert any(v["rollout"] == "kimi" and v["namespace"] == live.namespace for v in every)
 
     # plan: a preview that writes nothing
     versions = {n: live.core.read_node(n).metadata.resource_version for n in E2E_NODES}
@@ -947,3 +953,47 @@ def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp
     assert f"GluonRollout {live.namespace}/viakubectl" in shown.stdout and "paused" in shown.stdout
     missing = run("explain", "no-such-node", "-r", "viakubectl")
     assert missing.returncode == 1 and "node 'no-such-node' not found" in missing.stderr
+
+
+def test_e2e_status_watch_redraws_on_a_change_and_ends_on_ctrl_c(live, create_rollout):
+    """`kubectl gluon status -w` as a separate process (stdout a pipe: one frame per change): pausing the
+    rollout brings a new frame; SIGINT ends it with exit code 0 and no traceback."""
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    create_rollout("watched", strategy={"canaryNodes": 0})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster"))}
+    argv = [sys.executable, "-m", "gluon_operator.kubectl_plugin", "status", "watched", "-w"]
+    proc = subprocess.Popen(
+        [*argv, "--kubeconfig", live.kubeconfig, "-n", live.namespace],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+
+    def until_line(check, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if check(lines.get(timeout=1)):
+                    return
+            except queue.Empty:
+                assert proc.poll() is None, proc.stderr.read()
+        pytest.fail(f"no frame with {what}")
+
+    try:
+        until_line(lambda line: line.startswith(f"GluonRollout {live.namespace}/watched"), "the rollout")
+        live.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, live.namespace, PLURAL, "watched", {"spec": {"paused": True}}
+        )
+        until_line(lambda line: line.startswith("paused: spec.paused is true"), "the pause")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    assert rc == 0 and "Traceback" not in proc.stderr.read()

@@ -316,7 +316,7 @@ def cmd_explain(args: argparse.Namespace, cluster: Cluster) -> int:
     """The node first: its record names its rollout, wherever that is; else the namespace's only one."""
     node = cluster.node(args.node)
     named = recorded_rollout(node)
-    if args.rollout or named is None or (args.namespace_given and named[0] != cluster.namespace):
+    if args.rollout or named is None:
         rollout = cluster.rollout(args.rollout)
     else:
         rollout = cluster.rollout(named[1], named[0])
@@ -441,7 +441,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.watch = getattr(args, "watch", False)
     args.all_namespaces = getattr(args, "all_namespaces", False)
-    args.namespace_given = args.namespace is not None
     if args.all_namespaces and args.rollout:
         parser.error("-A/--all-namespaces lists every rollout: name none")
     try:
