@@ -626,6 +626,59 @@ def test_explain_finds_the_rollout_its_node_record_names(capsys):
     assert json.loads(capsys.readouterr().out)["analysis"]["n_pre"] == 38  # -o json keeps every number
 
 
+def krew_build():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("krew_build", ROOT / "examples/krew/build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_krew_manifest_names_this_archive_for_every_platform():
+    import hashlib
+
+    import yaml
+
+    build = krew_build()
+    text = (ROOT / "examples/krew/gluon.yaml").read_text()
+    manifest = yaml.safe_load(text)
+    assert manifest["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2" and manifest["kind"] == "Plugin"
+    assert manifest["metadata"]["name"] == "gluon" and manifest["spec"]["version"] == build.version() == "v0.1.0"
+    platforms = manifest["spec"]["platforms"]
+    assert {(p["selector"]["matchLabels"]["os"], p["selector"]["matchLabels"]["arch"]) for p in platforms} == {
+        (os_, arch) for os_ in ("linux", "darwin") for arch in ("amd64", "arm64")
+    }
+    data = build.archive_bytes()
+    assert data == build.archive_bytes()  # reproducible, so the sha256 below can be checked at all
+    assert {p["sha256"] for p in platforms} == {hashlib.sha256(data).hexdigest()}
+    assert {p["bin"] for p in platforms} == {"kubectl-gluon"}
+    assert all(p["uri"].endswith(f"/{build.version()}/kubectl-gluon-{build.version()}.tar.gz") for p in platforms)
+    assert not re.search(r"<[A-Za-z_ -]+>|TODO|XXX|REPLACE|example\.com", text)  # no placeholders
+
+
+def test_the_krew_launcher_runs_the_plugin_or_says_how_to_install_it(tmp_path):
+    import io
+    import subprocess
+    import sys
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(krew_build().archive_bytes())) as tar:
+        tar.extractall(tmp_path, filter="data")
+    launcher = tmp_path / "kubectl-gluon"
+    assert launcher.stat().st_mode & 0o111
+    paths = os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster"))
+    env = {**os.environ, "KUBECTL_GLUON_PYTHON": sys.executable, "PYTHONPATH": paths}
+    done = subprocess.run([launcher, "--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "kubectl-gluon 0.1.0", done.stderr
+    bare = tmp_path / "python-without-packages"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')  # no site-packages: no gluon-rollout
+    bare.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"KUBECTL_GLUON_PYTHON": str(bare)}
+    done = subprocess.run([launcher, "status"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1 and '-m pip install "gluon-rollout @ git+https://github.com/' in done.stderr
+
+
 # ---------------------------------------------------------------- plan
 
 
