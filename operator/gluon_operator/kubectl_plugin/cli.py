@@ -220,7 +220,16 @@ def render_views(args: argparse.Namespace, shown: Sequence[Mapping[str, Any]], n
         where = "any namespace" if args.all_namespaces else f"namespace {args.namespace or 'of the context'}"
         return f"no GluonRollout in {where}\n"
     wide = args.output == "wide"
-    return "\n".join(views.render_status(v, now, wide=wide) for v in shown)
+    return "\n".join(views.render_status(v, now, wide=wide, width=terminal_width()) for v in shown)
+
+
+def terminal_width() -> int:
+    """A terminal's own width, else what normal output fits (views.TERMINAL_WIDTH)."""
+    import shutil
+
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((views.TERMINAL_WIDTH, 24)).columns
+    return views.TERMINAL_WIDTH
 
 
 def cmd_status(args: argparse.Namespace, cluster: Cluster) -> int:

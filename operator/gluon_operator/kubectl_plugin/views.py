@@ -244,6 +244,8 @@ def render_status(
     waiting = (view.get("approval") or {}).get("waitingFor")
     if waiting:
         head.append(f"waiting for approval of {waiting!r} (`kubectl gluon promote` grants it)")
+    if not wide:
+        head = [clip(line, width) for line in head]
     if not view["nodes"]:
         return "\n".join(head + ["no nodes recorded yet (the operator has not reconciled this rollout)"]) + "\n"
 
@@ -327,19 +329,6 @@ def selftest_rows(report: Mapping[str, Any] | None) -> list[dict[str, Any]]:
                 }
             )
     return rows
-
-
-def speedup_text(speedup: Mapping[str, Any]) -> str:
-    return (
-        ", ".join(f"{case} x{value:.2f}" for case, value in sorted(speedup.items()) if isinstance(value, (int, float)))
-        or NONE
-    )
-
-
-def when(timestamp: Any) -> str:
-    if not isinstance(timestamp, (int, float)):
-        return str(timestamp) if timestamp else NONE
-    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def rollout_serving(rollout: Mapping[str, Any]) -> ServingConfig | str | None:
@@ -616,17 +605,6 @@ def render_explain(record: Mapping[str, Any]) -> str:
     )
     out.append("  (every number: kubectl gluon explain NODE -o json)")
     return "\n".join(out) + "\n"
-
-
-TIME_KEYS = ("at", "inconclusiveSince", "since", "changedAt")
-
-
-def number_text(key: str, value: Any) -> str:
-    if value is None:
-        return NONE
-    if key in TIME_KEYS and isinstance(value, (int, float)):
-        return when(value)
-    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def indent(text: str, by: str = "    ") -> str:
