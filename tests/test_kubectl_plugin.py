@@ -55,7 +55,7 @@ ROLLOUT = with_status(
     phase="Progressing",
     counts={"Promoted": 1, "Analyzing": 1, "RolledBack": 1, "Eligible": 0},
     nodes={
-        "gpu-02": record("RolledBack", "decode speed worse than tolerance", effect=0.858, ci_low=0.839),
+        "gpu-02": record("RolledBack", "decode speed worse than tolerance", effect=0.858, ci_low=0.839, ci_high=0.9),
         "gpu-01": record("Promoted", "not worse than tolerance", effect=2.28),
         "gpu-03": dict(record("Eligible", "holdout: control group kept at flag 0"), holdout=True),
         "gpu-04": record("Analyzing", "2 serving pods run with flag 1"),
@@ -94,8 +94,14 @@ def test_status_rows_carry_state_flag_effect_reason_per_node():
         "flag": "1",
         "pods": "1",
         "effect": 2.28,
+        "interval": None,
+        "since": "2033-05-18T03:32:20Z",
+        "sinceUnix": NOW - 60,
+        "fingerprint": "fp",
         "reason": "not worse than tolerance",
+        "summary": "not worse than tolerance",
     }
+    assert rows["gpu-02"]["interval"] == [0.839, 0.9]
     assert rows["gpu-02"]["flag"] == "0" and rows["gpu-02"]["pods"] == "0" and rows["gpu-02"]["effect"] == 0.858
     assert rows["gpu-03"]["holdout"] and rows["gpu-03"]["pods"] == "-" and rows["gpu-03"]["effect"] is None
     assert (
@@ -132,7 +138,7 @@ def test_status_ignores_pods_of_other_namespaces_selectors_and_unscheduled():
 
 def test_status_text_has_a_header_and_aligned_columns():
     view = views.status_view(with_status(ROLLOUT, **ROLLOUT["status"], approval={"waitingFor": "canary"}), NODES, PODS)
-    text = views.render_status(view)
+    text = views.render_status(view, NOW)
     lines = text.splitlines()
     assert lines[0] == f"GluonRollout {SERVING_NS}/kimi: Progressing (1 Promoted, 1 Analyzing, 1 RolledBack)"
     assert "waiting for approval of 'canary'" in lines[1]
@@ -142,6 +148,7 @@ def test_status_text_has_a_header_and_aligned_columns():
     assert [line[:6] for line in body] == ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
     assert body[1][reason_at:] == "decode speed worse than tolerance" and "x0.858" in body[1]
     assert "Eligible (holdout)" in body[2]
+    assert body[0][header.index("IN STATE") :].startswith("60s")  # time in state, as kubectl prints ages
 
 
 def test_status_before_the_first_reconcile_says_so():
@@ -192,8 +199,9 @@ def test_explain_an_eligible_node_gives_every_gpu_and_path():
     speedups = [g["speedup"] for g in gpus if g["path"] == "accelerated"]
     assert speedups == [gpu["speedup"] for gpu in report["selftest"]["gpus"]] and speedups[0]
     text = views.render_explain(rec)
-    assert f"{sorted(speedups[0])[0]} x{speedups[0][sorted(speedups[0])[0]]:.2f}" in text
-    assert views.when(report["selftest"]["tested_at"]) in text
+    every = [v for s in speedups for v in s.values()]
+    assert f"accelerated over fallback x{min(every):.2f} to x{max(every):.2f}" in text
+    assert views.rfc3339(report["selftest"]["tested_at"]) in text
     assert not rec["selftest"]["simulated"] and "SIMULATION" not in views.render_explain(rec)
     report["selftest"]["simulated"] = True  # the demo's agents say so, and so does explain
     node["metadata"]["annotations"][contract.ANNOTATION_REPORT] = json.dumps(report)
@@ -236,11 +244,9 @@ def test_explain_shows_the_rollback_record_and_node_conditions():
     assert "cordoned" in text and "NotReady" in text and "skip label set" in text and "kubectl gluon retry" in text
     node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK] = "[]"
     assert "the rollback record annotation" in views.render_explain(explained(node))  # a bad record says so
-    assert "effect: 0.858" in text and "ci_low: 0.839" in text
-    assert (
-        views.number_text("at", NOW) == views.when(NOW) == "2033-05-18T03:33:20Z"
-        and views.number_text("x", None) == "-"
-    )
+    assert "x0.858: decode speed 14.2% below that of its controls, 95% interval x0.839 to x0.900" in text
+    assert views.rfc3339(NOW) == "2033-05-18T03:33:20Z" and views.rfc3339(None) is None
+    assert not re.search(r"\b1[0-9]{9}(\.[0-9]+)?\b", text)  # no epoch numbers
 
 
 def test_explain_a_node_without_report_or_record():
@@ -249,7 +255,7 @@ def test_explain_a_node_without_report_or_record():
     assert rec["decision"] is None and rec["selftest"] is None and rec["probe"] is None
     assert rec["reportProblem"] == "the agent has published no report on this node"
     text = views.render_explain(rec)
-    assert "no record in the rollout's status yet" in text and "no report" in text
+    assert "none yet: the rollout has no record of this node" in text and "no report" in text
 
 
 def test_agent_alive_needs_running_ready_and_not_deleting():
@@ -350,8 +356,11 @@ def test_flags_before_and_after_the_command():
     parser = cli.build_parser()
     before = parser.parse_args(["-n", "ml", "--json", "status", "kimi"])
     after = parser.parse_args(["status", "kimi", "-n", "ml", "--context", "prod"])
-    assert (before.namespace, before.json, before.rollout) == ("ml", True, "kimi")
-    assert (after.namespace, after.context, after.json) == ("ml", "prod", False)
+    assert (before.namespace, before.output, before.rollout) == ("ml", "json", "kimi")
+    assert (after.namespace, after.context, after.output) == ("ml", "prod", None)
+    watch = parser.parse_args(["status", "-w", "-A", "-o", "wide"])
+    assert (watch.watch, watch.all_namespaces, watch.output) == (True, True, "wide")
+    assert parser.parse_args(["-o", "yaml", "explain", "gpu-01"]).output == "yaml"
     retry = parser.parse_args(["retry", "gpu-02", "-r", "kimi"])
     assert (retry.node, retry.rollout, retry.agent_selector) == ("gpu-02", "kimi", cli.DEFAULT_AGENT_SELECTOR)
     assert parser.parse_args(["abort", "--reason", "hang"]).reason == "hang"
@@ -392,10 +401,282 @@ def test_context_namespace_as_kubectl(tmp_path):
 def test_installed_as_the_kubectl_plugin_console_script():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, attr = scripts["kubectl-gluon"].partition(":")
-    assert module == "gluon_operator.kubectl_plugin" and attr == "main"
-    from gluon_operator import kubectl_plugin
+    assert module == "gluon_operator.kubectl_plugin.cli" and attr == "main"
 
-    assert kubectl_plugin.main is cli.main
+
+HEAVY = ("scipy", "statsmodels", "numpy", "kopf", "aiohttp")
+
+
+def test_the_plugin_imports_no_statistics_stack_kopf_or_aiohttp():
+    """What `kubectl-gluon` imports before it runs a command (its entry module, and the views, controls and
+    plan preview its commands use), in a fresh interpreter: none of the heavy modules the operator uses."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, gluon_operator.kubectl_plugin.cli, gluon_operator.kubectl_plugin.views, "
+        "gluon_operator.kubectl_plugin.controls, gluon_operator.plan; "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster"))}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------- as kubectl users expect
+
+
+EIGHT_FAIL = "self-test not passed: " + "; ".join(f"GPU {i} fallback fail (simulated fail)" for i in range(8))
+
+
+@pytest.mark.parametrize(
+    "reason,folded",
+    [
+        (EIGHT_FAIL, "self-test not passed: GPUs 0-7 fallback fail (simulated fail)"),
+        (
+            EIGHT_FAIL + " (self-test proved serving config ab; this rollout serves cd; re-test requested)",
+            "self-test not passed: GPUs 0-7 fallback fail (simulated fail) (self-test proved serving config ab; "
+            "this rollout serves cd; re-test requested)",
+        ),
+        (
+            "self-test not passed: GPU 0 accelerated fail (nan); GPU 1 fallback fail; GPU 2 accelerated fail (nan); "
+            "GPU 3 accelerated fail (nan)",
+            "self-test not passed: GPUs 0, 2-3 accelerated fail (nan); GPU 1 fallback fail",
+        ),
+        ("not worse than tolerance", "not worse than tolerance"),
+        ("GPU arch gfx950 (have gfx942)", "GPU arch gfx950 (have gfx942)"),  # not the per-GPU list: as is
+    ],
+)
+def test_reasons_fold_repeated_gpus(reason, folded):
+    assert views.fold_reason(reason) == folded
+
+
+def test_rows_fit_a_terminal_and_wide_keeps_the_whole_reason():
+    long = EIGHT_FAIL + " (self-test proved serving config " + "d" * 200 + ")"
+    body = with_status(
+        ROLLOUT, **{**ROLLOUT["status"], "nodes": {**ROLLOUT["status"]["nodes"], "gpu-05": record("Ineligible", long)}}
+    )
+    view = views.status_view(body, NODES, PODS)
+    text = views.render_status(view, NOW)
+    assert max(len(line) for line in text.splitlines()) <= views.TERMINAL_WIDTH
+    row = next(line for line in text.splitlines() if line.startswith("gpu-05"))
+    assert "GPUs 0-7 fallback fail (simulated fail)" in row and row.endswith("...") and "GPU 1 " not in row
+    invalid = views.render_status({**view, "invalid": "spec.analysis: " + "x" * 400}, NOW)
+    assert max(len(line) for line in invalid.splitlines()) <= views.TERMINAL_WIDTH
+    wide = views.render_status(view, NOW, wide=True)
+    assert long in wide and "x0.839..x0.900" in wide and "2033-05-18T03:32:20Z" in wide
+    assert "FINGERPRINT" in wide.splitlines()[1]
+
+
+@pytest.mark.parametrize("seconds,text", [(5, "5s"), (130, "2m10s"), (700, "11m"), (4000, "1h6m"), (200_000, "2d7h")])
+def test_time_in_state_reads_like_kubectls_ages(seconds, text):
+    assert views.duration(seconds) == text
+
+
+class FakeCluster:
+    """The Cluster's reads over fixed objects, for the shell's own logic (the real API: the e2e tests)."""
+
+    namespace = SERVING_NS
+
+    def __init__(self, rollouts, nodes=NODES, pods=PODS, events=()):
+        self.rollouts, self._nodes, self.pods, self.events = rollouts, nodes, pods, list(events)
+        self.reads = 0
+
+    def rollout(self, name, namespace=None):
+        for r in self.rollouts:
+            if r["metadata"]["name"] == name and r["metadata"]["namespace"] == (namespace or self.namespace):
+                return r
+        raise PluginError(f"GluonRollout {name!r} in namespace {namespace or self.namespace!r} not found")
+
+    def all_rollouts(self):
+        return self.rollouts
+
+    def nodes(self):
+        self.reads += 1
+        return self._nodes
+
+    def node(self, name):
+        return next(n for n in self._nodes if n["metadata"]["name"] == name)
+
+    def serving_pods(self, namespace=None):
+        return self.pods
+
+    def agent_pods(self, selector):
+        return [agent_pod(n["metadata"]["name"]) for n in self._nodes]
+
+    def watch_rollouts(self, name, all_namespaces):
+        yield "LIST", {"items": self.rollouts}
+        yield from self.events
+        time.sleep(60)  # a watch that has nothing more to say
+
+
+def args_for(*argv):
+    args = cli.build_parser().parse_args(list(argv))
+    args.watch = getattr(args, "watch", False)
+    args.all_namespaces = getattr(args, "all_namespaces", False)
+    return args
+
+
+def test_all_namespaces_and_yaml(capsys):
+    other = with_status(rollout("other"), phase="Complete", counts={"Promoted": 4})
+    other["metadata"]["namespace"] = "ml"
+    cluster = FakeCluster([ROLLOUT, other])
+    assert cli.cmd_status(args_for("status", "-A"), cluster) == 0
+    text = capsys.readouterr().out
+    assert f"GluonRollout {SERVING_NS}/kimi: Progressing" in text and "GluonRollout ml/other: Complete" in text
+    assert cli.cmd_status(args_for("status", "-A", "-o", "yaml"), cluster) == 0
+    import yaml
+
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert [v["rollout"] for v in shown] == ["kimi", "other"] and shown[0]["nodes"][0]["node"] == "gpu-01"
+    assert cli.cmd_status(args_for("status", "kimi", "-o", "json"), cluster) == 0
+    assert json.loads(capsys.readouterr().out)["rollout"] == "kimi"
+
+
+class Screen:
+    """A terminal: stdout as a tty."""
+
+    def __init__(self):
+        self.frames: list[str] = []
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        if text.startswith(cli.CLEAR):
+            self.frames.append(text[len(cli.CLEAR) :])
+        elif self.frames:
+            self.frames[-1] += text
+
+    def flush(self):
+        pass
+
+
+def test_watch_redraws_in_place_on_each_change_and_counts_time_in_state(monkeypatch):
+    monkeypatch.setattr(cli, "TICK", 0.01)
+    promoted = with_status(ROLLOUT, **{**ROLLOUT["status"], "nodes": {"gpu-04": record("Promoted", "not worse")}})
+    cluster = FakeCluster([ROLLOUT], events=[("MODIFIED", promoted)])
+    clock = iter(NOW + i for i in range(100))
+    screen = Screen()
+    assert cli.watch_status(args_for("status", "-w"), cluster, screen, lambda: next(clock), frames=4) == 0
+    assert len(screen.frames) == 4 and all(f.startswith(f"GluonRollout {SERVING_NS}/kimi") for f in screen.frames)
+    assert "gpu-04   Analyzing" in screen.frames[0] and "Promoted" in screen.frames[1].split("gpu-04")[1]
+    assert cluster.reads == 2  # nodes re-read on each event, not on each tick
+    in_state = [re.search(r"gpu-04 .*?(\d+s) ", f).group(1) for f in screen.frames[1:]]
+    assert in_state == ["61s", "62s", "63s"]  # ticks redraw with the clock
+
+
+def test_watch_ends_cleanly_on_ctrl_c(monkeypatch):
+    monkeypatch.setattr(cli, "TICK", 0.01)
+    calls = []
+
+    def clock():
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return NOW
+
+    screen = Screen()
+    assert cli.watch_status(args_for("status", "-w"), FakeCluster([ROLLOUT]), screen, clock) == 0
+    assert len(screen.frames) == 2
+
+
+def test_watch_of_a_missing_rollout_names_it():
+    with pytest.raises(PluginError, match="GluonRollout 'nope' in namespace .* not found"):
+        cli.watch_status(args_for("status", "nope", "-w"), FakeCluster([]), Screen(), frames=1)
+
+
+def test_explain_finds_the_rollout_its_node_record_names(capsys):
+    """From any namespace: the node's record names "namespace/name" of its rollout."""
+    node = gpu_node("gpu-01")
+    node["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = json.dumps(
+        {
+            **record(
+                "Promoted",
+                "not worse than tolerance",
+                effect=2.28,
+                ci_low=2.1,
+                ci_high=2.4,
+                threshold=0.95,
+                n_controls=3,
+                control_flag=0,
+                n_post=40,
+                n_pre=38,
+                looks=7,
+                at=NOW - 30,
+            ),
+            "rollout": f"{SERVING_NS}/kimi",
+        }
+    )
+    cluster = FakeCluster([ROLLOUT], nodes=[node])
+    cluster.namespace = "default"
+    assert cli.cmd_explain(args_for("explain", "gpu-01"), cluster) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"Node gpu-01 in GluonRollout {SERVING_NS}/kimi")
+    assert "verdict:    Promoted since 2033-05-18T03:32:20Z" in text
+    assert (
+        "x2.280: decode speed 128.0% above that of its controls, 95% interval x2.100 to x2.400; it fails below x0.950"
+        in text
+    )
+    assert "against 3 control nodes at flag 0, 40 samples since its flag flipped, 38 before, 7 looks" in text
+    assert not re.search(r"\b1[0-9]{9}\.[0-9]", text)  # no epoch floats
+    assert text.count("not worse than tolerance") == 1  # no reason said twice
+    assert cli.cmd_explain(args_for("explain", "gpu-01", "-o", "json"), cluster) == 0
+    assert json.loads(capsys.readouterr().out)["analysis"]["n_pre"] == 38  # -o json keeps every number
+
+
+def krew_build():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("krew_build", ROOT / "examples/krew/build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_krew_manifest_names_this_archive_for_every_platform():
+    import hashlib
+
+    import yaml
+
+    build = krew_build()
+    text = (ROOT / "examples/krew/gluon.yaml").read_text()
+    manifest = yaml.safe_load(text)
+    assert manifest["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2" and manifest["kind"] == "Plugin"
+    assert manifest["metadata"]["name"] == "gluon" and manifest["spec"]["version"] == build.version() == "v0.1.0"
+    platforms = manifest["spec"]["platforms"]
+    assert {(p["selector"]["matchLabels"]["os"], p["selector"]["matchLabels"]["arch"]) for p in platforms} == {
+        (os_, arch) for os_ in ("linux", "darwin") for arch in ("amd64", "arm64")
+    }
+    data = build.archive_bytes()
+    assert data == build.archive_bytes()  # reproducible, so the sha256 below can be checked at all
+    assert {p["sha256"] for p in platforms} == {hashlib.sha256(data).hexdigest()}
+    assert {p["bin"] for p in platforms} == {"kubectl-gluon"}
+    assert all(p["uri"].endswith(f"/{build.version()}/kubectl-gluon-{build.version()}.tar.gz") for p in platforms)
+    assert not re.search(r"<[A-Za-z_ -]+>|TODO|XXX|REPLACE|example\.com", text)  # no placeholders
+
+
+def test_the_krew_launcher_runs_the_plugin_or_says_how_to_install_it(tmp_path):
+    import io
+    import subprocess
+    import sys
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(krew_build().archive_bytes())) as tar:
+        tar.extractall(tmp_path, filter="data")
+    launcher = tmp_path / "kubectl-gluon"
+    assert launcher.stat().st_mode & 0o111
+    paths = os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster"))
+    env = {**os.environ, "KUBECTL_GLUON_PYTHON": sys.executable, "PYTHONPATH": paths}
+    done = subprocess.run([launcher, "--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "kubectl-gluon 0.1.0", done.stderr
+    bare = tmp_path / "python-without-packages"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')  # no site-packages: no gluon-rollout
+    bare.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"KUBECTL_GLUON_PYTHON": str(bare)}
+    done = subprocess.run([launcher, "status"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1 and '-m pip install "gluon-rollout @ git+https://github.com/' in done.stderr
 
 
 # ---------------------------------------------------------------- plan
@@ -594,7 +875,14 @@ def test_e2e_every_command_against_the_operator(live, capsys, create_rollout):
     assert record["decision"]["state"] == "Ineligible"
     assert {g["result"] for g in record["selftest"]["gpus"] if g["path"] == "fallback"} == {"fail"}
     rc, text, _ = gluon(live, capsys, "explain", "plug-c")
-    assert rc == 0 and re.search(r"\n\s+0\s+fallback\s+fail\s", text) and "simulated fail" in text
+    assert rc == 0 and re.search(r"GPUs? [-, 0-9]+ fallback fail \(simulated fail\)", text)
+    # from another namespace: the node's record names its rollout
+    capsys.readouterr()
+    assert cli.main(["--kubeconfig", live.kubeconfig, "-n", "default", "explain", "plug-c"]) == 0
+    assert capsys.readouterr().out.startswith(f"Node plug-c in GluonRollout {live.namespace}/kimi")
+    # -A: every namespace's rollouts, -o yaml
+    every = gluon_json(live, capsys, "status", "-A")
+    assert any(v["rollout"] == "kimi" and v["namespace"] == live.namespace for v in every)
 
     # plan: a preview that writes nothing
     versions = {n: live.core.read_node(n).metadata.resource_version for n in E2E_NODES}
@@ -713,3 +1001,47 @@ def test_e2e_kubectl_finds_the_plugin_and_passes_its_arguments(live, capsys, tmp
     assert f"GluonRollout {live.namespace}/viakubectl" in shown.stdout and "paused" in shown.stdout
     missing = run("explain", "no-such-node", "-r", "viakubectl")
     assert missing.returncode == 1 and "node 'no-such-node' not found" in missing.stderr
+
+
+def test_e2e_status_watch_redraws_on_a_change_and_ends_on_ctrl_c(live, create_rollout):
+    """`kubectl gluon status -w` as a separate process (stdout a pipe: one frame per change): pausing the
+    rollout brings a new frame; SIGINT ends it with exit code 0 and no traceback."""
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    create_rollout("watched", strategy={"canaryNodes": 0})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("agent", "operator", "localcluster"))}
+    argv = [sys.executable, "-m", "gluon_operator.kubectl_plugin", "status", "watched", "-w"]
+    proc = subprocess.Popen(
+        [*argv, "--kubeconfig", live.kubeconfig, "-n", live.namespace],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+
+    def until_line(check, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if check(lines.get(timeout=1)):
+                    return
+            except queue.Empty:
+                assert proc.poll() is None, proc.stderr.read()
+        pytest.fail(f"no frame with {what}")
+
+    try:
+        until_line(lambda line: line.startswith(f"GluonRollout {live.namespace}/watched"), "the rollout")
+        live.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, live.namespace, PLURAL, "watched", {"spec": {"paused": True}}
+        )
+        until_line(lambda line: line.startswith("paused: spec.paused is true"), "the pause")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    assert rc == 0 and "Traceback" not in proc.stderr.read()

@@ -343,19 +343,28 @@ def test_preflight_refusal_rolls_back_sticky(operator, cluster, admin, namespace
 
 
 def test_invalid_spec_is_a_condition_not_a_crash(operator, admin, namespace, nodes, proxy):
-    # A relation the CRD's schema cannot express: the operator's Invalid condition.
-    create_rollout(admin, rollout(namespace, nodes, name="bad", analysis={"intervalSeconds": 300, "windowSeconds": 60}))
-    # What the schema can express, the API server itself refuses, naming the field.
+    # What the CRD cannot check within its CEL cost budget (a matchExpressions key's prefix over 253
+    # characters): the operator's Invalid condition.
+    long_prefix = {"matchExpressions": [{"key": "p" * 254 + "/app", "operator": "Exists"}]}
+    create_rollout(admin, rollout(namespace, nodes, name="bad", nodeSelector=long_prefix))
+    # What the schema and its CEL rules can express, the API server itself refuses, naming the field.
     with pytest.raises(client.ApiException) as refused:
         create_rollout(admin, rollout(namespace, nodes, name="worse", strategy={"maxParallel": 0}))
     assert refused.value.status == 422 and "spec.strategy.maxParallel" in json.loads(refused.value.body)["message"]
+    with pytest.raises(client.ApiException) as refused:
+        create_rollout(
+            admin, rollout(namespace, nodes, name="window", analysis={"intervalSeconds": 300, "windowSeconds": 60})
+        )
+    message = json.loads(refused.value.body)["message"]
+    assert "spec.analysis.windowSeconds must be >= spec.analysis.intervalSeconds" in message
     wait_for(
         lambda: rollout_status(admin, namespace, "bad").get("phase") == "Invalid", timeout=30, what="bad is Invalid"
     )
     status = rollout_status(admin, namespace, "bad")
-    assert "spec.analysis.windowSeconds (60) must be >= spec.analysis.intervalSeconds (300)" in status["invalid"]
+    assert "spec.nodeSelector.matchExpressions[0].key" in status["invalid"] and "253" in status["invalid"]
+    assert status["message"] == status["invalid"]  # the MESSAGE column
     invalid = [c for c in status["conditions"] if c["type"] == "Invalid"][0]
-    assert invalid["status"] == "True" and "windowSeconds" in invalid["message"]
+    assert invalid["status"] == "True" and "matchExpressions[0].key" in invalid["message"]
     assert not evictions(proxy)
     assert not [r for r in proxy.requests("PATCH", r"^/api/v1/nodes/") if re.search(r"/op-", r.path)]
 

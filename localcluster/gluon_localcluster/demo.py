@@ -185,7 +185,7 @@ def run(out: Path, timeout: float, quiet: bool = False) -> dict:
 
 def plugin_pass(cluster: SimCluster, result: dict) -> None:
     """What a person types next: `kubectl gluon status`, then `explain` on each rolled-back node."""
-    from gluon_operator.kubectl_plugin import main as kubectl_gluon
+    from gluon_operator.kubectl_plugin.cli import main as kubectl_gluon
 
     flags = ["--kubeconfig", str(cluster.cp.kubeconfig), "-n", SERVING_NS]
     print(f"\n$ kubectl gluon status -n {SERVING_NS}", flush=True)

@@ -69,6 +69,8 @@ PRINTER_COLUMNS = [
     {"name": "RolledBack", "type": "integer", "jsonPath": ".status.counts.RolledBack"},
     {"name": "Ineligible", "type": "integer", "jsonPath": ".status.counts.Ineligible"},
     {"name": "Paused", "type": "boolean", "jsonPath": ".spec.paused"},
+    # why it is where it is (gating.rollout_message): an invalid spec's problem, an abort, a gate waiting
+    {"name": "Message", "type": "string", "jsonPath": ".status.message"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

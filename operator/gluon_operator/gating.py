@@ -540,6 +540,28 @@ def conditions(
     ]
 
 
+MESSAGE_MAX = 300  # status.message, the CRD's MESSAGE column: one line
+
+
+def rollout_message(status: Mapping[str, Any]) -> str:
+    """status.message, shown in `kubectl get gluonrollouts`' MESSAGE column: why the rollout is where it is,
+    the most pressing first (an invalid spec, an abort, a gate waiting for a person), else its counts."""
+    approval = status.get("approval") or {}
+    aborted = status.get("aborted") or {}
+    c = status.get("counts") or {}
+    if status.get("invalid"):
+        text = str(status["invalid"])
+    elif aborted:
+        text = f"aborted: {aborted.get('reason') if isinstance(aborted, Mapping) else aborted}"
+    elif approval.get("waitingFor"):
+        text = f"waiting for approval of {approval['waitingFor']!r} (kubectl gluon promote)"
+    else:
+        text = ", ".join(f"{c[state]} {state}" for state in contract.NODE_STATES if c.get(state)) or "no nodes"
+        if status.get("phase") == "DryRun":
+            text = f"dry run, nothing changed: {text}"
+    return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 3] + "..."
+
+
 def merge_conditions(previous: Iterable[Mapping[str, Any]], fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Keep a condition's lastTransitionTime unless its status changed (so an idle rollout writes nothing)."""
     before = {c.get("type"): c for c in previous or []}

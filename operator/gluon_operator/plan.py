@@ -304,6 +304,7 @@ def invalid_plan(rollout: RolloutView, message: str, now: float) -> Plan:
     out.status = {
         "phase": "Invalid",
         "invalid": message,
+        "message": gating.rollout_message({"invalid": message}),
         "observedGeneration": rollout.generation,
         "conditions": gating.merge_conditions(
             status.get("conditions") or [], gating.conditions("Invalid", {}, message, iso(now))
@@ -666,7 +667,7 @@ def rollout_status(
     if serving is not None:
         fresh += serving_conditions(serving, out.no_safe_rollback, iso(now))
     nodes, omitted = status_nodes(statuses, spec.dryRun)
-    return {
+    status = {
         "phase": phase,
         "counts": gating.counts(statuses),
         "nodes": nodes,
@@ -684,6 +685,7 @@ def rollout_status(
         "noSafeRollback": no_safe_rollback_status(serving, out.no_safe_rollback),
         "conditions": gating.merge_conditions(rollout.status.get("conditions") or [], fresh),
     }
+    return {**status, "message": gating.rollout_message(status)}
 
 
 NO_SAFE_ROLLBACK_NAMES = 20

@@ -39,11 +39,16 @@ def count_or_percent(minimum: int) -> object:
             f"must be a count >= {minimum} or a percentage such as '10%' ({minimum or 0}..100%), not {value!r}"
         )
 
+    # One CEL rule instead of anyOf, minimum and pattern: the API server's answer to "one" would be the bare
+    # regex, and to 2.5 five lines, one of them `<nil>`; a wrong type still gets its one "must be of type" line.
     schema = {
         "x-kubernetes-int-or-string": True,
-        "anyOf": [{"type": "integer"}, {"type": "string"}],
-        "minimum": minimum,
-        "pattern": pattern,
+        "x-kubernetes-validations": [
+            {
+                "rule": f"type(self) == int ? self >= {minimum} : self.matches('{pattern}')",
+                "message": f"must be a count >= {minimum} or a percentage such as '10%' ({minimum}..100%)",
+            }
+        ],
     }
     return Annotated[int | str, PlainValidator(check), WithJsonSchema(schema)]
 
@@ -144,8 +149,8 @@ LABEL_KEY_MAX = LABEL_PREFIX_MAX + 1 + LABEL_NAME_MAX
 LABEL_KEY_SCHEMA_PATTERN = f"^({DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,{LABEL_NAME_MAX - 2}}}[A-Za-z0-9])?$"
 LabelValue = Annotated[str, Field(json_schema_extra={"maxLength": LABEL_NAME_MAX, "pattern": LABEL_VALUE_PATTERN})]
 KEY_MESSAGE = (
-    f"must be a valid label key: an optional DNS subdomain prefix (at most {LABEL_PREFIX_MAX} characters) and '/', "
-    f"then a name of at most {LABEL_NAME_MAX} {LABEL_CHARS}"
+    f"must be a valid label key: an optional DNS subdomain prefix (at most {LABEL_PREFIX_MAX} characters) "
+    f"and '/', then a name of at most {LABEL_NAME_MAX} {LABEL_CHARS}"
 )
 
 
@@ -159,13 +164,16 @@ class Requirement(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 : "
-                    "!has(self.values) || size(self.values) == 0",
+                    "rule": "self.operator in ['In', 'NotIn'] ? has(self.values) && size(self.values) > 0 "
+                    ": !has(self.values) || size(self.values) == 0",
                     "message": "values must be given with operator In or NotIn, and only then",
                 }
             ]
         },
     )
+
+
+CEL_KEY_PATTERN = LABEL_KEY_SCHEMA_PATTERN.replace("\\", "\\\\")  # backslashes escaped in a CEL string
 
 
 class LabelSelector(Model):
@@ -177,8 +185,7 @@ class LabelSelector(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && "
-                    f"k.matches('{LABEL_KEY_SCHEMA_PATTERN.replace(chr(92), chr(92) * 2)}') "
+                    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && k.matches('{CEL_KEY_PATTERN}') "
                     f"&& k.lastIndexOf('/') <= {LABEL_PREFIX_MAX})",
                     "message": "every key " + KEY_MESSAGE,
                 }
@@ -201,19 +208,27 @@ class Batches(Model):
 class Strategy(Model):
     canaryNodes: CountOrPercent = Field(
         1,
-        description="Nodes enabled first (per batch); the rest wait until these are promoted. A count or a percentage "
-        "of the batch's nodes, rounded up.",
+        description=(
+            "Nodes enabled first (per batch); the rest wait until these are promoted. A count or a percentage "
+            "of the batch's nodes, rounded up."
+        ),
     )
     maxParallel: PositiveCountOrPercent = Field(
         1,
-        description="Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the "
-        "batch's nodes, rounded up (at least 1).",
+        description=(
+            "Most nodes enabling or analyzing at once after the canaries. A count or a percentage of the "
+            "batch's nodes, rounded up (at least 1)."
+        ),
     )
     approval: Literal["Automatic", "AfterCanary", "EachBatch"] = Field(
         "Automatic",
-        description="Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first "
-        "canaries are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by "
-        "annotating the rollout " + contract.ANNOTATION_ROLLOUT_APPROVE + "=<gate> (kubectl gluon promote).",
+        description=(
+            "Automatic: no person in the loop. AfterCanary: wait for the gate 'canary' after the first canaries "
+            "are promoted. EachBatch: also wait for 'batch/<value>' before each later batch. Granted by "
+            "annotating the rollout "
+        )
+        + contract.ANNOTATION_ROLLOUT_APPROVE
+        + "=<gate> (kubectl gluon promote).",
     )
     batches: Batches | None = Field(
         None, description="Roll out group by group; a group whose failures pass abort.maxFailedNodes aborts the rest."
@@ -236,31 +251,85 @@ class Strategy(Model):
 PROMETHEUS_MAX_POINTS = 11_000
 
 
-def span_rule(schema: dict) -> None:
-    """The CRD's check of query_span against the limit. The API server checks a default ({}) before it fills
-    in the fields' own defaults, so an absent field reads as its default here too."""
-    fields = {
-        name: f"(has(self.{name}) ? self.{name} : {schema['properties'][name]['default']})"
-        for name in ("baselineSeconds", "warmupSeconds", "windowSeconds", "stepSeconds")
-    }
-    rule = (
-        f"({fields['baselineSeconds']} + {fields['warmupSeconds']} + 4 * {fields['windowSeconds']}) / "
-        f"{fields['stepSeconds']} <= {PROMETHEUS_MAX_POINTS}"
-    )
+CONFIDENCE_RANGE = (0.5, 0.9999)
+
+
+def fraction_bounds_rule(schema: dict) -> None:
+    """confidence's bounds as a CEL rule, not minimum/maximum: the API server words a fractional maximum as
+    "should be less than or equal to 0" (`confidence: 95`), which misleads."""
+    low, high = schema.pop("minimum"), schema.pop("maximum")
     schema["x-kubernetes-validations"] = [
-        {
-            "rule": rule,
-            "message": (
-                "baselineSeconds + warmupSeconds + 4 x windowSeconds, divided by stepSeconds, must be at most "
-                f"{PROMETHEUS_MAX_POINTS} (Prometheus's limit of points per series in one query): raise stepSeconds "
-                "or shorten the window or baseline"
-            ),
-        }
+        {"rule": f"self >= {low} && self <= {high}", "message": f"must be from {low} to {high} (0.95 means 95%)"}
     ]
 
 
+# The cross-field rules, each one sentence said alike by the CRD's CEL twin (the API server's refusal at
+# `kubectl apply`) and by semantic_problems (status.invalid), which adds this spec's numbers after "(here: ".
+# Static messages: a messageExpression building the numbers in exceeds the API server's CEL cost budget.
+WINDOW_STEPS = "spec.analysis.windowSeconds must hold at least minSamples steps of stepSeconds"
+BASELINE_STEPS = "spec.analysis.baselineSeconds must hold at least minSamples steps of stepSeconds"
+POINTS_LIMIT = (
+    f"spec.analysis: baselineSeconds + warmupSeconds + 4 x windowSeconds, divided by stepSeconds, must be at most "
+    f"{PROMETHEUS_MAX_POINTS} (Prometheus's limit of points per series in one query, past which every query "
+    "fails): raise stepSeconds or shorten the window or baseline"
+)
+WINDOW_INTERVAL = "spec.analysis.windowSeconds must be >= spec.analysis.intervalSeconds"
+QUERY_NEEDS_URL = "spec.analysis.query needs spec.analysis.prometheusUrl"
+QUERY_PER_NODE = "spec.analysis.query must return one series per node: use {{node}} or `by (node)`"
+PER_NODE_QUERY = ("{{node}}", " by (node)", " by(node)")  # what a per-node query contains
+EMPTY_POD_SELECTOR = "spec.podSelector must select something: an empty selector would match every pod in the namespace"
+HERE = " (here: "  # where semantic_problems' numbers start
+
+
+def broken(rule: str, numbers: str) -> str:
+    return f"{rule}{HERE}{numbers})"
+
+
+def cel_field(name: str, schema: dict) -> str:
+    """A field of the analysis as CEL reads it. The API server checks a default ({}) before it fills in the
+    fields' own defaults, so an absent field reads as its default."""
+    return f"(has(self.{name}) ? self.{name} : {schema['properties'][name]['default']})"
+
+
+def analysis_rules(schema: dict) -> None:
+    """The CEL twins of semantic_problems' rules on spec.analysis, so `kubectl apply` refuses what the
+    operator would refuse, in its words."""
+    window, baseline, warmup, step, interval, samples = (
+        cel_field(name, schema)
+        for name in (
+            "windowSeconds",
+            "baselineSeconds",
+            "warmupSeconds",
+            "stepSeconds",
+            "intervalSeconds",
+            "minSamples",
+        )
+    )
+    per_node = " || ".join(f"self.query.contains('{text}')" for text in PER_NODE_QUERY)
+    schema["x-kubernetes-validations"] = [
+        {"rule": rule, "message": message}
+        for rule, message in (
+            (f"{window} >= {samples} * {step}", WINDOW_STEPS),
+            (f"{baseline} >= {samples} * {step}", BASELINE_STEPS),
+            (f"({baseline} + {warmup} + 4 * {window}) / {step} <= {PROMETHEUS_MAX_POINTS}", POINTS_LIMIT),
+            (f"{window} >= {interval}", WINDOW_INTERVAL),
+            ("!has(self.query) || has(self.prometheusUrl)", QUERY_NEEDS_URL),
+            (f"!has(self.query) || {per_node}", QUERY_PER_NODE),
+        )
+    ]
+
+
+def spec_rules(schema: dict) -> None:
+    """The CEL twin of semantic_problems' rule on the spec as a whole."""
+    present = " || ".join(
+        f"(has(self.podSelector.{name}) && size(self.podSelector.{name}) > 0)"
+        for name in ("matchLabels", "matchExpressions")
+    )
+    schema["x-kubernetes-validations"] = [{"rule": present, "message": EMPTY_POD_SELECTOR}]
+
+
 class Analysis(Model):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=span_rule)
+    model_config = ConfigDict(extra="forbid", json_schema_extra=analysis_rules)
 
     prometheusUrl: str | None = Field(
         None,
@@ -272,8 +341,10 @@ class Analysis(Model):
         None,
         min_length=1,
         max_length=4096,
-        description="PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node "
-        "(default: decode tokens/s per sequence).",
+        description=(
+            "PromQL template with {{node}} {{namespace}} {{selector}} {{window}}; one series per node (default: "
+            "decode tokens/s per sequence)."
+        ),
     )
     direction: Literal["higher", "lower"] = "higher"
     intervalSeconds: int = Field(60, ge=1, le=DAY)
@@ -285,8 +356,10 @@ class Analysis(Model):
         1200,
         ge=10,
         le=DAY,
-        description="How much history before a node's flag flipped is its own baseline (its error is shared by every "
-        "later evaluation, so longer is better).",
+        description=(
+            "How much history before a node's flag flipped is its own baseline (its error is shared by every "
+            "later evaluation, so longer is better)."
+        ),
     )
     warmupSeconds: int = Field(120, ge=0, le=DAY)
     minSamples: int = Field(5, ge=1)
@@ -294,12 +367,20 @@ class Analysis(Model):
         3,
         ge=1,
         le=1000,
-        description="Control nodes (flag steady over the node's baseline and since) a node is judged against at "
-        "least; with fewer it stays inconclusive (docs/how-it-decides/analysis.md).",
+        description=(
+            "Control nodes (flag steady over the node's baseline and since) a node is judged against at "
+            "least; with fewer it stays inconclusive (docs/how-it-decides/analysis.md)."
+        ),
     )
     minTraffic: float = Field(0.0, ge=0, description="Below this mean value a sample says too little traffic.")
     tolerance: float = Field(0.05, ge=0, lt=1, description="How much worse than control still passes (0.05 = 5%).")
-    confidence: float = Field(0.95, ge=0.5, le=0.9999)
+    confidence: float = Field(
+        0.95,
+        ge=CONFIDENCE_RANGE[0],
+        le=CONFIDENCE_RANGE[1],
+        json_schema_extra=fraction_bounds_rule,
+        description="How sure the judge must be, as a fraction (0.95 = 95%).",
+    )
     consecutiveFailures: int = Field(2, ge=1, description="Failing evaluations in a row before a rollback.")
     onNoData: Literal["hold", "promote", "rollback"] = "hold"
     noDataDeadlineSeconds: int = Field(1800, ge=0)
@@ -315,8 +396,10 @@ def query_span(a: Analysis) -> int:
 class Abort(Model):
     maxFailedNodes: CountOrPercent = Field(
         2,
-        description="Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage of "
-        "the batch's nodes, rounded down.",
+        description=(
+            "Past this many rolled-back nodes (in one batch) the rollout aborts. A count or a percentage "
+            "of the batch's nodes, rounded down."
+        ),
     )
 
 
@@ -344,6 +427,8 @@ class Serving(Model):
 
 
 class GluonRolloutSpec(Model):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=spec_rules)
+
     podSelector: LabelSelector = Field(description="The serving pods, in this rollout's namespace.")
     nodeSelector: LabelSelector = Field(default_factory=LabelSelector, description="The nodes this rollout may enable.")
     strategy: Strategy = Field(default_factory=Strategy)
@@ -352,54 +437,51 @@ class GluonRolloutSpec(Model):
     paused: StrictBool = Field(False, description="Enable no further nodes; nodes already on stay on.")
     dryRun: StrictBool = Field(
         False,
-        description="Decide and report (status.dryRun, Events), change nothing on nodes or pods. "
-        "The analysis still runs.",
+        description=(
+            "Decide and report (status.dryRun, Events), change nothing on nodes or pods. The analysis still runs."
+        ),
     )
     serving: Serving = Field(
         default_factory=Serving,
-        description="The serving pods' SGLang setup where their args and env do not say it: decides which decode "
-        "routes each node's self-test must prove.",
+        description=(
+            "The serving pods' SGLang setup where their args and env do not say it: decides which decode "
+            "routes each node's self-test must prove."
+        ),
     )
 
 
 def semantic_problems(spec: GluonRolloutSpec) -> list[str]:
+    """The relations between fields the schema's types cannot say; each has a CEL twin in the CRD (above)."""
     problems = []
     a = spec.analysis
+    steps = f"minSamples {a.minSamples} x stepSeconds {a.stepSeconds} = {a.minSamples * a.stepSeconds}"
     if a.windowSeconds < a.minSamples * a.stepSeconds:
-        problems.append(
-            f"spec.analysis.windowSeconds ({a.windowSeconds}) holds fewer than minSamples ({a.minSamples}) steps of "
-            f"{a.stepSeconds} s"
-        )
+        problems.append(broken(WINDOW_STEPS, f"windowSeconds {a.windowSeconds} < {steps}"))
     if a.baselineSeconds < a.minSamples * a.stepSeconds:
-        problems.append(
-            f"spec.analysis.baselineSeconds ({a.baselineSeconds}) holds fewer than minSamples ({a.minSamples}) steps "
-            f"of {a.stepSeconds} s"
-        )
+        problems.append(broken(BASELINE_STEPS, f"baselineSeconds {a.baselineSeconds} < {steps}"))
     points = query_span(a) // a.stepSeconds
     if points > PROMETHEUS_MAX_POINTS:
         needed = -(-query_span(a) // PROMETHEUS_MAX_POINTS)
         problems.append(
-            f"spec.analysis: baselineSeconds ({a.baselineSeconds}) + warmupSeconds ({a.warmupSeconds}) + 4 x "
-            f"windowSeconds ({a.windowSeconds}) is {query_span(a)} s of samples, {points} points at stepSeconds "
-            f"{a.stepSeconds}: over Prometheus's limit of {PROMETHEUS_MAX_POINTS} points per series, so every query "
-            f"would fail; use stepSeconds >= {needed} or a shorter window or baseline"
+            broken(
+                POINTS_LIMIT,
+                f"{query_span(a)} s of samples, {points} points at stepSeconds {a.stepSeconds}; "
+                f"stepSeconds >= {needed} would do",
+            )
         )
     if a.windowSeconds < a.intervalSeconds:
         problems.append(
-            f"spec.analysis.windowSeconds ({a.windowSeconds}) must be >= spec.analysis.intervalSeconds "
-            f"({a.intervalSeconds})"
+            broken(WINDOW_INTERVAL, f"windowSeconds {a.windowSeconds} < intervalSeconds {a.intervalSeconds}")
         )
     if (a.prometheusUrl is None) != (a.query is None) and a.query is not None:
-        problems.append("spec.analysis.query needs spec.analysis.prometheusUrl")
-    if a.query is not None and "{{node}}" not in a.query and " by (node)" not in a.query.replace("by(", "by ("):
-        problems.append("spec.analysis.query must return one series per node: use {{node}} or `by (node)`")
+        problems.append(QUERY_NEEDS_URL)
+    if a.query is not None and not any(text in a.query for text in PER_NODE_QUERY):
+        problems.append(QUERY_PER_NODE)
     problems += selector_problems(spec.podSelector, "spec.podSelector") + selector_problems(
         spec.nodeSelector, "spec.nodeSelector"
     )
     if not spec.podSelector.matchLabels and not spec.podSelector.matchExpressions:
-        problems.append(
-            "spec.podSelector must select something: an empty selector would match every pod in the namespace"
-        )
+        problems.append(EMPTY_POD_SELECTOR)
     return problems
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from typing import Any, Iterable, Mapping, Sequence
 
 from gluon_common import contract
@@ -93,10 +94,76 @@ def effect_text(numbers: Mapping[str, Any]) -> str:
     return f"x{effect:.3f}" if isinstance(effect, (int, float)) else NONE
 
 
+# ---------------------------------------------------------------- reasons and times, for a person
+
+
+# One GPU's self-test result as gating.failing_paths words it: "GPU 3 fallback fail (why)", then, on the last
+# one, whatever the reason says after the list.
+GPU_ITEM = re.compile(r"GPU (\d+) (\S+ \S+(?: \([^()]*\))?)(.*)$", re.DOTALL)
+
+
+def index_ranges(indices: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 5] -> "0-3, 5"."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def fold_reason(text: str) -> str:
+    """A reason with its per-GPU repeats folded: "GPU 0 fallback fail (x); GPU 1 fallback fail (x); ..." reads
+    "GPUs 0-7 fallback fail (x)". Everything else is kept as written, in order."""
+    head, sep, rest = text.partition("GPU ")
+    if not sep:
+        return text
+    items = re.split(r"; (?=GPU \d+ )", sep + rest)
+    groups: dict[str, list[int]] = {}
+    tail = ""
+    for position, item in enumerate(items):
+        match = GPU_ITEM.match(item)
+        if not match or (match.group(3) and position != len(items) - 1):
+            return text  # not the list gating writes: leave it be
+        groups.setdefault(match.group(2), []).append(int(match.group(1)))
+        tail = match.group(3)
+    folded = [f"GPU{'s' if len(gpus) > 1 else ''} {index_ranges(gpus)} {result}" for result, gpus in groups.items()]
+    return head + "; ".join(folded) + tail
+
+
+def clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
+
+
+def duration(seconds: float | None) -> str:
+    """Time in a state as kubectl prints ages: 45s, 5m3s, 2h10m, 3d4h."""
+    if seconds is None:
+        return NONE
+    s = max(int(seconds), 0)
+    if s < 120:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60}s" if s < 600 else f"{s // 60}m"
+    if s < 86_400:
+        return f"{s // 3600}h{(s % 3600) // 60}m" if s < 8 * 3600 else f"{s // 3600}h"
+    return f"{s // 86_400}d{(s % 86_400) // 3600}h"
+
+
+def rfc3339(timestamp: Any) -> str | None:
+    """A unix time as RFC 3339 (UTC, whole seconds); a string as given; None for anything else."""
+    if isinstance(timestamp, (int, float)) and not isinstance(timestamp, bool) and timestamp > 0:
+        return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return timestamp if isinstance(timestamp, str) and timestamp else None
+
+
 # ---------------------------------------------------------------- status
 
 
-STATUS_COLUMNS = ("NODE", "STATE", "FLAG", "PODS", "EFFECT", "REASON")
+STATUS_COLUMNS = ("NODE", "STATE", "FLAG", "PODS", "EFFECT", "IN STATE", "REASON")
+WIDE_COLUMNS = ("NODE", "STATE", "FLAG", "PODS", "EFFECT", "INTERVAL", "IN STATE", "SINCE", "FINGERPRINT", "REASON")
+TERMINAL_WIDTH = 160  # normal output fits this; -o wide and -o json|yaml carry the full text
+REASON_MIN = 40
 
 
 def status_rows(
@@ -109,6 +176,7 @@ def status_rows(
     rows = []
     for node, record in sorted(node_records(rollout, nodes).items()):
         numbers = record.get("numbers") or {}
+        since = record.get("since")
         rows.append(
             {
                 "node": node,
@@ -117,7 +185,14 @@ def status_rows(
                 "flag": node_flag(by_name.get(node)),
                 "pods": flag_in_use(pods_on(node, serving)),
                 "effect": numbers.get("effect"),
+                "interval": [numbers.get("ci_low"), numbers.get("ci_high")]
+                if numbers.get("ci_low") is not None
+                else None,
+                "since": rfc3339(since),
+                "sinceUnix": since if isinstance(since, (int, float)) and since > 0 else None,
+                "fingerprint": record.get("fingerprint"),
                 "reason": record.get("reason") or "",
+                "summary": fold_reason(record.get("reason") or ""),
             }
         )
     return rows
@@ -126,9 +201,10 @@ def status_rows(
 def status_view(
     rollout: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """`kubectl gluon status --json`: the rollout's phase, approval and counts, and the node rows."""
+    """`kubectl gluon status -o json`: the rollout's phase, approval and counts, and the node rows."""
     status = rollout.get("status") or {}
     return {
+        "message": status.get("message"),
         "rollout": meta(rollout).get("name"),
         "namespace": meta(rollout).get("namespace"),
         "phase": status.get("phase"),
@@ -143,7 +219,12 @@ def status_view(
     }
 
 
-def render_status(view: Mapping[str, Any]) -> str:
+def render_status(
+    view: Mapping[str, Any], now: float | None = None, wide: bool = False, width: int = TERMINAL_WIDTH
+) -> str:
+    """The rollout's header lines and its node table. Normal output folds each reason's repeats and clips it
+    so a row fits `width` columns; wide adds the interval, the state's start and the fingerprint, and keeps
+    the whole reason."""
     counts = ", ".join(f"{n} {state}" for state, n in (view.get("counts") or {}).items() if n)
     head = [
         f"GluonRollout {view['namespace']}/{view['rollout']}: {view.get('phase') or 'no status yet'}"
@@ -163,20 +244,40 @@ def render_status(view: Mapping[str, Any]) -> str:
     waiting = (view.get("approval") or {}).get("waitingFor")
     if waiting:
         head.append(f"waiting for approval of {waiting!r} (`kubectl gluon promote` grants it)")
-    rows = [
-        [
-            r["node"],
-            r["state"] + (" (holdout)" if r["holdout"] else ""),
-            r["flag"],
-            r["pods"],
-            effect_text({"effect": r["effect"]}),
-            r["reason"],
-        ]
-        for r in view["nodes"]
-    ]
-    if not rows:
+    if not wide:
+        head = [clip(line, width) for line in head]
+    if not view["nodes"]:
         return "\n".join(head + ["no nodes recorded yet (the operator has not reconciled this rollout)"]) + "\n"
-    return "\n".join(head) + "\n" + table(STATUS_COLUMNS, rows)
+
+    def in_state(row: Mapping[str, Any]) -> str:
+        return duration(now - row["sinceUnix"]) if now is not None and row.get("sinceUnix") else NONE
+
+    def cells(row: Mapping[str, Any]) -> list[str]:
+        state = row["state"] + (" (holdout)" if row["holdout"] else "")
+        effect = effect_text({"effect": row["effect"]})
+        if wide:
+            low, high = row.get("interval") or (None, None)
+            interval = f"x{low:.3f}..x{high:.3f}" if low is not None and high is not None else NONE
+            return [
+                row["node"],
+                state,
+                row["flag"],
+                row["pods"],
+                effect,
+                interval,
+                in_state(row),
+                row.get("since") or NONE,
+                row.get("fingerprint") or NONE,
+                row["reason"],
+            ]
+        return [row["node"], state, row["flag"], row["pods"], effect, in_state(row), row["summary"]]
+
+    rows = [cells(r) for r in view["nodes"]]
+    if not wide:  # the reason gets what the other columns leave of the width
+        others = sum(max(len(c) for c in column) for column in list(zip(*([list(STATUS_COLUMNS)] + rows)))[:-1])
+        room = max(width - others - 3 * (len(STATUS_COLUMNS) - 1), REASON_MIN)
+        rows = [row[:-1] + [clip(row[-1], room)] for row in rows]
+    return "\n".join(head) + "\n" + table(WIDE_COLUMNS if wide else STATUS_COLUMNS, rows)
 
 
 def describe(value: Any) -> str:
@@ -228,19 +329,6 @@ def selftest_rows(report: Mapping[str, Any] | None) -> list[dict[str, Any]]:
                 }
             )
     return rows
-
-
-def speedup_text(speedup: Mapping[str, Any]) -> str:
-    return (
-        ", ".join(f"{case} x{value:.2f}" for case, value in sorted(speedup.items()) if isinstance(value, (int, float)))
-        or NONE
-    )
-
-
-def when(timestamp: Any) -> str:
-    if not isinstance(timestamp, (int, float)):
-        return str(timestamp) if timestamp else NONE
-    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def rollout_serving(rollout: Mapping[str, Any]) -> ServingConfig | str | None:
@@ -296,9 +384,14 @@ def explain(
     selftest = (report or {}).get("selftest") or {}
     node_labels = labels(node)
     view = world.node_view(node)
+    analysis_spec = (rollout.get("spec") or {}).get("analysis") or {}
     return {
         "node": name,
         "rollout": {"name": meta(rollout).get("name"), "namespace": meta(rollout).get("namespace")},
+        "now": rfc3339(now),
+        "nowUnix": now,
+        "confidence": analysis_spec.get("confidence", 0.95),
+        "direction": analysis_spec.get("direction", "higher"),
         "decision": record,
         "eligibility": {
             "eligible": el.eligible,
@@ -348,105 +441,170 @@ def explain(
     }
 
 
+def ago(record: Mapping[str, Any], timestamp: Any) -> str:
+    """RFC 3339, and how long ago when the time is a unix one."""
+    text = rfc3339(timestamp) or NONE
+    now = record.get("nowUnix")
+    if isinstance(timestamp, (int, float)) and isinstance(now, (int, float)) and timestamp > 0:
+        text += f" ({duration(now - timestamp)} ago)"
+    return text
+
+
+def effect_words(record: Mapping[str, Any], numbers: Mapping[str, Any]) -> str | None:
+    """The judged effect, its interval and the bar it had to clear, in words."""
+    effect = numbers.get("effect")
+    if not isinstance(effect, (int, float)):
+        return None
+    metric = "decode speed" if record.get("direction", "higher") == "higher" else "the metric"
+    change = (effect - 1) * 100
+    text = f"x{effect:.3f}: {metric} {abs(change):.1f}% {'above' if change >= 0 else 'below'} that of its controls"
+    low, high = numbers.get("ci_low"), numbers.get("ci_high")
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)):
+        text += f", {record.get('confidence', 0.95) * 100:g}% interval x{low:.3f} to x{high:.3f}"
+    threshold = numbers.get("threshold")
+    if isinstance(threshold, (int, float)):
+        text += f"; it fails below x{threshold:.3f}"
+    return text
+
+
+def evidence_words(record: Mapping[str, Any], numbers: Mapping[str, Any]) -> str | None:
+    """The few numbers behind the effect: when, against how many controls, on how many samples."""
+    parts = []
+    if numbers.get("at"):
+        parts.append(f"judged at {ago(record, numbers['at'])}")
+    controls = numbers.get("n_controls")
+    if isinstance(controls, int):
+        flag = numbers.get("control_flag")
+        parts.append(
+            f"against {controls} control node{'s' if controls != 1 else ''}"
+            + (f" at flag {flag}" if flag is not None else "")
+        )
+    post, pre = numbers.get("n_post"), numbers.get("n_pre")
+    if isinstance(post, int) and isinstance(pre, int):
+        parts.append(f"{post} samples since its flag flipped, {pre} before")
+    if isinstance(numbers.get("looks"), int) and numbers["looks"]:
+        parts.append(f"{numbers['looks']} look{'s' if numbers['looks'] != 1 else ''}")
+    p_worse = numbers.get("p_worse")
+    if isinstance(p_worse, (int, float)):
+        parts.append(f"p(worse than tolerance) {p_worse:.3g}")
+    if numbers.get("inconclusiveSince"):
+        parts.append(f"inconclusive since {rfc3339(numbers['inconclusiveSince'])}")
+    return ", ".join(parts) or None
+
+
+def selftest_words(selftest: Mapping[str, Any]) -> list[str]:
+    """The self-test in one line, then its failing paths folded; speedups as a range over the GPUs."""
+    gpus = selftest.get("gpus") or []
+    indices = sorted({g["gpu"] for g in gpus if isinstance(g.get("gpu"), int)})
+    tested = rfc3339(selftest.get("testedAt")) or NONE
+    line = f"{selftest.get('verdict')} for fingerprint {selftest.get('fingerprint')}, tested at {tested}"
+    if indices:
+        line += f"; {len(indices)} GPU{'s' if len(indices) != 1 else ''}"
+    speeds = [v for g in gpus for v in (g.get("speedup") or {}).values() if isinstance(v, (int, float))]
+    if speeds:
+        line += f", accelerated over fallback x{min(speeds):.2f} to x{max(speeds):.2f}"
+    line += " (SIMULATION)" if selftest.get("simulated") else ""
+    failing = "; ".join(
+        f"GPU {g['gpu']} {g['path']} {g['result']}" + (f" ({g['reasons'][0]})" if g.get("reasons") else "")
+        for g in gpus
+        if g.get("result") != "pass"
+    )
+    problems = list(dict.fromkeys(selftest.get("problems") or []))
+    return [line] + ([f"failing: {fold_reason(failing)}"] if failing else []) + problems
+
+
 def render_explain(record: Mapping[str, Any]) -> str:
+    """`kubectl gluon explain`, for a person: the verdict, the effect with its interval and the few numbers
+    behind it, then why the node is (in)eligible and what its agent found. Times in RFC 3339; every number
+    is in -o json."""
     ro = record["rollout"]
     out = [f"Node {record['node']} in GluonRollout {ro['namespace']}/{ro['name']}"]
+
+    def line(label: str, text: str) -> None:
+        out.append(f"  {label + ':':<11} {text}")
+
     decision = record.get("decision")
+    el = record["eligibility"]
     if decision:
-        out.append(
-            f"  state:       {decision.get('state')}{' (holdout)' if decision.get('holdout') else ''}: "
-            f"{decision.get('reason')}"
+        line(
+            "verdict",
+            f"{decision.get('state')}{' (holdout)' if decision.get('holdout') else ''} since "
+            f"{ago(record, decision.get('since'))}: {fold_reason(decision.get('reason') or '')}",
         )
     else:
-        out.append("  state:       no record in the rollout's status yet")
-    el = record["eligibility"]
-    out.append(f"  eligible:    {'yes' if el['eligible'] else 'no'}: {el['reason']}")
-    out.append(
-        f"  node:        agent {'alive' if el['agentAlive'] else 'not running or not ready'}, "
+        line("verdict", "none yet: the rollout has no record of this node")
+    numbers = record.get("analysis") or {}
+    effect = effect_words(record, numbers)
+    if effect:
+        line("effect", effect)
+    evidence = evidence_words(record, numbers)
+    if evidence:
+        line("evidence", evidence)
+    reason = fold_reason(el["reason"])
+    if not (decision and reason == fold_reason(decision.get("reason") or "")):  # no reason said twice
+        line("eligible", f"{'yes' if el['eligible'] else 'no'}: {reason}")
+    else:
+        line("eligible", "yes" if el["eligible"] else "no")
+    line(
+        "node",
+        f"agent {'alive' if el['agentAlive'] else 'not running or not ready'}, "
         f"{'cordoned' if el['cordoned'] else 'schedulable'}, "
         f"{'Ready' if el['ready'] else 'NotReady' if el['ready'] is False else 'Ready unknown'}"
         + (", skip label set" if el["skip"] else "")
-        + f", flag {el['flag']}"
+        + f", flag {el['flag']}",
     )
     if el.get("held"):
-        out.append(f"  held:        {el['held']}")
-    out.append(f"  fingerprint: {el['fingerprint'] or NONE}")
+        line("held", el["held"])
     if record.get("reportProblem"):
-        out.append(f"  report:      {record['reportProblem']}")
+        line("report", record["reportProblem"])
     served = record.get("serving") or {}
     if served.get("digest"):
         proved = served["proved"] or NONE
-        out.append(
-            f"  serving:     rollout serves config {served['digest']} ({served['described']}); "
-            f"the self-test proved {proved}"
-            + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)")
+        line(
+            "serving",
+            f"config {served['digest']} ({served['described']}); the self-test proved {proved}"
+            + ("" if proved == served["digest"] else " (re-test requested by the operator's annotation)"),
         )
     elif served.get("problem"):
-        out.append(f"  serving:     unresolved: {served['problem']}")
+        line("serving", f"unresolved: {served['problem']}")
     if served.get("flag0NoRoute"):
-        out.append(
-            f"  flag 0:      no working route ({served['flag0NoRoute'][0]}): no safe rollback, so never enabled; "
-            f"a template with {contract.FLAG_ENV}=0 would crash serving here"
+        line(
+            "flag 0",
+            f"no working route ({served['flag0NoRoute'][0]}): no safe rollback, so never enabled; "
+            f"a template with {contract.FLAG_ENV}=0 would crash serving here",
         )
     if served.get("flag1NoRoute"):
-        out.append(
-            f"  flag 1:      no working route ({served['flag1NoRoute'][0]}): the accelerated path fails its self-test"
-        )
+        line("flag 1", f"no working route ({served['flag1NoRoute'][0]}): the accelerated path fails its self-test")
     probe = record.get("probe")
     if probe:
-        out.append(
-            f"  probe:       capable={probe['capable']} ready={probe['ready']}"
-            + (f" missing: {'; '.join(probe['missingForCapable'])}" if probe["missingForCapable"] else "")
-            + (" (SIMULATION)" if probe["simulated"] else "")
+        capable = "capable" if probe["capable"] else "not capable"
+        line(
+            "probe",
+            f"{capable}, {'ready' if probe['ready'] else 'not ready'}"
+            + (f"; missing: {'; '.join(probe['missingForCapable'])}" if probe["missingForCapable"] else "")
+            + (" (SIMULATION)" if probe["simulated"] else ""),
         )
     selftest = record.get("selftest")
     if selftest:
-        out.append(
-            f"  self-test:   {selftest['verdict']} for fingerprint {selftest['fingerprint']}, "
-            f"tested at {when(selftest['testedAt'])}" + (" (SIMULATION)" if selftest["simulated"] else "")
-        )
-        rows = [
-            [
-                g["gpu"],
-                g["path"],
-                g["result"],
-                NONE if g["maxRelL2"] is None else f"{g['maxRelL2']:.2e}",
-                speedup_text(g["speedup"]) if g["path"] == "accelerated" else "",
-                "; ".join(g["reasons"]),
-            ]
-            for g in selftest["gpus"]
-        ]
-        if rows:
-            out.append(indent(table(("GPU", "PATH", "RESULT", "MAX REL L2", "SPEEDUP", "REASONS"), rows)))
-    if record.get("analysis"):
-        out.append("  analysis:")
-        out.extend(f"    {k}: {number_text(k, v)}" for k, v in sorted(record["analysis"].items()))
+        first, *rest = selftest_words(selftest)
+        line("self-test", first)
+        out.extend(f"{'':13} {text}" for text in rest)
     rollback = record.get("rollback")
-    out.append(
-        f"  rollback:    {rollback.get('reason') if rollback else record.get('rollbackProblem') or 'none recorded'}"
-    )
+    line("rollback", rollback.get("reason") if rollback else record.get("rollbackProblem") or "none recorded")
     if rollback:
         out.append(
-            f"    fingerprint {rollback.get('fingerprint')}, at {when(rollback.get('at'))}; "
+            f"{'':13} for fingerprint {rollback.get('fingerprint')}, at {ago(record, rollback.get('at'))}; "
             "`kubectl gluon retry NODE` clears it"
         )
     pods = record.get("pods") or []
-    out.append(
-        f"  pods:        {len(pods)}"
-        + "".join(f"\n    {p['name']}: flag {p['flag'] or '?'} ({p['phase']})" for p in pods)
+    line(
+        "pods",
+        f"{len(pods)}"
+        + (": " if pods else "")
+        + ", ".join(f"{p['name']} (flag {p['flag'] or '?'}, {p['phase']})" for p in pods),
     )
-    return "\n".join(out).rstrip("\n") + "\n"
-
-
-TIME_KEYS = ("at", "inconclusiveSince", "since", "changedAt")
-
-
-def number_text(key: str, value: Any) -> str:
-    if value is None:
-        return NONE
-    if key in TIME_KEYS and isinstance(value, (int, float)):
-        return when(value)
-    return value if isinstance(value, str) else json.dumps(value, default=str)
+    out.append("  (every number: kubectl gluon explain NODE -o json)")
+    return "\n".join(out) + "\n"
 
 
 def indent(text: str, by: str = "    ") -> str:
