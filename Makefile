@@ -9,7 +9,7 @@ CLUSTER_BIN := .cluster/bin
 PYTEST_ARGS ?=
 RETRY := .ci/retry
 
-.PHONY: test demo setup tools cluster bench-probe clean
+.PHONY: test demo setup tools cluster images bench-probe clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,13 +28,19 @@ setup: $(STAMP)
 tools: $(TOOLS_STAMP)
 # The test control plane (etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok) from the pins in
 # localcluster/k8s; build.sh is a no-op while its stamp matches the pins (cold: minutes, see docs/controlplane.md).
+# Then the real nodes' kubelet (localcluster/node/build.sh: its own module and stamp, into .cluster/node-bin).
 cluster:
 	localcluster/k8s/build.sh
+	localcluster/node/build.sh
 
-test: setup tools cluster
+# The images the real nodes run (buildah, bases from Debian's packages), each cached under a hash of its inputs.
+images: setup tools
+	$(PY) -m gluon_localcluster.images
+
+test: setup tools cluster images
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
-demo: setup tools cluster
+demo: setup tools cluster images
 	@echo "== gluon-agent probe on this machine =="
 	-$(VENV)/bin/gluon-agent probe
 	@echo "== the whole rollout on a real control plane on 127.0.0.1 (localcluster/gluon_localcluster/demo.py) =="
