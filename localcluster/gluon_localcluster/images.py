@@ -158,8 +158,8 @@ def _tree(root: Path) -> list[Path]:
     )
 
 
-def _copy_tree(source: Path, target: Path, skip: tuple[str, ...] = ()) -> None:
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", *skip), symlinks=True)
+def _copy_tree(source: Path, target: Path) -> None:
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
 
 
 def serving_image() -> Built:
@@ -178,7 +178,8 @@ def serving_image() -> Built:
     def assemble(context: Path) -> None:
         _copy_tree(AITER_STACK, context / "aiter")
         write_tree(context / "torch-gfx950", TORCH_GFX950)
-        _copy_tree(triton, context / "triton" / "triton", skip=("nvidia",))
+        _copy_tree(triton, context / "triton" / "triton")
+        shutil.rmtree(context / "triton" / "triton" / "backends" / "nvidia", ignore_errors=True)
         (context / "sglang").mkdir()
         shutil.copy(exporter, context / "sglang" / "fake_sglang.py")
         shutil.copy(serving / "serve.py", context / "serve.py")
@@ -192,7 +193,7 @@ def serving_image() -> Built:
         inputs,
         args,
         prepare=assemble,
-        key_extra=torch_text + triton_version + base.archive.name,
+        key_extra="triton without backends/nvidia" + torch_text + triton_version + base.archive.name,
     )
 
 
