@@ -159,6 +159,21 @@ def free_index() -> int:
     raise RuntimeError("no free real-node number: 249 network namespaces of the harness exist")
 
 
+def sweep_stale_nodes() -> None:
+    """Removes the namespaces and cgroups of real nodes whose harness process is gone (killed before its
+    teardown ran): their containers, shims and runtime killed, their veth gone with the namespace."""
+    for line in _run("ip", "netns", "list").splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != "gluon" or not parts[2].isdigit() or Path(f"/proc/{parts[2]}").exists():
+            continue
+        stale = RealNode.__new__(RealNode)
+        stale.cgroup, stale.components = name, []
+        stale._kill_cgroup_processes()
+        stale._remove_cgroups()
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
 @dataclass
 class RealNode:
     """`images`: archives (images.Built) imported into the node's containerd besides the pause image.
@@ -176,7 +191,7 @@ class RealNode:
         self.index = 0
         self.netns = ""
         self.relay: Relay | None = None
-        self.cgroup = f"gluon-{self.name}"
+        self.cgroup = ""  # gluon-<netns>: unique per host, as two test runs may both name a node real-a
         self.started_seconds = 0.0
 
     @property
@@ -244,8 +259,10 @@ class RealNode:
     # ------------------------------------------------------------ network
 
     def _network(self) -> None:
+        sweep_stale_nodes()
         self.index = free_index()
-        self.netns = f"gluon-{self.index}-{os.getpid()}"[:30]
+        self.netns = f"gluon-{self.index}-{os.getpid()}"
+        self.cgroup = self.netns
         host_end = f"gh{self.index}-{os.getpid() % 100000}"[:15]
         _run("ip", "netns", "add", self.netns)
         ns = ("ip", "-n", self.netns)
@@ -307,7 +324,7 @@ class RealNode:
     def _cgroup_pids(self) -> set[int]:
         root = CGROUP_FS / "pids" / self.cgroup
         pids: set[int] = set()
-        if root.is_dir():
+        if self.cgroup.startswith("gluon-") and root.is_dir():  # never the root cgroup: every process there
             for procs in root.rglob("cgroup.procs"):
                 with contextlib.suppress(OSError):
                     pids.update(int(p) for p in procs.read_text().split())
@@ -324,7 +341,7 @@ class RealNode:
     def _remove_cgroups(self) -> None:
         for hierarchy in self._hierarchies():
             root = hierarchy / self.cgroup
-            if not root.is_dir():
+            if not self.cgroup.startswith("gluon-") or not root.is_dir():
                 continue
             for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                 with contextlib.suppress(OSError):
