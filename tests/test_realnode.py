@@ -11,7 +11,8 @@ import time
 import pytest
 from kubernetes import client
 
-from gluon_localcluster import ControlPlane
+from gluon_agent import contract
+from gluon_localcluster import ControlPlane, fleet
 from gluon_localcluster.images import (
     AGENT_IMAGE,
     BASE_IMAGE,
@@ -23,6 +24,7 @@ from gluon_localcluster.images import (
     serving_image,
 )
 from gluon_localcluster.realnode import REAL_NODE_TAINT, RealNode
+from tests.helpers import wait_for
 
 NODE = "real-a"
 
@@ -131,3 +133,108 @@ def test_the_operator_image_runs_as_its_non_root_user(node, core):
     assert done.status.phase == "Succeeded", output
     uid, module = output.split()
     assert uid == "65532" and module.startswith("/usr/local/lib/python3")
+
+
+# ---------------------------------------------------------------- serving pods through the chart's webhook
+
+
+@pytest.fixture(scope="module")
+def installed_real(node):
+    """The chart installed with `helm install` (its webhook at the operator's 127.0.0.1 address)."""
+    from gluon_localcluster.install import install
+
+    return install(node.cp)
+
+
+def serving_pod(name: str) -> dict:
+    """A serving pod of the SIMULATION image on the real node, opted in, its template's flag 0."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": dict(fleet.SERVING_POD_LABELS)},
+        "spec": {
+            "nodeSelector": {"gluon-test/real": "yes"},
+            "tolerations": [{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "sglang",
+                    "image": SERVING_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "/opt/simulation/serve.py"],
+                    "env": [{"name": contract.FLAG_ENV, "value": "0"}],
+                }
+            ],
+        },
+    }
+
+
+def serving_namespace(core, installed_real, tag: str) -> str:
+    from gluon_operator.spec import GROUP, PLURAL, VERSION
+
+    namespace = f"serving-{tag}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    custom = client.CustomObjectsApi(installed_real.cp.admin_client())
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, fleet.rollout("kimi", namespace))
+    return namespace
+
+
+def first_log_line(core, namespace: str, name: str, timeout: float = 90) -> str:
+    """The serving process's first line (the flag it sees), once its container runs."""
+    wait_for_phase(core, namespace, name, {"Running", "Succeeded", "Failed"}, timeout)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lines = core.read_namespaced_pod_log(name, namespace, container="sglang").splitlines()
+        if lines:
+            return lines[0]
+        time.sleep(0.5)
+    raise AssertionError(f"{namespace}/{name} printed nothing within 30 s")
+
+
+def test_with_the_operator_stopped_a_serving_pod_starts_unmodified(node, core, installed_real):
+    namespace = serving_namespace(core, installed_real, "no-operator")
+    created = core.create_namespaced_pod(namespace, serving_pod("plain"))
+    assert not created.spec.init_containers  # failurePolicy Ignore: nothing listens where the webhook points
+    assert first_log_line(core, namespace, "plain") == f"{contract.FLAG_ENV}=0"
+
+
+@pytest.mark.parametrize("mode", ["fileKeyRef", "shell"])
+def test_an_injected_pod_runs_the_real_preflight_and_serves_the_flag_it_wrote(node, core, installed_real, mode):
+    """The webhook injects; the kubelet runs the install container (agent image) and the preflight (serving
+    image), then hands the flag file's value to the serving process: through fileKeyRef (the kubelet's own
+    env-file reading) or the shell wrapper. No agent answers on this node, so the preflight says 0 and why."""
+    from gluon_localcluster.images import AGENT_IMAGE
+    from gluon_localcluster.processes import operator as start_operator
+
+    namespace = serving_namespace(core, installed_real, mode.lower())
+    operator = start_operator(installed_real, agent_image=AGENT_IMAGE, GLUON_INJECTION_MODE=mode)
+    try:
+        created = wait_for(
+            lambda: injected_pod(core, namespace),
+            timeout=60,
+            interval=1.0,
+            what=f"an injected pod (operator log:\n{operator.tail()})",
+        )
+        name = created.metadata.name
+        line = first_log_line(core, namespace, name)
+    finally:
+        operator.stop()
+    pod = core.read_namespaced_pod(name, namespace)
+    preflight = {s.name: s for s in pod.status.init_container_statuses}["gluon-preflight"]
+    verdict = json.loads(preflight.state.terminated.message)
+    assert preflight.state.terminated.exit_code == 0
+    assert verdict["flag"] == "0" and f"{node.ip}:{contract.AGENT_PORT}" in verdict["reason"], verdict
+    assert line == f"{contract.FLAG_ENV}=0"
+    env = {e.name: e for e in pod.spec.containers[0].env}
+    if mode == "fileKeyRef":
+        assert env[contract.FLAG_ENV].value_from.file_key_ref.path == "flag.env"
+    else:
+        assert pod.spec.containers[0].command[:2] == ["/bin/sh", "-c"]
+
+
+def injected_pod(core, namespace: str):
+    created = core.create_namespaced_pod(namespace, serving_pod(f"sglang-{int(time.monotonic() * 1000) % 10**8}"))
+    if contract.ANNOTATION_POD_INJECTED in (created.metadata.annotations or {}):
+        return created
+    core.delete_namespaced_pod(created.metadata.name, namespace, grace_period_seconds=0)
+    return None
