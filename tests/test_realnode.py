@@ -232,8 +232,45 @@ def test_an_injected_pod_runs_the_real_preflight_and_serves_the_flag_it_wrote(no
         assert pod.spec.containers[0].command[:2] == ["/bin/sh", "-c"]
 
 
-def injected_pod(core, namespace: str):
-    created = core.create_namespaced_pod(namespace, serving_pod(f"sglang-{int(time.monotonic() * 1000) % 10**8}"))
+def test_a_preflight_refusal_serves_the_safe_path_and_shows_its_reason(node, core, installed_real):
+    """A serving container whose PATH holds no python3 (its env, which the preflight copies): the preflight's
+    shell refuses for good (`final`), writes 0, and says why in the termination message; the serving process
+    (started by absolute path) runs on the safe path."""
+    from gluon_localcluster.images import AGENT_IMAGE
+    from gluon_localcluster.processes import operator as start_operator
+
+    namespace = serving_namespace(core, installed_real, "refusal")
+    pod = serving_pod("x")
+    serving = pod["spec"]["containers"][0]
+    serving["command"] = ["/usr/bin/python3", "/opt/simulation/serve.py"]
+    serving["env"].append({"name": "PATH", "value": "/nowhere"})
+    operator = start_operator(installed_real, agent_image=AGENT_IMAGE)
+    try:
+        created = wait_for(
+            lambda: injected_pod(core, namespace, pod),
+            timeout=60,
+            interval=1.0,
+            what=f"an injected pod (operator log:\n{operator.tail()})",
+        )
+        line = first_log_line(core, namespace, created.metadata.name)
+    finally:
+        operator.stop()
+    status = core.read_namespaced_pod(created.metadata.name, namespace).status
+    preflight = {s.name: s for s in status.init_container_statuses}["gluon-preflight"].state.terminated
+    verdict = json.loads(preflight.message)
+    assert verdict == {
+        "flag": "0",
+        "final": True,
+        "agent": {"asked": False},
+        "reason": "the serving image has no python3 on PATH",
+    }
+    assert line == f"{contract.FLAG_ENV}=0"
+
+
+def injected_pod(core, namespace: str, pod: dict | None = None):
+    body = dict(pod or serving_pod("x"))
+    body["metadata"] = {**body["metadata"], "name": f"sglang-{int(time.monotonic() * 1000) % 10**8}"}
+    created = core.create_namespaced_pod(namespace, body)
     if contract.ANNOTATION_POD_INJECTED in (created.metadata.annotations or {}):
         return created
     core.delete_namespaced_pod(created.metadata.name, namespace, grace_period_seconds=0)
