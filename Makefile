@@ -9,7 +9,7 @@ CLUSTER_BIN := .cluster/bin
 PYTEST_ARGS ?=
 RETRY := .ci/retry
 
-.PHONY: test demo setup tools cluster bench-probe clean
+.PHONY: test demo setup tools cluster images bench-probe clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,10 +28,16 @@ setup: $(STAMP)
 tools: $(TOOLS_STAMP)
 # The test control plane (etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok) from the pins in
 # localcluster/k8s; build.sh is a no-op while its stamp matches the pins (cold: minutes, see docs/developing/controlplane.md).
+# Then the real nodes' kubelet (localcluster/node/build.sh: its own module and stamp, into .cluster/node-bin).
 cluster:
 	localcluster/k8s/build.sh
+	localcluster/node/build.sh
 
-test: setup tools cluster
+# The images the real nodes run (buildah, bases from Debian's packages), each cached under a hash of its inputs.
+images: setup tools
+	PYTHONPATH="$(CURDIR)/localcluster" $(PY) -m gluon_localcluster.images
+
+test: setup tools cluster images
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)

@@ -247,6 +247,10 @@ class ControlPlane:
             ("IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default.svc", "IP:10.96.0.1"),
         )
         self.sa_keys = self.pki.service_account_keys()
+        # The API server's client certificate towards real nodes' kubelets (logs, exec): realnode.py.
+        self.kubelet_client = self.pki.issue(
+            "apiserver-kubelet-client", "/CN=kube-apiserver-kubelet-client/O=system:masters", client=True
+        )
         admin = self.pki.issue("admin", "/CN=gluon-localcluster-admin/O=system:masters", client=True)
         self.kubeconfig = write_kubeconfig(
             self.dir / "admin.kubeconfig",
@@ -297,7 +301,11 @@ class ControlPlane:
             f"--service-account-key-file={self.sa_keys.cert}",
             f"--service-account-signing-key-file={self.sa_keys.key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC",
+            # Node: what a real node's kubelet (system:node:<name>) may read and write (realnode.py).
+            "--authorization-mode=Node,RBAC",
+            f"--kubelet-client-certificate={self.kubelet_client.cert}",
+            f"--kubelet-client-key={self.kubelet_client.key}",
+            "--kubelet-preferred-address-types=InternalIP",  # node names resolve nowhere here
             f"--enable-admission-plugins={ADMISSION_PLUGINS}",
             "--allow-privileged=true",
             "--profiling=false",

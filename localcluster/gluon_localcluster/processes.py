@@ -82,7 +82,12 @@ class Process:
 
 
 def operator(
-    installed: Installed, reconcile_seconds: float = 1.0, server: str | None = None, metrics_port: int = 0, **env: str
+    installed: Installed,
+    reconcile_seconds: float = 1.0,
+    server: str | None = None,
+    metrics_port: int = 0,
+    agent_image: str | None = None,
+    **env: str,
 ) -> Process:
     """`gluon-operator run` with the operator ServiceAccount's token and the webhook's TLS on 127.0.0.1."""
     tls = installed.webhook_tls
@@ -96,7 +101,7 @@ def operator(
         GLUON_WEBHOOK_KEY=str(tls.key),
         GLUON_WEBHOOK_ADDR="127.0.0.1",
         GLUON_WEBHOOK_PORT=str(installed.webhook_port),
-        GLUON_AGENT_IMAGE=AGENT_IMAGE,
+        GLUON_AGENT_IMAGE=agent_image or AGENT_IMAGE,  # a real node runs images.AGENT_IMAGE
         **env,
     )
     argv = [

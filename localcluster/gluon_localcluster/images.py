@@ -1,0 +1,261 @@
+"""Container images built here, never pulled: buildah (no daemon) into a storage of the harness's own under
+.cluster/buildah, each saved as a docker-archive under .cluster/images, named by a hash of its inputs so that
+a warm run reuses it and a changed input rebuilds it. The node's runtime imports the archives
+(`ctr images import`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .binaries import ROOT, bin_dir
+
+NODE_DIR = ROOT / "localcluster" / "node"
+PAUSE_IMAGE = "localhost/gluon-pause:local"
+BASE_IMAGE = "localhost/gluon-debian-python:bookworm"
+DEBIAN_SUITE = "bookworm"
+BASE_PACKAGES = ("python3", "python3-pip", "passwd", "ca-certificates")
+SERVING_IMAGE = "localhost/gluon-serving-simulation:local"  # SIMULATION (see serving_image)
+OPERATOR_IMAGE = "localhost/gluon-rollout-operator:local"
+AGENT_IMAGE = "localhost/gluon-rollout-agent:local"
+
+
+def images_dir() -> Path:
+    return bin_dir().parent / "images"
+
+
+def _buildah(*args: str, timeout: float = 1800) -> str:
+    store = bin_dir().parent / "buildah"
+    argv = ["buildah", "--root", str(store / "root"), "--runroot", str(store / "run"), *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])} ... failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+@dataclass(frozen=True)
+class Built:
+    name: str
+    archive: Path
+    seconds: float  # 0.0 when the cached archive was reused
+    bytes: int
+
+
+def _digest(paths: list[Path], extra: str) -> str:
+    h = hashlib.sha256(extra.encode())
+    for path in sorted(paths):
+        h.update(str(path.relative_to(ROOT)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def archive_for(name: str, key: str) -> Path:
+    return images_dir() / f"{name.replace('/', '_').replace(':', '_')}-{key}.tar"
+
+
+def build(
+    name: str,
+    containerfile: Path,
+    inputs: list[Path],
+    build_args: dict[str, str],
+    prepare: Callable[[Path], None] | None = None,
+    context: Path | None = None,
+    target: str | None = None,
+    key_extra: str = "",
+) -> Built:
+    """`buildah bud` of `containerfile`, cached under the hash of `inputs` and `build_args`. The build context
+    is `context`, or a scratch folder that `prepare` fills (called only when the image must be built)."""
+    key = _digest([containerfile, *inputs], json.dumps([name, build_args, target, key_extra], sort_keys=True))
+    archive = archive_for(name, key)
+    if archive.is_file():
+        return Built(name, archive, 0.0, archive.stat().st_size)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gluon-image-", dir=images_dir()) as scratch:
+        if prepare is not None:
+            prepare(Path(scratch))
+        args = [f"--build-arg={k}={v}" for k, v in build_args.items()] + ([f"--target={target}"] if target else [])
+        args += _host_trust()
+        _buildah(
+            "bud",
+            "-q",
+            "--layers=false",
+            "--network=host",
+            "-f",
+            str(containerfile),
+            *args,
+            "-t",
+            name,
+            str(context or scratch),
+        )
+    partial = archive.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    _buildah("push", "-q", name, f"docker-archive:{partial}:{name}")
+    partial.rename(archive)
+    for stale in archive.parent.glob(archive.name.rsplit("-", 1)[0] + "-*.tar"):
+        if stale != archive:
+            stale.unlink()
+    return Built(name, archive, time.monotonic() - start, archive.stat().st_size)
+
+
+def _host_trust() -> list[str]:
+    """This host's CA bundle over the image's during RUN steps only (a TLS-inspecting proxy may stand between
+    this machine and PyPI); the image keeps its own."""
+    bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    return [f"--volume={bundle}:{bundle}:ro"] if bundle.is_file() else []
+
+
+def _run(argv: list[str], what: str, timeout: float = 1800) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{what} failed ({result.returncode}):\n{result.stdout[-1000:]}{result.stderr[-3000:]}")
+
+
+def pause_image() -> Built:
+    """The sandbox image: pause.c, compiled statically with Debian's gcc, FROM scratch."""
+    source = NODE_DIR / "pause" / "pause.c"
+
+    def compile_pause(context: Path) -> None:
+        _run(["gcc", "-static", "-Os", "-s", "-o", str(context / "pause"), str(source)], f"compiling {source}")
+
+    return build(PAUSE_IMAGE, NODE_DIR / "pause" / "Containerfile", [source], {}, prepare=compile_pause)
+
+
+def base_image() -> Built:
+    """Debian bookworm's python3 and pip (mmdebstrap from Debian's packages), standing in for the Dockerfile's
+    `python:3.12-slim`: a Python image has no PEP 668 marker, so neither has this one."""
+    recipe = {"suite": DEBIAN_SUITE, "variant": "minbase", "include": ",".join(BASE_PACKAGES)}
+
+    def bootstrap(context: Path) -> None:
+        _run(
+            [
+                "mmdebstrap",
+                "--quiet",
+                f"--variant={recipe['variant']}",
+                f"--include={recipe['include']}",
+                '--aptopt=Acquire::Retries "3"',
+                '--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED',
+                '--customize-hook=rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*',
+                DEBIAN_SUITE,
+                str(context / "rootfs.tar"),
+            ],
+            "mmdebstrap (Debian's packages)",
+        )
+
+    return build(BASE_IMAGE, NODE_DIR / "base" / "Containerfile", [], recipe, prepare=bootstrap)
+
+
+def _tree(root: Path) -> list[Path]:
+    return sorted(
+        p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and ".egg-info" not in str(p)
+    )
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
+
+
+def serving_image() -> Built:
+    """SIMULATION of the serving image (localcluster/node/serving): the fake aiter, the gfx950 torch stand-in,
+    the real Triton of this environment (its CUDA backend left out: a ROCm image has none), the fake SGLang
+    exporter, and serve.py, which reports the flag its process sees."""
+    from .fakes.stacks import AITER_STACK, TORCH_GFX950, write_tree
+    from .simcluster import triton_site
+
+    triton = Path(triton_site()) / "triton"
+    serving = NODE_DIR / "serving"
+    exporter = ROOT / "localcluster" / "gluon_localcluster" / "fake_sglang.py"
+    torch_text = json.dumps(TORCH_GFX950, sort_keys=True)
+    triton_version = (triton / "__init__.py").read_text()
+
+    def assemble(context: Path) -> None:
+        _copy_tree(AITER_STACK, context / "aiter")
+        write_tree(context / "torch-gfx950", TORCH_GFX950)
+        _copy_tree(triton, context / "triton" / "triton")
+        shutil.rmtree(context / "triton" / "triton" / "backends" / "nvidia", ignore_errors=True)
+        (context / "sglang").mkdir()
+        shutil.copy(exporter, context / "sglang" / "fake_sglang.py")
+        shutil.copy(serving / "serve.py", context / "serve.py")
+
+    base = base_image()
+    inputs = [serving / "serve.py", exporter, *_tree(AITER_STACK)]
+    args = {"PYTHON_IMAGE": base.name}
+    return build(
+        SERVING_IMAGE,
+        serving / "Containerfile",
+        inputs,
+        args,
+        prepare=assemble,
+        key_extra="triton without backends/nvidia" + torch_text + triton_version + base.archive.name,
+    )
+
+
+def dockerfile_inputs(dockerfile: Path = ROOT / "Dockerfile") -> list[Path]:
+    """What the Dockerfile's COPY lines take from the repository (read from it, so a new COPY counts)."""
+    paths: list[Path] = [dockerfile]
+    for line in dockerfile.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            for source in words[1:-1]:
+                path = ROOT / source
+                paths.extend(_tree(path) if path.is_dir() else [path] if path.is_file() else [])
+    return paths
+
+
+def operator_image() -> Built:
+    """The project's Dockerfile, target `operator`, FROM the Debian python image (PYTHON_IMAGE)."""
+    base = base_image()
+    args = {"PYTHON_IMAGE": base.name}
+    return build(
+        OPERATOR_IMAGE,
+        ROOT / "Dockerfile",
+        dockerfile_inputs(),
+        args,
+        context=ROOT,
+        target="operator",
+        key_extra=base.archive.name,
+    )
+
+
+def agent_image() -> Built:
+    """The project's Dockerfile, target `agent`, FROM the simulated serving image (BASE_IMAGE)."""
+    serving = serving_image()
+    args = {"BASE_IMAGE": serving.name}
+    return build(
+        AGENT_IMAGE,
+        ROOT / "Dockerfile",
+        dockerfile_inputs(),
+        args,
+        context=ROOT,
+        target="agent",
+        key_extra=serving.archive.name,
+    )
+
+
+def require_tools() -> None:
+    missing = [tool for tool in ("buildah", "gcc") if shutil.which(tool) is None]
+    if missing:
+        raise RuntimeError(f"building images needs {', '.join(missing)}: run .ci/install-tools")
+
+
+ALL = (pause_image, base_image, serving_image, operator_image, agent_image)
+
+
+def main() -> None:
+    """`python -m gluon_localcluster.images`: every image built (or its cached archive reused), one line each."""
+    require_tools()
+    for make in ALL:
+        image = make()
+        state = f"built in {image.seconds:.0f} s" if image.seconds else "cached"
+        print(f"{image.name}: {image.bytes / 2**20:.0f} MiB, {state} ({image.archive.name})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

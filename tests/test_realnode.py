@@ -1,0 +1,277 @@
+"""A real node (the kubelet of the pinned Kubernetes, Debian's containerd and runc, the CNI bridge) beside the
+control plane: it registers Ready, runs a pod from an image built here, and its container's output comes back
+through the API server from the kubelet."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+from kubernetes import client
+
+from gluon_agent import contract
+from gluon_localcluster import ControlPlane, fleet
+from gluon_localcluster.images import (
+    AGENT_IMAGE,
+    BASE_IMAGE,
+    OPERATOR_IMAGE,
+    SERVING_IMAGE,
+    agent_image,
+    base_image,
+    operator_image,
+    serving_image,
+)
+from gluon_localcluster.realnode import REAL_NODE_TAINT, RealNode
+from tests.helpers import wait_for
+
+NODE = "real-a"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with ControlPlane(tmp_path_factory.mktemp("realnode-cp"), kwok=False) as cp:
+        images = [base_image(), serving_image(), agent_image(), operator_image()]
+        with RealNode(cp, NODE, images=images, labels={"gluon-test/real": "yes"}) as real:
+            yield real
+
+
+@pytest.fixture
+def core(node):
+    return client.CoreV1Api(node.cp.admin_client())
+
+
+def wait_for_phase(core, namespace: str, name: str, phases: set[str], timeout: float = 90) -> client.V1Pod:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pod = core.read_namespaced_pod(name, namespace)
+        if pod.status.phase in phases:
+            return pod
+        time.sleep(0.5)
+    raise AssertionError(f"pod {namespace}/{name} not in {phases} within {timeout} s: {pod.status}")
+
+
+def test_the_node_is_a_real_kubelet_on_containerd(node, core):
+    info = core.read_node(NODE).status.node_info
+    assert info.kubelet_version == "v1.36.3"
+    assert info.container_runtime_version.startswith("containerd://1.6.")
+    taints = {t.key for t in core.read_node(NODE).spec.taints or []}
+    assert REAL_NODE_TAINT in taints
+
+
+def run_to_completion(core, namespace: str, name: str, container: client.V1Container) -> tuple[client.V1Pod, str]:
+    """A pod of one container on the real node, run to its end: the pod and its container's output."""
+    if namespace not in {n.metadata.name for n in core.list_namespace().items}:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            node_selector={"gluon-test/real": "yes"},
+            tolerations=[client.V1Toleration(key=REAL_NODE_TAINT, operator="Exists", effect="NoSchedule")],
+            restart_policy="Never",
+            containers=[container],
+        ),
+    )
+    core.create_namespaced_pod(namespace, pod)
+    done = wait_for_phase(core, namespace, name, {"Succeeded", "Failed"})
+    return done, core.read_namespaced_pod_log(name, namespace, container=container.name)
+
+
+def test_a_pod_runs_and_its_output_is_read_back(node, core):
+    main = client.V1Container(
+        name="main",
+        image=BASE_IMAGE,
+        image_pull_policy="Never",
+        command=["python3", "-c", "import os, socket; print('hello', os.environ['WHO'], socket.gethostname())"],
+        env=[client.V1EnvVar(name="WHO", value="from-a-real-node")],
+    )
+    done, output = run_to_completion(core, "hello", "hello", main)
+    assert done.status.phase == "Succeeded", done.status
+    assert done.spec.node_name == NODE
+    assert output.strip() == "hello from-a-real-node hello"
+    # The pod's address is on the node's bridge, inside the node's network namespace, not on this host.
+    assert done.status.pod_ip.startswith(f"10.244.{node.index}.")
+    host_addresses = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    assert f" {done.status.pod_ip}/" not in host_addresses
+    in_node = subprocess.run(node.in_netns("ip", "-o", "-4", "addr"), capture_output=True, text=True).stdout
+    assert f" 10.244.{node.index}.1/24" in in_node  # the bridge's gateway
+
+
+def test_the_agent_image_built_from_the_dockerfile_sees_the_simulated_serving_stack(node, core):
+    """The Dockerfile's `agent` target FROM the SIMULATION serving image: its probe finds the fake aiter,
+    the gfx950 torch stand-in and the real Triton with Gluon's cga_layout, as on a capable node."""
+    probe = client.V1Container(name="probe", image=AGENT_IMAGE, image_pull_policy="Never", args=["probe", "--json"])
+    done, output = run_to_completion(core, "images", "agent-probe", probe)
+    report = json.loads(output)
+    assert report["import_ok"] is True, report
+    assert report["triton_cga_layout_ok"] is True, report
+    assert [g["arch"] for g in report["gpus"]] and all(g["arch"].startswith("gfx950") for g in report["gpus"])
+    assert done.status.container_statuses[0].state.terminated.exit_code in (0, 1)  # capable or not: it ran
+
+
+def test_the_serving_image_reports_the_flag_its_process_sees(node, core):
+    serving = client.V1Container(
+        name="serving",
+        image=SERVING_IMAGE,
+        image_pull_policy="Never",
+        command=["timeout", "2", "python3", "/opt/simulation/serve.py"],
+        env=[client.V1EnvVar(name="SGLANG_AITER_MLA_GLUON", value="1")],
+    )
+    _, output = run_to_completion(core, "images", "serving", serving)
+    assert output.splitlines()[0] == "SGLANG_AITER_MLA_GLUON=1"
+
+
+def test_the_operator_image_runs_as_its_non_root_user(node, core):
+    operator = client.V1Container(
+        name="operator",
+        image=OPERATOR_IMAGE,
+        image_pull_policy="Never",
+        command=["python3", "-c", "import os, gluon_operator; print(os.getuid(), gluon_operator.__file__)"],
+    )
+    done, output = run_to_completion(core, "images", "operator", operator)
+    assert done.status.phase == "Succeeded", output
+    uid, module = output.split()
+    assert uid == "65532" and module.startswith("/usr/local/lib/python3")
+
+
+# ---------------------------------------------------------------- serving pods through the chart's webhook
+
+
+@pytest.fixture(scope="module")
+def installed_real(node):
+    """The chart installed with `helm install` (its webhook at the operator's 127.0.0.1 address)."""
+    from gluon_localcluster.install import install
+
+    return install(node.cp)
+
+
+def serving_pod(name: str) -> dict:
+    """A serving pod of the SIMULATION image on the real node, opted in, its template's flag 0."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": dict(fleet.SERVING_POD_LABELS)},
+        "spec": {
+            "nodeSelector": {"gluon-test/real": "yes"},
+            "tolerations": [{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "sglang",
+                    "image": SERVING_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "/opt/simulation/serve.py"],
+                    "env": [{"name": contract.FLAG_ENV, "value": "0"}],
+                }
+            ],
+        },
+    }
+
+
+def serving_namespace(core, installed_real, tag: str) -> str:
+    from gluon_operator.spec import GROUP, PLURAL, VERSION
+
+    namespace = f"serving-{tag}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    custom = client.CustomObjectsApi(installed_real.cp.admin_client())
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, fleet.rollout("kimi", namespace))
+    return namespace
+
+
+def first_log_line(core, namespace: str, name: str, timeout: float = 90) -> str:
+    """The serving process's first line (the flag it sees), once its container runs."""
+    wait_for_phase(core, namespace, name, {"Running", "Succeeded", "Failed"}, timeout)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        lines = core.read_namespaced_pod_log(name, namespace, container="sglang").splitlines()
+        if lines:
+            return lines[0]
+        time.sleep(0.5)
+    raise AssertionError(f"{namespace}/{name} printed nothing within 30 s")
+
+
+def test_with_the_operator_stopped_a_serving_pod_starts_unmodified(node, core, installed_real):
+    namespace = serving_namespace(core, installed_real, "no-operator")
+    created = core.create_namespaced_pod(namespace, serving_pod("plain"))
+    assert not created.spec.init_containers  # failurePolicy Ignore: nothing listens where the webhook points
+    assert first_log_line(core, namespace, "plain") == f"{contract.FLAG_ENV}=0"
+
+
+@pytest.mark.parametrize("mode", ["fileKeyRef", "shell"])
+def test_an_injected_pod_runs_the_real_preflight_and_serves_the_flag_it_wrote(node, core, installed_real, mode):
+    """The webhook injects; the kubelet runs the install container (agent image) and the preflight (serving
+    image), then hands the flag file's value to the serving process: through fileKeyRef (the kubelet's own
+    env-file reading) or the shell wrapper. No agent answers on this node, so the preflight says 0 and why."""
+    from gluon_localcluster.images import AGENT_IMAGE
+    from gluon_localcluster.processes import operator as start_operator
+
+    namespace = serving_namespace(core, installed_real, mode.lower())
+    operator = start_operator(installed_real, agent_image=AGENT_IMAGE, GLUON_INJECTION_MODE=mode)
+    try:
+        created = wait_for(
+            lambda: injected_pod(core, namespace),
+            timeout=60,
+            interval=1.0,
+            what=f"an injected pod (operator log:\n{operator.tail()})",
+        )
+        name = created.metadata.name
+        line = first_log_line(core, namespace, name)
+    finally:
+        operator.stop()
+    pod = core.read_namespaced_pod(name, namespace)
+    preflight = {s.name: s for s in pod.status.init_container_statuses}["gluon-preflight"]
+    verdict = json.loads(preflight.state.terminated.message)
+    assert preflight.state.terminated.exit_code == 0
+    assert verdict["flag"] == "0" and f"{node.ip}:{contract.AGENT_PORT}" in verdict["reason"], verdict
+    assert line == f"{contract.FLAG_ENV}=0"
+    env = {e.name: e for e in pod.spec.containers[0].env}
+    if mode == "fileKeyRef":
+        assert env[contract.FLAG_ENV].value_from.file_key_ref.path == "flag.env"
+    else:
+        assert pod.spec.containers[0].command[:2] == ["/bin/sh", "-c"]
+
+
+def test_a_preflight_refusal_serves_the_safe_path_and_shows_its_reason(node, core, installed_real):
+    """A serving container whose PATH holds no python3 (its env, which the preflight copies): the preflight's
+    shell refuses for good (`final`), writes 0, and says why in the termination message; the serving process
+    (started by absolute path) runs on the safe path."""
+    from gluon_localcluster.images import AGENT_IMAGE
+    from gluon_localcluster.processes import operator as start_operator
+
+    namespace = serving_namespace(core, installed_real, "refusal")
+    pod = serving_pod("x")
+    serving = pod["spec"]["containers"][0]
+    serving["command"] = ["/usr/bin/python3", "/opt/simulation/serve.py"]
+    serving["env"].append({"name": "PATH", "value": "/nowhere"})
+    operator = start_operator(installed_real, agent_image=AGENT_IMAGE)
+    try:
+        created = wait_for(
+            lambda: injected_pod(core, namespace, pod),
+            timeout=60,
+            interval=1.0,
+            what=f"an injected pod (operator log:\n{operator.tail()})",
+        )
+        line = first_log_line(core, namespace, created.metadata.name)
+    finally:
+        operator.stop()
+    status = core.read_namespaced_pod(created.metadata.name, namespace).status
+    preflight = {s.name: s for s in status.init_container_statuses}["gluon-preflight"].state.terminated
+    verdict = json.loads(preflight.message)
+    assert verdict == {
+        "flag": "0",
+        "final": True,
+        "agent": {"asked": False},
+        "reason": "the serving image has no python3 on PATH",
+    }
+    assert line == f"{contract.FLAG_ENV}=0"
+
+
+def injected_pod(core, namespace: str, pod: dict | None = None):
+    body = dict(pod or serving_pod("x"))
+    body["metadata"] = {**body["metadata"], "name": f"sglang-{int(time.monotonic() * 1000) % 10**8}"}
+    created = core.create_namespaced_pod(namespace, body)
+    if contract.ANNOTATION_POD_INJECTED in (created.metadata.annotations or {}):
+        return created
+    core.delete_namespaced_pod(created.metadata.name, namespace, grace_period_seconds=0)
+    return None
