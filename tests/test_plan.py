@@ -447,6 +447,73 @@ def test_pausing_while_waiting_for_approval_keeps_the_gate_and_a_promote_is_reco
     assert sum(1 for s in fleet.step().statuses.values() if s.state == ENABLING) == 3
 
 
+class DemoView:
+    """What the demo's table and summary read of a cluster (gluon_localcluster.demo), over a Fleet."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet, self.started = fleet, 0.0
+        self.nodes = {n: type("Running", (), {"flag": "1"})() for n in fleet.nodes}
+
+    def status(self) -> dict:
+        return self.fleet.rollout["status"]
+
+    def node(self, name: str) -> dict:
+        return self.fleet.nodes[name]
+
+
+def shown_effects(fleet: Fleet, node: str) -> set[str]:
+    """The effect of `node` as kubectl gluon status, explain, the demo's live table and its summary show it."""
+    from gluon_localcluster import demo
+
+    nodes, pods = list(fleet.nodes.values()), list(fleet.pods.values())
+    row = {r["node"]: r for r in plugin_views.status_rows(fleet.rollout, nodes, pods)}[node]
+    status_text = plugin_views.render_status(plugin_views.status_view(fleet.rollout, nodes, pods))
+    explained = plugin_views.explain(fleet.rollout, fleet.nodes[node], pods, fleet.agents, fleet.now)
+    table_line = next(line for line in demo.table(DemoView(fleet)).splitlines() if f"  {node}  " in line)
+    promoted = {p["node"]: p for p in demo.summary(DemoView(fleet))["promoted"]}
+    texts = {plugin_views.effect_text({"effect": row["effect"]}), gating.effect_text(explained["analysis"])}
+    texts |= {gating.effect_text(promoted[node])} if node in promoted else set()
+    assert all(any(t in line for line in status_text.splitlines() if line.startswith(node)) for t in texts)
+    return texts | {word for word in table_line.split() if word.startswith("x") and word[1:2].isdigit()}
+
+
+def test_every_view_shows_one_number_per_node_and_a_promoted_one_stays_put():
+    """The judge's effect moves from look to look (guard mode keeps looking): status, explain, the demo's
+    live table and its summary show the same recorded number, and a Promoted node's is that of the look
+    that promoted it."""
+    fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 2})
+    looks = iter(range(1000))
+
+    def moving(f: Fleet) -> dict[str, Verdict]:
+        out = {}
+        for n, s in f.states().items():
+            if s in (ANALYZING, PROMOTED):
+                effect = 2.19 + next(looks) * 0.0137
+                result = "pass" if s == PROMOTED or effect > 2.2 else "inconclusive"
+                out[n] = Verdict(result, "not worse", {"effect": effect, "at": f.now, "failStreak": 0})
+        return out
+
+    run_until(fleet, lambda: fleet.states()["n0"] == ANALYZING, verdicts=moving)
+    fleet.step(moving(fleet))
+    assert shown_effects(fleet, "n0") == {gating.effect_text(fleet.rollout["status"]["nodes"]["n0"]["numbers"])}
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=moving)
+    judged = gating.effect_text(fleet.rollout["status"]["nodes"]["n0"]["numbers"])
+    for _ in range(4):
+        fleet.step(moving(fleet))
+        assert shown_effects(fleet, "n0") == {judged}
+    guard = fleet.rollout["status"]["nodes"]["n0"]["numbers"]["guard"]
+    assert gating.effect_text(guard) != judged  # what guard mode saw since, kept apart
+
+
+def test_after_an_abort_no_node_shows_an_effect():
+    fleet = Fleet(3, strategy={"canaryNodes": 1, "maxParallel": 2})
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
+    fleet.rollout["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT] = "stop"
+    fleet.step()
+    assert fleet.states()["n0"] == DISABLED and fleet.rollout["status"]["nodes"]["n0"]["numbers"] == {}
+    assert shown_effects(fleet, "n0") == {"-"} and fleet.record("n0")["numbers"] == {}
+
+
 # ---------------------------------------------------------------- per-node overrides
 
 

@@ -43,13 +43,19 @@ def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
 def node_records(rollout: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]] = ()) -> dict[str, dict[str, Any]]:
     """Each node's durable record as the operator last wrote it: this rollout's record annotation on the
     Node (always there, contract.ANNOTATION_NODE_RECORD), else the rollout's status.nodes (which past 500
-    nodes holds only those needing attention)."""
+    nodes holds only those needing attention). Its numbers are the status's while that lists the node in the
+    same state: the Node's record is rewritten only when a deciding field changes, the status at every look,
+    so status and explain show the judge's recorded effect of the latest look, as the demo does."""
     out = {name: dict(record or {}) for name, record in ((rollout.get("status") or {}).get("nodes") or {}).items()}
     view = plan.rollout_view(rollout)
     for node in nodes:
         status, _ = plan.recorded_status(view, world.node_view(node))
         if status is not None:
-            out[meta(node)["name"]] = status.to_dict()
+            name, entry = meta(node)["name"], status.to_dict()
+            listed = out.get(name) or {}
+            if listed.get("state") == entry["state"] and isinstance(listed.get("numbers"), Mapping):
+                entry["numbers"] = dict(listed["numbers"])
+            out[name] = entry
     return out
 
 
@@ -89,8 +95,7 @@ def flag_in_use(pods: Sequence[Mapping[str, Any]]) -> str:
 
 
 def effect_text(numbers: Mapping[str, Any]) -> str:
-    effect = numbers.get("effect")
-    return f"x{effect:.3f}" if isinstance(effect, (int, float)) else NONE
+    return gating.effect_text(numbers, NONE)
 
 
 # ---------------------------------------------------------------- status
@@ -438,7 +443,7 @@ def render_explain(record: Mapping[str, Any]) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-TIME_KEYS = ("at", "inconclusiveSince", "since", "changedAt")
+TIME_KEYS = ("at", "inconclusiveSince", "since", "changedAt", gating.JUDGED_AT)
 
 
 def number_text(key: str, value: Any) -> str:
