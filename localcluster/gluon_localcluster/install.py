@@ -142,7 +142,7 @@ class Installed:
         return result.stdout
 
     def upgrade(self, chart: Path = CHART) -> str:
-        """`helm upgrade` with the values of the install (--reuse-values)."""
+        """`helm upgrade` with the values of the install over the new chart's defaults (--reset-then-reuse-values)."""
         return helm(
             self.cp,
             "upgrade",
