@@ -150,7 +150,7 @@ class Installed:
             str(chart),
             "--namespace",
             self.namespace,
-            "--reuse-values",
+            "--reset-then-reuse-values",
             "--wait=false",
         )
 
