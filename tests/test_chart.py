@@ -66,7 +66,7 @@ EXPECTED_RBAC = {
         ("", "namespaces", "get list watch"),
     ],
     "t-gluon-rollout-agent": [("", "nodes", "get list watch patch")],
-    "t-gluon-rollout-cleanup": [("", "nodes", "list patch")],
+    "t-gluon-rollout-cleanup": [("", "nodes", "list patch"), ("gluonrollout.io", "gluonrollouts", "list patch")],
 }
 
 
@@ -225,6 +225,22 @@ def test_webhook_configuration():
     assert by_kind(managed, "Certificate") and not [
         s for s in by_kind(managed, "Secret") if s.get("type") == "kubernetes.io/tls"
     ]
+
+
+def test_helm_template_renders_a_new_ca_each_time_unless_cert_manager_issues_it():
+    """docs/operating/upgrades.md: lookup is empty under `helm template`, so each render of the self-made
+    certificate differs (GitOps tools that render would show drift); with cert-manager two renders are equal."""
+
+    def secrets(values: list[str]) -> list:
+        return [d.get("data") for d in by_kind(render(values), "Secret")]
+
+    assert secrets([]) != secrets([])
+    managed = VALUE_SETS["cert-manager"]
+    assert render(managed) == render(managed) and secrets(managed) == []
+    done = helm("template", "t", str(CHART), "--set", "webhook.certificate.renewBeforeDays=365")
+    assert done.returncode != 0 and "renewBeforeDays (365) must be less than" in done.stderr
+    secret = by_kind(render([]), "Secret")[0]
+    assert secret["metadata"]["annotations"]["gluon-rollout/cert-not-after"]
 
 
 def webhook_of(values: list[str]) -> dict:

@@ -185,6 +185,35 @@ def test_percentage_canaries_then_approval(control_plane, namespace, operator, g
     )
     assert [g["gate"] for g in status(control_plane, namespace)["approval"]["granted"]] == ["canary"]
 
+    # An abort revokes the grant and the operator removes the spent approve annotation: resumed, the rollout
+    # starts over from its canaries and waits at the gate for a new promote.
+    annotate_rollout(control_plane, namespace, {contract.ANNOTATION_ROLLOUT_ABORT: "test"})
+    wait_for(
+        lambda: (
+            status(control_plane, namespace).get("phase") == "Aborted"
+            and contract.ANNOTATION_ROLLOUT_APPROVE not in rollout_annotations(control_plane, namespace)
+        ),
+        timeout=60,
+        what="the abort, its grant revoked",
+    )
+    assert status(control_plane, namespace)["approval"].get("granted") in (None, [])
+    annotate_rollout(control_plane, namespace, {contract.ANNOTATION_ROLLOUT_ABORT: None})
+    wait_for(
+        lambda: (status(control_plane, namespace).get("approval") or {}).get("waitingFor") == "canary",
+        timeout=90,
+        what="the canary gate again after the abort is lifted",
+    )
+    time.sleep(3)  # six reconciles: still waiting, nothing past the canaries enabled
+    assert status(control_plane, namespace)["phase"] == "AwaitingApproval"
+    assert all(node_meta(control_plane, n)["labels"][contract.LABEL_ENABLED] == "false" for n in nodes[2:])
+
+
+def rollout_annotations(control_plane, namespace: str) -> dict:
+    obj = client.CustomObjectsApi(control_plane.admin_client()).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "ctl"
+    )
+    return obj["metadata"].get("annotations") or {}
+
 
 def test_batches_roll_out_in_order(control_plane, namespace, operator, gpu_nodes):
     zone = "topology.kubernetes.io/zone"

@@ -1,11 +1,13 @@
 """`helm uninstall` on a real control plane of its own: the chart's post-delete Job really runs
 `gluon-operator prune-nodes` (the simulated kubelet runs its container with the Job's own ServiceAccount
-token), our labels and annotations leave every node, nothing else does, and no webhook configuration is
-left that could block pod creation."""
+token), our labels and annotations leave every node, nothing else does, no webhook configuration is
+left that could block pod creation, and no GluonRollout keeps a finalizer that nothing would remove: one
+deleted while the operator was gone goes, and one deleted after the uninstall does not hang."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from gluon_common import contract
 from gluon_localcluster import ControlPlane, fleet
 from gluon_localcluster.install import install
 from gluon_localcluster.kubelet_sim import Image, KubeletSim
+from gluon_operator.spec import GROUP, PLURAL, ROLLOUT_FINALIZER, VERSION
+from tests.helpers import wait_for
 
 OPERATOR_IMAGE = {"repository": "sim.local/gluon-operator", "tag": "uninstall-test"}
 
@@ -39,7 +43,21 @@ def test_uninstall_prunes_our_keys_and_leaves_no_webhook(cluster, tmp_path):
     )
     core.create_node(node)
     core.create_node(fleet.kwok_node("un-2", 2, {"example.com/keep": "yes"}))
-    image = Image(path=(str(Path(sys.executable).parent),), entrypoint=("gluon-operator",))
+    custom = client.CustomObjectsApi(admin)
+    core.create_namespace({"metadata": {"name": "apps"}})
+    for name in ("kept", "deleting"):
+        body = fleet.rollout(name, "apps")
+        body["metadata"]["finalizers"] = [ROLLOUT_FINALIZER]  # as the operator puts it on every rollout
+        wait_for(lambda: create_rollout(custom, body), timeout=30, what="the GluonRollout CRD established")
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, "deleting")  # hangs: no operator runs
+    assert rollouts(custom) == {"kept": [ROLLOUT_FINALIZER], "deleting": [ROLLOUT_FINALIZER]}
+    # This checkout's code in the hook's container (the shared venv's editable install may point elsewhere).
+    here = Path(__file__).resolve().parent.parent
+    image = Image(
+        path=(str(Path(sys.executable).parent),),
+        entrypoint=("gluon-operator",),
+        env={"PYTHONPATH": os.pathsep.join(str(here / d) for d in ("agent", "operator", ""))},
+    )
     with KubeletSim(
         admin,
         {f"{OPERATOR_IMAGE['repository']}:{OPERATOR_IMAGE['tag']}": image},
@@ -49,6 +67,9 @@ def test_uninstall_prunes_our_keys_and_leaves_no_webhook(cluster, tmp_path):
     ) as kubelet:
         installed.uninstall()
     assert kubelet.errors == []
+    assert rollouts(custom) == {"kept": []}  # Helm keeps the CRD, so the rollout; its finalizer is gone
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, "kept")
+    assert rollouts(custom) == {}
     labels = core.read_node("un-1").metadata.labels
     annotations = core.read_node("un-1").metadata.annotations
     assert not [k for k in labels if contract.is_ours(k)] and not [k for k in annotations if contract.is_ours(k)], (
@@ -72,3 +93,18 @@ def test_uninstall_prunes_our_keys_and_leaves_no_webhook(cluster, tmp_path):
     )
     assert not created.spec.init_containers
     assert json.loads(core.read_namespaced_pod("p", "after", _preload_content=False).data)["metadata"]["name"] == "p"
+
+
+def create_rollout(custom: client.CustomObjectsApi, body: dict) -> bool:
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, body)
+    except client.ApiException as exc:
+        if exc.status == 404:  # the CRD not served yet
+            return False
+        raise
+    return True
+
+
+def rollouts(custom: client.CustomObjectsApi) -> dict[str, list[str]]:
+    items = custom.list_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL)["items"]
+    return {r["metadata"]["name"]: r["metadata"].get("finalizers") or [] for r in items}

@@ -159,6 +159,44 @@ def test_transitions(state, el, summary, verdict, cleared, expected, action):
         assert step.status.changed_at == NOW  # pods created before this restart
 
 
+def test_a_promoted_nodes_number_is_that_of_the_look_that_promoted_it():
+    """Guard mode's later looks do not move the recorded effect (its reason stays fixed too): they are kept
+    apart under "guard", and the judge's working numbers (failStreak, its sequential state) move on."""
+    looked = {"effect": 2.193, "ci_low": 2.1, "ci_high": 2.3, "at": NOW, "failStreak": 0, "sequential": {"n": 1}}
+    promoted = gating.advance(
+        NodeStatus(ANALYZING, since=1.0), YES, NONE, Verdict("pass", "not worse", looked), NOW, True
+    ).status
+    assert promoted.numbers["effect"] == 2.193 and promoted.numbers[gating.JUDGED_AT] == NOW
+    later = {"effect": 2.273, "ci_low": 2.2, "ci_high": 2.35, "at": NOW + 60, "failStreak": 1, "sequential": {"n": 2}}
+    guarded = gating.advance(promoted, YES, NONE, Verdict("inconclusive", "a bad minute", later), NOW + 60, True).status
+    assert guarded.reason == "not worse" and gating.effect_text(guarded.numbers) == "x2.193"
+    assert guarded.numbers[gating.JUDGED_AT] == NOW and guarded.numbers["at"] == NOW
+    assert guarded.numbers["guard"] == {
+        "effect": 2.273,
+        "ci_low": 2.2,
+        "ci_high": 2.35,
+        "at": NOW + 60,
+        "result": "inconclusive",
+    }
+    assert guarded.numbers["failStreak"] == 1 and guarded.numbers["sequential"] == {"n": 2}
+    again = gating.advance(guarded, YES, NONE, Verdict("pass", "fine", {**later, "failStreak": 0}), NOW + 120, True)
+    assert again.status.numbers["effect"] == 2.193 and again.status.numbers["failStreak"] == 0
+    failed = gating.advance(guarded, YES, NONE, Verdict("fail", "worse", {"effect": 0.8}), NOW + 120, True).status
+    assert failed.state == ROLLED_BACK and failed.numbers == {"effect": 0.8}  # the look that failed it
+
+
+@pytest.mark.parametrize("el,action", [(NO, "turned ineligible"), (YES, None)])
+def test_a_node_turned_off_carries_no_effect(el, action):
+    promoted = NodeStatus(PROMOTED, since=1.0, numbers={"effect": 2.2, gating.JUDGED_AT: NOW})
+    if action:
+        off = gating.advance(promoted, el, NONE, None, NOW, True).status
+    else:  # an abort (plan.py) or any other move to a state without the flag
+        off = gating.move(promoted, DISABLED, "rollout aborted", NOW, changed_at=NOW)
+    assert off.state == DISABLED and off.numbers == {} and gating.effect_text(off.numbers) == "-"
+    rolled = NodeStatus(ROLLED_BACK, since=1.0, numbers={"effect": 0.8})
+    assert gating.advance(rolled, YES, NONE, None, NOW, True).status.numbers == {}  # cleared: judged afresh
+
+
 def test_enable_and_labels():
     step = gating.enable(NodeStatus(ELIGIBLE), NOW)
     assert step.status.state == ENABLING and step.action == "restart" and step.status.changed_at == NOW

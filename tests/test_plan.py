@@ -29,6 +29,7 @@ from gluon_operator.gating import (
     ROLLED_BACK,
     Verdict,
 )
+from gluon_operator.kubectl_plugin import controls as plugin_controls
 from gluon_operator.kubectl_plugin import views as plugin_views
 from gluon_operator.spec import parse_spec, resolve
 from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout
@@ -114,6 +115,10 @@ class Fleet:
                 self.add_pod(r.node, "1" if on else "0", self.now + 1)
         for label in p.pod_labels:
             self.pods[label.name]["metadata"]["labels"][contract.LABEL_POD_FLAG] = label.flag
+        annotations = self.rollout["metadata"]["annotations"]
+        for key, value in p.spent_annotations.items():
+            if annotations.get(key) == value:
+                del annotations[key]
         self.history.append(p)
 
     def states(self) -> dict[str, str]:
@@ -388,6 +393,125 @@ def test_abort_annotation_disables_flag_on_nodes_while_present():
         fleet,
         lambda: fleet.rollout["status"].get("phase") == "Progressing" and "aborted" not in fleet.rollout["status"],
     )
+
+
+def test_resuming_after_an_abort_waits_for_a_new_grant_of_the_gate():
+    """An abort revokes the approvals: the rollout starts over from its canaries and waits at the gate again,
+    and the approve annotation granted before the abort does not grant it a second time."""
+    fleet = Fleet(4, strategy={"canaryNodes": 1, "maxParallel": 3, "approval": "AfterCanary"})
+    annotations = fleet.rollout["metadata"]["annotations"]
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
+    annotations[contract.ANNOTATION_ROLLOUT_APPROVE] = "canary"
+    run_until(fleet, lambda: sum(s == PROMOTED for s in fleet.states().values()) == 4, verdicts=promote_all)
+    annotations[contract.ANNOTATION_ROLLOUT_ABORT] = "bad numbers on the dashboard"
+    aborted = fleet.step()
+    assert aborted.status["approval"]["granted"] == [] and aborted.spent_annotations == {
+        contract.ANNOTATION_ROLLOUT_APPROVE: "canary"
+    }
+    assert any(e.reason == "ApprovalsRevoked" for e in aborted.events)
+    assert contract.ANNOTATION_ROLLOUT_APPROVE not in annotations  # the executor removed the spent grant
+    del annotations[contract.ANNOTATION_ROLLOUT_ABORT]
+    run_until(fleet, lambda: fleet.rollout["status"]["approval"]["waitingFor"] == "canary", verdicts=promote_all)
+    for _ in range(5):
+        p = fleet.step(promote_all(fleet))
+        assert p.status["phase"] == "AwaitingApproval" and not any(s.state == ENABLING for s in p.statuses.values())
+    assert sum(s == PROMOTED for s in fleet.states().values()) == 1
+    annotations[contract.ANNOTATION_ROLLOUT_APPROVE] = "canary"  # kubectl gluon promote, again
+    assert sum(1 for s in fleet.step().statuses.values() if s.state == ENABLING) == 3
+
+
+def test_an_approve_annotation_set_while_aborted_grants_nothing():
+    fleet = Fleet(4, strategy={"canaryNodes": 1, "maxParallel": 3, "approval": "AfterCanary"})
+    annotations = fleet.rollout["metadata"]["annotations"]
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
+    annotations[contract.ANNOTATION_ROLLOUT_ABORT] = "stop"
+    fleet.step()
+    annotations[contract.ANNOTATION_ROLLOUT_APPROVE] = "canary"
+    assert fleet.step().status["approval"]["granted"] == [] and contract.ANNOTATION_ROLLOUT_APPROVE not in annotations
+
+
+def test_pausing_while_waiting_for_approval_keeps_the_gate_and_a_promote_is_recorded():
+    """docs/using/first-rollout.md: paused enables nothing more. The gate waited for stays in
+    status.approval.waitingFor, so `kubectl gluon promote` works while paused; the grant takes effect on resume."""
+    fleet = Fleet(4, strategy={"canaryNodes": 1, "maxParallel": 3, "approval": "AfterCanary"})
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
+    assert fleet.step().status["approval"]["waitingFor"] == "canary"
+    fleet.rollout["spec"]["paused"] = True
+    paused = fleet.step()
+    assert paused.status["phase"] == "Paused" and paused.status["approval"]["waitingFor"] == "canary"
+    fleet.rollout["metadata"]["annotations"].update(plugin_controls.promote(fleet.rollout)["metadata"]["annotations"])
+    granted = fleet.step()
+    assert [g["gate"] for g in granted.status["approval"]["granted"]] == ["canary"]
+    assert granted.status["phase"] == "Paused" and not any(s.state == ENABLING for s in granted.statuses.values())
+    fleet.rollout["spec"]["paused"] = False
+    assert sum(1 for s in fleet.step().statuses.values() if s.state == ENABLING) == 3
+
+
+class DemoView:
+    """What the demo's table and summary read of a cluster (gluon_localcluster.demo), over a Fleet."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet, self.started = fleet, 0.0
+        self.nodes = {n: type("Running", (), {"flag": "1"})() for n in fleet.nodes}
+
+    def status(self) -> dict:
+        return self.fleet.rollout["status"]
+
+    def node(self, name: str) -> dict:
+        return self.fleet.nodes[name]
+
+
+def shown_effects(fleet: Fleet, node: str) -> set[str]:
+    """The effect of `node` as kubectl gluon status, explain, the demo's live table and its summary show it."""
+    from gluon_localcluster import demo
+
+    nodes, pods = list(fleet.nodes.values()), list(fleet.pods.values())
+    row = {r["node"]: r for r in plugin_views.status_rows(fleet.rollout, nodes, pods)}[node]
+    status_text = plugin_views.render_status(plugin_views.status_view(fleet.rollout, nodes, pods))
+    explained = plugin_views.explain(fleet.rollout, fleet.nodes[node], pods, fleet.agents, fleet.now)
+    table_line = next(line for line in demo.table(DemoView(fleet)).splitlines() if f"  {node}  " in line)
+    promoted = {p["node"]: p for p in demo.summary(DemoView(fleet))["promoted"]}
+    texts = {plugin_views.effect_text({"effect": row["effect"]}), gating.effect_text(explained["analysis"])}
+    texts |= {gating.effect_text(promoted[node])} if node in promoted else set()
+    assert all(any(t in line for line in status_text.splitlines() if line.startswith(node)) for t in texts)
+    return texts | {word for word in table_line.split() if word.startswith("x") and word[1:2].isdigit()}
+
+
+def test_every_view_shows_one_number_per_node_and_a_promoted_one_stays_put():
+    """The judge's effect moves from look to look (guard mode keeps looking): status, explain, the demo's
+    live table and its summary show the same recorded number, and a Promoted node's is that of the look
+    that promoted it."""
+    fleet = Fleet(2, strategy={"canaryNodes": 1, "maxParallel": 2})
+    looks = iter(range(1000))
+
+    def moving(f: Fleet) -> dict[str, Verdict]:
+        out = {}
+        for n, s in f.states().items():
+            if s in (ANALYZING, PROMOTED):
+                effect = 2.19 + next(looks) * 0.0137
+                result = "pass" if s == PROMOTED or effect > 2.2 else "inconclusive"
+                out[n] = Verdict(result, "not worse", {"effect": effect, "at": f.now, "failStreak": 0})
+        return out
+
+    run_until(fleet, lambda: fleet.states()["n0"] == ANALYZING, verdicts=moving)
+    fleet.step(moving(fleet))
+    assert shown_effects(fleet, "n0") == {gating.effect_text(fleet.rollout["status"]["nodes"]["n0"]["numbers"])}
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=moving)
+    judged = gating.effect_text(fleet.rollout["status"]["nodes"]["n0"]["numbers"])
+    for _ in range(4):
+        fleet.step(moving(fleet))
+        assert shown_effects(fleet, "n0") == {judged}
+    guard = fleet.rollout["status"]["nodes"]["n0"]["numbers"]["guard"]
+    assert gating.effect_text(guard) != judged  # what guard mode saw since, kept apart
+
+
+def test_after_an_abort_no_node_shows_an_effect():
+    fleet = Fleet(3, strategy={"canaryNodes": 1, "maxParallel": 2})
+    run_until(fleet, lambda: fleet.states()["n0"] == PROMOTED, verdicts=promote_all)
+    fleet.rollout["metadata"]["annotations"][contract.ANNOTATION_ROLLOUT_ABORT] = "stop"
+    fleet.step()
+    assert fleet.states()["n0"] == DISABLED and fleet.rollout["status"]["nodes"]["n0"]["numbers"] == {}
+    assert shown_effects(fleet, "n0") == {"-"} and fleet.record("n0")["numbers"] == {}
 
 
 # ---------------------------------------------------------------- per-node overrides

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from gluon_common import contract
+from gluon_operator import gating
 
 from .simcluster import SERVING_NS, SimCluster
 
@@ -46,7 +47,7 @@ def table(cluster: SimCluster) -> str:
         labels = cluster.node(name)["metadata"].get("labels", {})
         state = STATE_MARK.get(node.get("state"), "-") + (" (holdout)" if node.get("holdout") else "")
         numbers = node.get("numbers") or {}
-        effect = f"x{numbers['effect']:.2f}" if numbers.get("effect") else ""
+        effect = gating.effect_text(numbers, "")
         lines.append(
             f"  {name}  selftest={labels.get(contract.LABEL_SELFTEST, '-'):<8} flag={running.flag}  "
             f"{state:<22} {effect:<7} {node.get('reason', '')[:70]}"
@@ -59,7 +60,7 @@ def summary(cluster: SimCluster) -> dict:
     out = {"promoted": [], "holdout": [], "ineligible": {}, "rolled_back": {}, "other": {}}
     for name, node in sorted(nodes.items()):
         if node["state"] == "Promoted":
-            out["promoted"].append({"node": name, "effect": round(node["numbers"].get("effect", 0), 3)})
+            out["promoted"].append({"node": name, "effect": gating.recorded_effect(node.get("numbers"))})
         elif node["state"] == "Eligible" and node["holdout"]:
             out["holdout"].append(name)
         elif node["state"] == "Ineligible":
@@ -68,7 +69,7 @@ def summary(cluster: SimCluster) -> dict:
             n = node["numbers"]
             out["rolled_back"][name] = {
                 "reason": node["reason"],
-                "effect": n.get("effect"),
+                "effect": gating.recorded_effect(n),
                 "ci": [n.get("ci_low"), n.get("ci_high")],
                 "threshold": n.get("threshold"),
                 "n_post": n.get("n_post"),
@@ -126,9 +127,9 @@ def timeline(cluster: SimCluster, path: Path) -> None:
             )
         if nodes.get(name, {}).get("state") == "RolledBack":
             at = nodes[name]["since"] - cluster.started
-            effect = nodes[name]["numbers"].get("effect", 0)
+            effect = gating.effect_text(nodes[name].get("numbers"))
             ax.axvline(at, color="red", linewidth=2)
-            ax.annotate(f"ROLLBACK {name}: effect x{effect:.2f}", (at, ax.get_ylim()[1] * 0.9), color="red", fontsize=9)
+            ax.annotate(f"ROLLBACK {name}: effect {effect}", (at, ax.get_ylim()[1] * 0.9), color="red", fontsize=9)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("decode tokens/s per sequence (Prometheus)")
     ax.set_title("gluon-rollout demo: per-node decode speed, flag flips (dotted), rollback (red)")
@@ -202,7 +203,7 @@ def main() -> int:
     args = parser.parse_args()
     result = run(Path(args.out), args.timeout)
     print("\nSUMMARY")
-    promoted = ", ".join(f"{p['node']} (x{p['effect']})" for p in result["promoted"])
+    promoted = ", ".join(f"{p['node']} ({gating.effect_text(p)})" for p in result["promoted"])
     print(f"  promoted:    {promoted}")
     print(f"  holdout:     {', '.join(result['holdout'])} (kept at flag 0 as the control group)")
     for name, reason in result["ineligible"].items():
@@ -212,8 +213,8 @@ def main() -> int:
             print(f"  rolled back: {name}: {r['reason'][:150]}")
             continue
         print(
-            f"  rolled back: {name}: effect x{r['effect']:.3f} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), threshold "
-            f"x{r['threshold']}, n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}"
+            f"  rolled back: {name}: effect {gating.effect_text(r)} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), "
+            f"threshold x{r['threshold']}, n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}"
         )
     print(f"  timeline:    {result['timeline']}   summary: {Path(args.out) / 'summary.json'}   ({result['seconds']} s)")
     return 0 if result["settled"] and result["rolled_back"] else 1

@@ -43,6 +43,17 @@ def helm_binary() -> str:
     return found
 
 
+def kubectl_binary() -> str:
+    for found in (
+        shutil.which("kubectl"),
+        str(ROOT / ".tools" / "bin" / "kubectl"),
+        str(ROOT / ".cluster" / "bin" / "kubectl"),
+    ):
+        if found and Path(found).is_file():
+            return found
+    raise RuntimeError("kubectl is not installed: `make test` installs it (.ci/install-tools)")
+
+
 def helm(cp: ControlPlane, *args: str, timeout: float = 180) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_")}
     env.update(
@@ -117,6 +128,32 @@ class Installed:
     def uninstall(self) -> str:
         return helm(self.cp, "uninstall", self.release, "--namespace", self.namespace, "--wait", "--timeout", "120s")
 
+    def apply_crds(self, chart: Path = CHART) -> str:
+        """The documented step before `helm upgrade` (Helm never upgrades crds/): a server-side apply."""
+        result = subprocess.run(
+            [kubectl_binary(), "--kubeconfig", str(self.cp.kubeconfig), "apply", "--server-side"]
+            + ["--force-conflicts", "-f", str(chart / "crds")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl apply --server-side -f {chart / 'crds'} failed:\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    def upgrade(self, chart: Path = CHART) -> str:
+        """`helm upgrade` with the values of the install over the new chart's defaults (--reset-then-reuse-values)."""
+        return helm(
+            self.cp,
+            "upgrade",
+            self.release,
+            str(chart),
+            "--namespace",
+            self.namespace,
+            "--reset-then-reuse-values",
+            "--wait=false",
+        )
+
 
 def install(
     cp: ControlPlane,
@@ -124,6 +161,7 @@ def install(
     namespace: str = NAMESPACE,
     release: str = RELEASE,
     webhook_port: int | None = None,
+    chart: Path = CHART,
 ) -> Installed:
     """`helm install` of the chart, with the webhook pointed at https://127.0.0.1:<webhook_port>/inject
     (signed by the control plane's CA: the operator process serves it with `webhook_tls`)."""
@@ -141,7 +179,7 @@ def install(
         cp,
         "install",
         release,
-        str(CHART),
+        str(chart),
         "--namespace",
         namespace,
         "--create-namespace",

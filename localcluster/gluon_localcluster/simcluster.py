@@ -216,7 +216,11 @@ class SimCluster:
         if running.node.kernel_fault:
             aiter, _ = fake_stacks()
             spec.update(selftest="cpu-interpret", selftest_timeout=KERNEL_FAULT_TIMEOUT)
-            env.update(PYTHONPATH=str(aiter), FAKE_AITER_MODE=f"*:{running.node.kernel_fault}:mla_gluon")
+            # the fake aiter first, then this checkout (the agent's --source is the harness's)
+            env.update(
+                PYTHONPATH=os.pathsep.join([str(aiter), processes.CHECKOUT_PATH]),
+                FAKE_AITER_MODE=f"*:{running.node.kernel_fault}:mla_gluon",
+            )
         sim = self.dir / f"sim-{running.node.name}.json"
         sim.write_text(json.dumps(spec))
         running.agent = processes.agent(

@@ -52,15 +52,66 @@ def prune_patch(node: dict) -> dict | None:
     return {"metadata": {"labels": labels, "annotations": annotations}}
 
 
+def finalizer_patch(rollout: dict) -> dict | None:
+    """A merge patch taking the operator's finalizer off a GluonRollout, guarded by its resourceVersion
+    (a finalizer someone else adds meanwhile is not lost: the patch fails and the next pass retries)."""
+    from .spec import ROLLOUT_FINALIZER
+
+    meta = rollout.get("metadata", {})
+    finalizers = list(meta.get("finalizers") or [])
+    if ROLLOUT_FINALIZER not in finalizers:
+        return None
+    kept = [f for f in finalizers if f != ROLLOUT_FINALIZER]
+    return {"metadata": {"finalizers": kept or None, "resourceVersion": meta.get("resourceVersion")}}
+
+
+def release_rollouts(api: object, settle: float, deadline: float) -> int:
+    """Take the operator's finalizer off every GluonRollout, pass after pass `settle` seconds apart, until a
+    pass finds none (an operator replica still terminating could add it again) or `deadline` passes.
+    Returns how many finalizers were removed."""
+    import time
+
+    from kubernetes import client
+
+    from gluon_agent.kube import MERGE_PATCH
+
+    from . import records
+    from .spec import GROUP, PLURAL, VERSION
+
+    custom = client.CustomObjectsApi(api)
+    removed, stop = 0, time.monotonic() + deadline
+    while True:
+        listed = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False)
+        patches = [
+            (r, finalizer_patch(r)) for r in records.loads(listed.data, max_bytes=records.PAGE_BYTES_LIMIT)["items"]
+        ]
+        patches = [(r, p) for r, p in patches if p is not None]
+        if not patches or time.monotonic() > stop:
+            return removed
+        for rollout, patch in patches:
+            meta = rollout["metadata"]
+            try:
+                custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], patch, _content_type=MERGE_PATCH
+                )
+                removed += 1
+            except client.ApiException as failure:
+                if failure.status not in (404, 409):  # gone, or changed meanwhile: the next pass sees it
+                    raise
+        time.sleep(settle)
+
+
 def cmd_prune_nodes(args: argparse.Namespace) -> int:
-    """The chart's post-delete hook: nothing keeps our keys true once agents and operator are gone."""
+    """The chart's post-delete hook: nothing keeps our keys true once agents and operator are gone, and
+    nothing would remove the operator's finalizer from the GluonRollouts Helm leaves."""
     from kubernetes import client
 
     from gluon_common.kube import MERGE_PATCH, make_api_client
 
     from . import records
 
-    core = client.CoreV1Api(make_api_client(args.api_url))
+    api = make_api_client(args.api_url)
+    core = client.CoreV1Api(api)
     nodes = records.loads(core.list_node(_preload_content=False).data, max_bytes=records.PAGE_BYTES_LIMIT)["items"]
     pruned = 0
     for node in nodes:
@@ -68,7 +119,8 @@ def cmd_prune_nodes(args: argparse.Namespace) -> int:
         if patch:
             core.patch_node(node["metadata"]["name"], patch, _content_type=MERGE_PATCH, _preload_content=False)
             pruned += 1
-    print(json.dumps({"nodes": len(nodes), "pruned": pruned}))
+    released = release_rollouts(api, args.settle_seconds, args.deadline_seconds)
+    print(json.dumps({"nodes": len(nodes), "pruned": pruned, "rolloutFinalizersRemoved": released}))
     return 0
 
 
@@ -91,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
         "prune-nodes", help="remove every label and annotation under our prefix from all nodes (post-delete hook)"
     )
     n.add_argument("--api-url", help="Kubernetes API URL without auth (tests); default in-cluster or kubeconfig")
+    n.add_argument("--settle-seconds", type=float, default=5.0, help="between passes over the GluonRollouts")
+    n.add_argument("--deadline-seconds", type=float, default=120.0, help="stop the passes after this long")
     n.set_defaults(func=cmd_prune_nodes)
     return parser
 

@@ -276,6 +276,32 @@ async def read_rollout(runtime: Runtime, namespace: str, name: str) -> dict[str,
     return body
 
 
+async def remove_spent_annotations(
+    runtime: Runtime, namespace: str, name: str, spent: Mapping[str, str], logger: logging.Logger
+) -> None:
+    """Remove each rollout annotation only while it still has the value the plan saw spent (a JSON patch's
+    `test`): a person who meanwhile wrote a new value keeps it. After the status write, so an operator
+    stopped in between removes it on its next reconcile."""
+    for key, value in spent.items():
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        body = [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
+        try:
+            await call(
+                runtime.custom_api().patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body,
+                _content_type=JSON_PATCH,
+            )
+        except ApiFailure as failure:
+            if getattr(failure, "status", None) != 422:  # 422: the test failed, the value changed meanwhile
+                raise
+            logger.info("annotation %s changed meanwhile: left as it is", key)
+
+
 # ---------------------------------------------------------------- the plan
 
 
@@ -308,6 +334,8 @@ async def execute(
         if t.rollback:
             METRICS.rollbacks.labels(t.rollback).inc()
     after = await write_status(runtime, namespace, name, uid, status, plan.status)
+    if plan.spent_annotations:
+        await remove_spent_annotations(runtime, namespace, name, plan.spent_annotations, logger)
     for event in plan.events:
         (kopf.warn if event.type == "Warning" else kopf.info)(body, reason=event.reason, message=event.message)
         logger.info("%s: %s", event.reason, event.message)

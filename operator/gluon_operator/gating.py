@@ -185,6 +185,10 @@ class PodFacts:
     controlled: bool = True  # a controller recreates it when it is restarted (a bare pod is just gone)
 
 
+JUDGE_STATE = ("sequential", "failStreak", "inconclusiveSince")  # the judge's working numbers, look to look
+GUARD_KEYS = ("effect", "ci_low", "ci_high", "threshold", "p_worse", "looks", "at")  # a guard look, as recorded
+JUDGED_AT = "judgedAt"  # a Promoted node's numbers: when the look that promoted it ran
+UNJUDGED_STATES = (ELIGIBLE, INELIGIBLE, DISABLED)  # states whose record carries no judge's numbers
 RESTARTED_PODS = "restartedPods"  # an Enabling node's record: serving pods it will have again once restarted
 
 
@@ -298,6 +302,8 @@ class Step:
 
 
 def move(prev: NodeStatus, state: str, reason: str, now: float, **changes: Any) -> NodeStatus:
+    if state != prev.state and state in UNJUDGED_STATES and "numbers" not in changes:
+        changes["numbers"] = {}  # an effect measured while the flag was on does not describe a node now off
     if "numbers" in changes:  # a verdict's numbers may hold NaN (0/0 in a judge): a record holds only finite ones
         changes["numbers"] = finite(changes["numbers"])
     if state == prev.state:
@@ -422,9 +428,35 @@ def advance(
                 move(prev, ROLLED_BACK, verdict.reason, now, changed_at=now, numbers=verdict.numbers), "rollback"
             )
         if verdict.result == "pass" and s == ANALYZING:
-            return Step(move(prev, PROMOTED, verdict.reason, now, numbers=verdict.numbers))
-        return Step(move(prev, s, prev.reason if s == PROMOTED else verdict.reason, now, numbers=verdict.numbers))
+            judged = {**verdict.numbers, JUDGED_AT: verdict.numbers.get("at", now)}
+            return Step(move(prev, PROMOTED, verdict.reason, now, numbers=judged))
+        if s == PROMOTED:
+            return Step(move(prev, s, prev.reason, now, numbers=guard_numbers(prev.numbers, verdict)))
+        return Step(move(prev, s, verdict.reason, now, numbers=verdict.numbers))
     return Step(prev)
+
+
+def guard_numbers(judged: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
+    """A Promoted node's numbers after a guard-mode look: those of the look that promoted it stay as they were
+    (its effect, with JUDGED_AT), so its number does not move while its reason stays fixed; the judge's working
+    state moves on; what this look saw is kept apart, under "guard"."""
+    kept = {k: v for k, v in judged.items() if k not in JUDGE_STATE and k != "guard"}
+    working = {k: verdict.numbers[k] for k in JUDGE_STATE if k in verdict.numbers}
+    seen = {k: verdict.numbers[k] for k in GUARD_KEYS if k in verdict.numbers}
+    return {**kept, **working, "guard": {**seen, "result": verdict.result}}
+
+
+def recorded_effect(numbers: Mapping[str, Any] | None) -> float | None:
+    """The one effect a reader shows for a node: the judge's recorded effect in the node's record (for a
+    Promoted node, that of the look that promoted it)."""
+    effect = (numbers or {}).get("effect")
+    return float(effect) if isinstance(effect, (int, float)) and math.isfinite(effect) else None
+
+
+def effect_text(numbers: Mapping[str, Any] | None, missing: str = "-") -> str:
+    """recorded_effect as every view prints it: x and three decimals."""
+    effect = recorded_effect(numbers)
+    return missing if effect is None else f"x{effect:.3f}"
 
 
 def holdout_rank(name: str) -> str:

@@ -41,7 +41,7 @@ from .executor import (
 from .metrics import METRICS
 from .plan import claims_nodes, invalid_before_world, plan, rollout_view
 from .records import NodeRecord, read_json
-from .spec import GROUP, PLURAL, VERSION, selector_query
+from .spec import GROUP, PLURAL, ROLLOUT_FINALIZER, VERSION, selector_query
 from .world import Caches
 from .world_types import Claim, unix
 
@@ -123,7 +123,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = int(env_float("GLUON_WATCH_TIMEOUT", 300))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.scanning.disabled = os.environ.get("GLUON_SCANNING", "on") == "off"
-    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.finalizer = ROLLOUT_FINALIZER
     rng = random.Random()
     settings.networking.error_backoffs = [
         backoff(attempt, 0.5, API_BACKOFF_CAP_SECONDS, rng) for attempt in range(API_RETRIES)

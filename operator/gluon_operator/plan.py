@@ -184,6 +184,9 @@ class Plan:
     transitions: list[Transition] = field(default_factory=list)
     spec: GluonRolloutSpec | None = None
     no_safe_rollback: list[str] = field(default_factory=list)  # nodes where flag 0 has no working route
+    # rollout annotations to remove once the status is written, each only while it still has this value:
+    # an approve annotation an abort revoked (else it would grant its gate again after the abort is lifted)
+    spent_annotations: dict[str, str] = field(default_factory=dict)
 
     def writes(self) -> int:
         """Writes to nodes and pods this plan asks for (a dry run's is 0)."""
@@ -198,6 +201,7 @@ class Plan:
             "events": [asdict(e) for e in self.events],
             "transitions": [asdict(t) for t in self.transitions],
             "status": self.status,
+            "spentAnnotations": self.spent_annotations,
         }
 
 
@@ -253,6 +257,12 @@ def plan(
     ):
         work[name].status = replace(work[name].status, holdout=True, reason="holdout: control group kept at flag 0")
     approval = approvals(rollout, spec, now)
+    if aborted:
+        out.spent_annotations, revoked = revoke_approvals(rollout, approval)
+        if revoked:
+            out.events.append(
+                Event("Normal", "ApprovalsRevoked", f"the abort revokes the gates granted before: {', '.join(revoked)}")
+            )
     chosen, waiting = choose_enables(spec, work, approval, bool(aborted))
     for name in chosen:
         step = gating.enable(work[name].status, now)
@@ -479,6 +489,16 @@ def approvals(rollout: RolloutView, spec: GluonRolloutSpec, now: float) -> dict[
     }
 
 
+def revoke_approvals(rollout: RolloutView, approval: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """An abort revokes every grant: a resumed rollout starts over from its canaries and waits at each gate
+    for a new grant. The approve annotation present now is spent (the executor removes it), so it cannot
+    grant a gate again once the abort is lifted. Returns (the annotations spent, the gates revoked)."""
+    revoked = granted_gates(approval)
+    approval["granted"], approval["_before"], asked = [], [], approval["_asked"]
+    approval["_asked"] = None
+    return ({contract.ANNOTATION_ROLLOUT_APPROVE: asked} if asked is not None else {}), revoked
+
+
 def granted_gates(approval: Mapping[str, Any]) -> list[str]:
     return [g["gate"] for g in approval["granted"]]
 
@@ -498,9 +518,18 @@ def choose_enables(
 ) -> tuple[list[str], str | None]:
     """Batch by batch in order, each with its own canaries: at most canaryNodes until they are promoted,
     then at most maxParallel in progress; a batch starts when the one before has nothing left to do.
-    Held nodes neither count nor get chosen. Returns (nodes to enable, the approval gate waited for)."""
-    if spec.paused or aborted:
+    Held nodes neither count nor get chosen. Returns (nodes to enable, the approval gate waited for).
+    Paused: nothing is enabled, but the gate waited for is still named (and a promote then recorded), so a
+    person may approve while paused and the grant takes effect on resume."""
+    if aborted:
         return [], None
+    chosen, gate = enables_by_strategy(spec, work, approval)
+    return ([] if spec.paused else chosen), gate
+
+
+def enables_by_strategy(
+    spec: GluonRolloutSpec, work: Mapping[str, NodeWork], approval: dict[str, Any]
+) -> tuple[list[str], str | None]:
     by_batch = batches(work)
     order = spec.strategy.batches.order if spec.strategy.batches else [FLEET]
     mode = spec.strategy.approval

@@ -15,6 +15,7 @@ from gluon_common.sglang_routes import MAX_VERIFY_Q_LEN
 GROUP = "gluonrollout.io"
 VERSION = "v1alpha1"
 PLURAL = "gluonrollouts"
+ROLLOUT_FINALIZER = f"{GROUP}/finalizer"  # kopf's finalizer on GluonRollouts (handlers.configure)
 KIND = "GluonRollout"
 
 

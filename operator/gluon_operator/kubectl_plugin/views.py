@@ -44,13 +44,19 @@ def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
 def node_records(rollout: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]] = ()) -> dict[str, dict[str, Any]]:
     """Each node's durable record as the operator last wrote it: this rollout's record annotation on the
     Node (always there, contract.ANNOTATION_NODE_RECORD), else the rollout's status.nodes (which past 500
-    nodes holds only those needing attention)."""
+    nodes holds only those needing attention). Its numbers are the status's while that lists the node in the
+    same state: the Node's record is rewritten only when a deciding field changes, the status at every look,
+    so status and explain show the judge's recorded effect of the latest look, as the demo does."""
     out = {name: dict(record or {}) for name, record in ((rollout.get("status") or {}).get("nodes") or {}).items()}
     view = plan.rollout_view(rollout)
     for node in nodes:
         status, _ = plan.recorded_status(view, world.node_view(node))
         if status is not None:
-            out[meta(node)["name"]] = status.to_dict()
+            name, entry = meta(node)["name"], status.to_dict()
+            listed = out.get(name) or {}
+            if listed.get("state") == entry["state"] and isinstance(listed.get("numbers"), Mapping):
+                entry["numbers"] = dict(listed["numbers"])
+            out[name] = entry
     return out
 
 
@@ -90,8 +96,7 @@ def flag_in_use(pods: Sequence[Mapping[str, Any]]) -> str:
 
 
 def effect_text(numbers: Mapping[str, Any]) -> str:
-    effect = numbers.get("effect")
-    return f"x{effect:.3f}" if isinstance(effect, (int, float)) else NONE
+    return gating.effect_text(numbers, NONE)
 
 
 # ---------------------------------------------------------------- reasons and times, for a person
@@ -452,12 +457,12 @@ def ago(record: Mapping[str, Any], timestamp: Any) -> str:
 
 def effect_words(record: Mapping[str, Any], numbers: Mapping[str, Any]) -> str | None:
     """The judged effect, its interval and the bar it had to clear, in words."""
-    effect = numbers.get("effect")
-    if not isinstance(effect, (int, float)):
+    effect = gating.recorded_effect(numbers)
+    if effect is None:
         return None
     metric = "decode speed" if record.get("direction", "higher") == "higher" else "the metric"
     change = (effect - 1) * 100
-    text = f"x{effect:.3f}: {metric} {abs(change):.1f}% {'above' if change >= 0 else 'below'} that of its controls"
+    text = f"{gating.effect_text(numbers)}: {metric} {abs(change):.1f}% {'above' if change >= 0 else 'below'} that of its controls"
     low, high = numbers.get("ci_low"), numbers.get("ci_high")
     if isinstance(low, (int, float)) and isinstance(high, (int, float)):
         text += f", {record.get('confidence', 0.95) * 100:g}% interval x{low:.3f} to x{high:.3f}"
