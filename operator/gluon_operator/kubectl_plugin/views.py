@@ -462,7 +462,8 @@ def effect_words(record: Mapping[str, Any], numbers: Mapping[str, Any]) -> str |
         return None
     metric = "decode speed" if record.get("direction", "higher") == "higher" else "the metric"
     change = (effect - 1) * 100
-    text = f"{gating.effect_text(numbers)}: {metric} {abs(change):.1f}% {'above' if change >= 0 else 'below'} that of its controls"
+    side = "above" if change >= 0 else "below"
+    text = f"{gating.effect_text(numbers)}: {metric} {abs(change):.1f}% {side} that of its controls"
     low, high = numbers.get("ci_low"), numbers.get("ci_high")
     if isinstance(low, (int, float)) and isinstance(high, (int, float)):
         text += f", {record.get('confidence', 0.95) * 100:g}% interval x{low:.3f} to x{high:.3f}"
