@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import ControlPlane, fleet
 from gluon_localcluster.images import AGENT_IMAGE, SERVING_IMAGE, agent_image, serving_image
 from gluon_localcluster.install import install

@@ -11,7 +11,7 @@ import time
 import pytest
 from kubernetes import client
 
-from gluon_agent import contract
+from gluon_common import contract
 from gluon_localcluster import ControlPlane, fleet
 from gluon_localcluster.images import (
     AGENT_IMAGE,

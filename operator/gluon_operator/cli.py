@@ -73,7 +73,7 @@ def release_rollouts(api: object, settle: float, deadline: float) -> int:
 
     from kubernetes import client
 
-    from gluon_agent.kube import MERGE_PATCH
+    from gluon_common.kube import MERGE_PATCH
 
     from . import records
     from .spec import GROUP, PLURAL, VERSION
