@@ -30,6 +30,8 @@ tools: $(TOOLS_STAMP)
 # localcluster/k8s; build.sh is a no-op while its stamp matches the pins (cold: minutes, see docs/controlplane.md).
 cluster:
 	localcluster/k8s/build.sh
+	# the Prometheus Operator and its CRDs, from its own pins (localcluster/promop), into .cluster
+	localcluster/promop/build.sh
 
 test: setup tools cluster
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)

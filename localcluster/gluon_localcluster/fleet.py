@@ -32,10 +32,23 @@ def node_ip(index: int) -> str:
     return f"127.10.{index // 250}.{index % 250 + 1}"
 
 
+def pod_cidr(index: int) -> str:
+    """A /24 of loopback addresses per node (127.20.0.0/14 holds 1,024 nodes): kwok gives the node's pods IPs
+    from it, and the harness's pod network (podnet.py) listens there, so Prometheus reaches pods at their IPs."""
+    if not 0 <= index < 1024:
+        raise ValueError(f"node index {index}: pod CIDRs on the loopback exist for indexes 0..1023")
+    return f"127.{20 + index // 256}.{index % 256}.0/24"
+
+
 def kwok_node(
-    name: str, index: int, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+    name: str,
+    index: int,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    pod_network: bool = False,
 ) -> dict[str, Any]:
-    """A node kwok keeps Ready (SIMULATION of its kubelet), with room for a serving pod and an agent."""
+    """A node kwok keeps Ready (SIMULATION of its kubelet), with room for a serving pod and an agent.
+    `pod_network`: its pods get loopback IPs of their own (pod_cidr), reachable through podnet.py."""
     capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "amd.com/gpu": "8"}
     return {
         "apiVersion": "v1",
@@ -51,7 +64,7 @@ def kwok_node(
                 **(labels or {}),
             },
         },
-        "spec": {},
+        "spec": {"podCIDR": pod_cidr(index)} if pod_network else {},
         "status": {
             "allocatable": capacity,
             "capacity": capacity,
