@@ -6,8 +6,8 @@ service discovery against the real API server; the judge's series labelled by th
 The harness's SimCluster (3 kwok nodes, real agents and operator processes, SGLang-shaped exporters:
 SIMULATION, named so in simcluster.py). No rollout runs (the demo's end-to-end test runs one through this
 same path): the serving pods get the flag label as the operator's executor writes it for a rollout's pods,
-and the analysis is called on its own against this Prometheus. Binds the fixed loopback node addresses,
-like tests/test_e2e.py: never run beside it."""
+and the analysis is called on its own against this Prometheus. Its nodes' loopback addresses are its own
+(indexes 240..242), clear of the demo's."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ STEP = 2
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     nodes = tuple(SimNode(n) for n in NODES)
-    sim = SimCluster(nodes, workdir=tmp_path_factory.mktemp("monitoring"), operator_monitoring=True)
+    # Node indexes 240..242: clear of the demo's and the end-to-end tests' fixed node addresses (1..8).
+    sim = SimCluster(nodes, workdir=tmp_path_factory.mktemp("monitoring"), operator_monitoring=True, first_index=240)
     try:
         sim.start()
         sim.wait_for_agents()

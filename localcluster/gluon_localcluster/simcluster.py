@@ -119,15 +119,17 @@ class SimCluster:
         proxy: bool = False,
         seed: int = 0,
         operator_monitoring: bool = False,
+        first_index: int = 1,
     ) -> None:
         """`operator_monitoring`: the chart's monitors through a real Prometheus Operator (monitoring.py)
-        instead of a Prometheus with static targets."""
+        instead of a Prometheus with static targets. `first_index`: the first node's index, hence its
+        loopback address (fleet.node_ip): a test may keep clear of the demo's fixed addresses (1..8)."""
         self.operator_monitoring = operator_monitoring
         self.fleet = fleet_nodes
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="gluon-sim-")).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.reconcile_seconds = reconcile_seconds
-        self.nodes = {n.name: Running(n, i + 1) for i, n in enumerate(fleet_nodes)}
+        self.nodes = {n.name: Running(n, i + first_index) for i, n in enumerate(fleet_nodes)}
         self.want_proxy, self.seed = proxy, seed
         self.cp: ControlPlane | None = None
         self.installed: Installed | None = None
@@ -192,6 +194,7 @@ class SimCluster:
                 relabelled=self.operator_monitoring,
             ).start()
         self.start_operator()
+        self._wait_for_webhook()
         if self.monitoring is not None:
             self.podnet = PodNetwork(self.admin, self.pod_routes).start()
             self.prometheus = self.monitoring.prometheus()
@@ -209,6 +212,23 @@ class SimCluster:
             )
         self._serving_workloads()
         return self
+
+    def _wait_for_webhook(self, timeout: float = 60) -> None:
+        """Serving pods created before the operator's webhook answers are admitted without it (failure policy
+        Ignore): no preflight, no verdict, so the operator never labels their flag and the chart's PodMonitor
+        gives their series no `flag`. Users install the chart before their workloads; so does the demo."""
+        import socket
+
+        assert self.installed is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.installed.webhook_port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        log = self.operator.tail(10) if self.operator else ""
+        raise TimeoutError(f"the operator's webhook did not listen within {timeout} s: {log}")
 
     def pod_routes(self, pod: dict[str, Any]) -> dict[int, tuple[str, int]]:
         """Where a pod's named ports lead (podnet.py): an agent's to its process on the node's address, the
