@@ -194,7 +194,6 @@ class SimCluster:
                 relabelled=self.operator_monitoring,
             ).start()
         self.start_operator()
-        self._wait_for_webhook()
         if self.monitoring is not None:
             self.podnet = PodNetwork(self.admin, self.pod_routes).start()
             self.prometheus = self.monitoring.prometheus()
@@ -212,23 +211,6 @@ class SimCluster:
             )
         self._serving_workloads()
         return self
-
-    def _wait_for_webhook(self, timeout: float = 60) -> None:
-        """Serving pods created before the operator's webhook answers are admitted without it (failure policy
-        Ignore): no preflight, no verdict, so the operator never labels their flag and the chart's PodMonitor
-        gives their series no `flag`. Users install the chart before their workloads; so does the demo."""
-        import socket
-
-        assert self.installed is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.installed.webhook_port), timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.2)
-        log = self.operator.tail(10) if self.operator else ""
-        raise TimeoutError(f"the operator's webhook did not listen within {timeout} s: {log}")
 
     def pod_routes(self, pod: dict[str, Any]) -> dict[int, tuple[str, int]]:
         """Where a pod's named ports lead (podnet.py): an agent's to its process on the node's address, the
