@@ -11,6 +11,7 @@ and the analysis is called on its own against this Prometheus. Its nodes' loopba
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -137,31 +138,65 @@ def test_the_pod_selector_narrows_the_series_through_the_selector(cluster):
     assert cluster.prometheus.query(speed_query(dict(fleet.SERVING_LABELS, serving="absent"))) == []
 
 
-def test_gluon_agent_down_fires_when_an_agent_stops(cluster):
-    """The chart's rule as the operator put it in its rule file, its `for` shortened from 5m to 2s on the
-    PrometheusRule object (so the test waits seconds), the agent's process stopped."""
+def shorten_for(cluster: SimCluster, alert: str) -> None:
+    """The chart's rule as the operator put it in its rule file, its `for` shortened to 2s on the
+    PrometheusRule object (so a test waits seconds, not minutes); returns once Prometheus has the new rule."""
     custom = client.CustomObjectsApi(cluster.admin)
     ns = cluster.installed.namespace
     rule = custom.get_namespaced_custom_object(MONITORING, "v1", ns, "prometheusrules", "gluon-rollout")
-    index = next(i for i, r in enumerate(rule["spec"]["groups"][0]["rules"]) if r.get("alert") == "GluonAgentDown")
+    index = next(i for i, r in enumerate(rule["spec"]["groups"][0]["rules"]) if r.get("alert") == alert)
     rule["spec"]["groups"][0]["rules"][index]["for"] = "2s"
     custom.replace_namespaced_custom_object(MONITORING, "v1", ns, "prometheusrules", "gluon-rollout", rule)
-    wait_for(lambda: "for: 2s" in Path(next((cluster.monitoring.dir / "rules").rglob("*.yaml"))).read_text(), 60)
+
+    def loaded() -> bool:
+        groups = cluster.prometheus.api("rules")["groups"]
+        return any(r["name"] == alert and r.get("duration") == 2 for g in groups for r in g["rules"])
+
+    wait_for(loaded, 60, interval=0.5, what=f"{alert} reloaded with for: 2s")
+
+
+def firing(cluster: SimCluster, alert: str) -> list[dict]:
+    return [a for a in cluster.prometheus.alerts() if a["labels"].get("alertname") == alert and a["state"] == "firing"]
+
+
+def test_gluon_agent_down_fires_when_an_agent_stops(cluster):
+    shorten_for(cluster, "GluonAgentDown")
     running = cluster.nodes["mon-c"]
     running.agent.stop()
     try:
-
-        def firing() -> list[dict]:
-            return [
-                a
-                for a in cluster.prometheus.alerts()
-                if a["labels"].get("alertname") == "GluonAgentDown" and a["state"] == "firing"
-            ]
-
-        alerts = wait_for(firing, 60, interval=0.5, what="GluonAgentDown firing")
+        alerts = wait_for(lambda: firing(cluster, "GluonAgentDown"), 60, interval=0.5, what="GluonAgentDown firing")
         assert [a["labels"]["node"] for a in alerts] == ["mon-c"]
     finally:
         cluster._start_agent(running)
+
+
+def test_selftest_failing_with_flag_on_fires_for_that_node(cluster):
+    """The fault case: a node's pods serve with the flag on (their label as the operator's executor writes
+    it when their preflight chose 1), then its agent restarts and its self-test fails (SIMULATION result)."""
+    shorten_for(cluster, "GluonSelfTestFailingWithFlagOn")
+    running = cluster.nodes["mon-b"]
+    pod = next(p for p in cluster.pods() if p["spec"]["nodeName"] == "mon-b")["metadata"]["name"]
+
+    def flag(value: str) -> None:
+        cluster.core.patch_namespaced_pod(pod, SERVING_NS, {"metadata": {"labels": {contract.LABEL_POD_FLAG: value}}})
+
+    def restart_agent(node: SimNode) -> None:
+        running.node = node
+        running.agent.stop()
+        cluster._start_agent(running)
+
+    passing = running.node
+    flag("1")
+    restart_agent(dataclasses.replace(passing, fallback="fail"))
+    try:
+        alerts = wait_for(
+            lambda: firing(cluster, "GluonSelfTestFailingWithFlagOn"), 90, interval=0.5, what="the alert firing"
+        )
+        assert [a["labels"]["node"] for a in alerts] == ["mon-b"]
+        assert not firing(cluster, "GluonAgentDown")  # the agent is up, only its self-test fails
+    finally:
+        flag("0")
+        restart_agent(passing)
 
 
 def test_a_podmonitor_without_the_node_relabeling_makes_the_analysis_inconclusive_naming_node(cluster):
