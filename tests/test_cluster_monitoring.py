@@ -109,13 +109,16 @@ def test_every_alert_rule_of_the_chart_loads(cluster):
     wait_for(lambda: names <= cluster.prometheus.rule_names(), timeout=60, what=f"rules {sorted(names)} loaded")
 
 
-def test_agents_found_by_service_discovery(cluster):
+def test_agents_and_operator_found_by_service_discovery(cluster):
     def up(job: str) -> list[dict]:
         return cluster.prometheus.query(f'up{{job="{job}"}} == 1')
 
     agents = wait_for(lambda: len(up("gluon-rollout-agent")) == len(NODES) and up("gluon-rollout-agent"), 90)
     assert sorted(a["metric"]["node"] for a in agents) == sorted(NODES)
-    assert all(a["metric"]["instance"].startswith("127.2") for a in agents)  # pod IPs, from the nodes' podCIDRs
+    assert all(a["metric"]["instance"].startswith("10.244.") for a in agents)  # pod IPs, from the nodes' podCIDRs
+    # The operator's Service has endpoints (pod IPs outside 127/8): its ServiceMonitor's job finds it.
+    operator = wait_for(lambda: up("gluon-rollout-operator"), 90, what="the operator's target up")
+    assert operator[0]["metric"]["namespace"] == cluster.installed.namespace
 
 
 def test_the_judge_query_gives_one_series_per_node_with_node_and_flag(cluster):

@@ -14,7 +14,7 @@ import pytest
 from gluon_localcluster import fleet
 from gluon_localcluster.fake_sglang import FakeSglang, NodeModel
 from gluon_localcluster.monitoring import dashboard_queries, expand_env, localize, monitoring_values, prometheus_object
-from gluon_localcluster.podnet import Forwarder, running_ip
+from gluon_localcluster.podnet import Forwarder, NetNamespace, running_ip
 from tests.helpers import free_port
 
 GENERATED = {
@@ -66,13 +66,13 @@ def test_the_prometheus_object_selects_the_chart_release_label():
     }
 
 
-def test_pod_cidrs_are_loopback_and_distinct():
-    cidrs = [fleet.pod_cidr(i) for i in range(1024)]
-    assert len(set(cidrs)) == 1024 and all(c.startswith("127.") and c.endswith(".0/24") for c in cidrs)
-    assert fleet.kwok_node("n", 3, pod_network=True)["spec"] == {"podCIDR": "127.20.3.0/24"}
+def test_pod_cidrs_are_distinct_in_the_pod_network():
+    cidrs = [fleet.pod_cidr(i) for i in range(256)]
+    assert len(set(cidrs)) == 256 and all(c.startswith("10.244.") and c.endswith(".0/24") for c in cidrs)
+    assert fleet.kwok_node("n", 3, pod_network=True)["spec"] == {"podCIDR": "10.244.3.0/24"}
     assert fleet.kwok_node("n", 3)["spec"] == {}
-    with pytest.raises(ValueError, match="1023"):
-        fleet.pod_cidr(1024)
+    with pytest.raises(ValueError, match="0..255"):
+        fleet.pod_cidr(256)
 
 
 def test_running_ip_only_while_the_pod_runs():
@@ -80,6 +80,26 @@ def test_running_ip_only_while_the_pod_runs():
     assert running_ip(pod) == "127.20.1.2"
     assert running_ip({"metadata": {}, "status": {"phase": "Pending", "podIP": "127.20.1.2"}}) is None
     assert running_ip({"metadata": {"deletionTimestamp": "x"}, "status": pod["status"]}) is None
+
+
+def test_a_forwarder_relays_from_the_pod_network_namespace():
+    """The namespace's 10.244.0.0/16 is local inside it only; a relay listening there reaches the host."""
+    backend = socket.socket()
+    backend.bind(("127.0.0.1", 0))
+    backend.listen()
+    threading.Thread(target=lambda: backend.accept()[0].sendall(b"hello"), daemon=True).start()
+    netns = NetNamespace()
+    port = free_port()
+    relay = Forwarder(("10.244.7.9", port), backend.getsockname(), listen_ns=netns)
+    try:
+        with pytest.raises(OSError):
+            socket.create_connection(("10.244.7.9", port), timeout=1)  # not on the host
+        with netns.entered(), socket.create_connection(("10.244.7.9", port), timeout=5) as c:
+            assert c.recv(10) == b"hello"
+    finally:
+        relay.stop()
+        netns.stop()
+        backend.close()
 
 
 def test_a_forwarder_relays_both_ways_and_refuses_when_the_backend_is_gone():

@@ -33,11 +33,12 @@ def node_ip(index: int) -> str:
 
 
 def pod_cidr(index: int) -> str:
-    """A /24 of loopback addresses per node (127.20.0.0/14 holds 1,024 nodes): kwok gives the node's pods IPs
-    from it, and the harness's pod network (podnet.py) listens there, so Prometheus reaches pods at their IPs."""
-    if not 0 <= index < 1024:
-        raise ValueError(f"node index {index}: pod CIDRs on the loopback exist for indexes 0..1023")
-    return f"127.{20 + index // 256}.{index % 256}.0/24"
+    """A /24 per node in the pod network namespace's 10.244.0.0/16 (podnet.NetNamespace): kwok gives the
+    node's pods IPs from it, and the harness's pod network (podnet.py) listens there, so Prometheus reaches
+    pods at their IPs (and Services get endpoints: Kubernetes refuses loopback addresses in EndpointSlices)."""
+    if not 0 <= index < 256:
+        raise ValueError(f"node index {index}: pod CIDRs in 10.244.0.0/16 exist for indexes 0..255")
+    return f"10.244.{index}.0/24"
 
 
 def kwok_node(
@@ -48,7 +49,7 @@ def kwok_node(
     pod_network: bool = False,
 ) -> dict[str, Any]:
     """A node kwok keeps Ready (SIMULATION of its kubelet), with room for a serving pod and an agent.
-    `pod_network`: its pods get loopback IPs of their own (pod_cidr), reachable through podnet.py."""
+    `pod_network`: its pods get IPs of their own (pod_cidr), reachable through podnet.py."""
     capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "amd.com/gpu": "8"}
     return {
         "apiVersion": "v1",

@@ -173,6 +173,7 @@ class MonitoringStack:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.operator: Component | None = None
         self.server: Prometheus | None = None
+        self.api_relay: Any = None
         self.reloads = 0
         self.applied: str | None = None  # hash of what Prometheus runs
         self.errors: list[str] = []
@@ -311,9 +312,14 @@ class MonitoringStack:
         (self.dir / "prometheus.yaml").write_text(yaml.safe_dump(local, sort_keys=False))
         return hashlib.sha256((config + json.dumps(rules, sort_keys=True)).encode()).hexdigest()
 
-    def prometheus(self, timeout: float = 90) -> Prometheus:
+    def prometheus(self, timeout: float = 90, netns: Any = None) -> Prometheus:
         """Prometheus on the generated config (waits for the operator to write one with scrape jobs), kept
-        up to date by a reloader thread."""
+        up to date by a reloader thread. `netns`: the pods' network namespace (podnet.NetNamespace) to run
+        in, the API server relayed into it on its own address."""
+        if netns is not None:
+            from .podnet import Forwarder
+
+            self.api_relay = Forwarder(("127.0.0.1", self.cp.port), ("127.0.0.1", self.cp.port), listen_ns=netns)
         token = self.cp.token_for(NAMESPACE, SERVICE_ACCOUNT, seconds=24 * 3600)
         self.kubeconfig = self.cp.kubeconfig_for_token(token, "prometheus")
         config = self.wait_generated(timeout)
@@ -322,6 +328,7 @@ class MonitoringStack:
             config_file=self.dir / "prometheus.yaml",
             directory=self.dir / "server",
             binary=str(bin_dir() / "prometheus"),
+            netns=netns,
         )
         self._thread = threading.Thread(target=self._reload_loop, daemon=True, name="prometheus-reloader")
         self._thread.start()
@@ -364,6 +371,8 @@ class MonitoringStack:
             self._thread.join(5)
         if self.server is not None:
             self.server.stop()
+        if self.api_relay is not None:
+            self.api_relay.stop()
         if self.operator is not None:
             self.operator.stop()
 

@@ -34,9 +34,11 @@ class Prometheus:
         directory: Path | None = None,
         config_file: Path | None = None,
         binary: str | None = None,
+        netns: Any = None,
     ) -> None:
         """targets: job -> ["host:port", ...] or [{"targets": [...], "labels": {...}}, ...]. `binary`: another
-        Prometheus than Debian's on PATH (monitoring.py's, built with Kubernetes service discovery)."""
+        Prometheus than Debian's on PATH (monitoring.py's, built with Kubernetes service discovery). `netns`: a
+        podnet.NetNamespace to run in, its port relayed to the same port on the host's 127.0.0.1."""
         binary = binary or shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus is not installed: `make test` installs it (.ci/install-tools)")
@@ -64,6 +66,12 @@ class Prometheus:
             "--web.enable-lifecycle",
         ]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.relay = None
+        if netns is not None:
+            from .podnet import Forwarder
+
+            self.argv = netns.wrap(self.argv)
+            self.relay = Forwarder(("127.0.0.1", self.port), ("127.0.0.1", self.port), connect_ns=netns)
         self.start()
 
     def start(self) -> None:
@@ -120,4 +128,6 @@ class Prometheus:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.halt()
+        if self.relay is not None:
+            self.relay.stop()
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -39,7 +39,7 @@ from .faultproxy import FaultProxy
 from .install import Installed, install
 from .kubelet_sim import Image, InitOutcome, KubeletSim
 from .monitoring import MonitoringStack, monitoring_values
-from .podnet import PodNetwork
+from .podnet import NetNamespace, PodNetwork
 from .prometheus import Prometheus
 
 SERVING_NS = "serving"
@@ -139,6 +139,7 @@ class SimCluster:
         self.prometheus: Prometheus | None = None
         self.monitoring: MonitoringStack | None = None
         self.podnet: PodNetwork | None = None
+        self.netns: NetNamespace | None = None
         self.metrics_port = free_port()
         self.pod_flags: dict[str, str] = {}  # serving pod name -> the flag its preflight gave it
         self.node_events: list[tuple[float, str, dict[str, str]]] = []  # (time, node, our labels) from a watch
@@ -195,8 +196,9 @@ class SimCluster:
             ).start()
         self.start_operator()
         if self.monitoring is not None:
-            self.podnet = PodNetwork(self.admin, self.pod_routes).start()
-            self.prometheus = self.monitoring.prometheus()
+            self.netns = NetNamespace()
+            self.podnet = PodNetwork(self.admin, self.pod_routes, netns=self.netns).start()
+            self.prometheus = self.monitoring.prometheus(netns=self.netns)
         else:
             self.prometheus = Prometheus(
                 {
@@ -445,6 +447,8 @@ class SimCluster:
             self.monitoring.stop()  # Prometheus with it
         elif self.prometheus is not None:
             self.prometheus.stop()
+        if self.netns is not None:
+            self.netns.stop()
         if self.cp:
             self.cp.stop()
 
