@@ -32,6 +32,8 @@ tools: $(TOOLS_STAMP)
 cluster:
 	localcluster/k8s/build.sh
 	localcluster/node/build.sh
+	# the Prometheus Operator and its CRDs, from its own pins (localcluster/promop), into .cluster
+	localcluster/promop/build.sh
 
 # The images the real nodes run (buildah, bases from Debian's packages), each cached under a hash of its inputs.
 images: setup tools

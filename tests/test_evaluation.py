@@ -211,6 +211,26 @@ async def test_a_wrong_answer_is_an_inconclusive_verdict_with_the_error_and_a_me
     )  # kept, not lost
 
 
+async def test_series_without_the_node_label_are_inconclusive_naming_the_label(prom):
+    """A PodMonitor without the chart's relabeling to `node`: Prometheus answers, no series says its node."""
+    statuses = fleet(6)
+    fake, url = await prom(list(statuses), "n0")
+    series = {"metric": {"flag": "1", "pod": "sglang-a"}, "values": [[NOW - STEP, "30.0"], [NOW, "31.0"]]}
+    fake.body = {"status": "success", "data": {"resultType": "matrix", "result": [series]}}
+    before = errors("missing_label")
+    verdicts, summary = await evaluation.analyse("serving", "r", spec(url), statuses, NOW, LOG)
+    assert {v.result for v in verdicts.values()} == {"inconclusive"} and summary["errorKind"] == "missing_label"
+    assert verdicts["n0"].reason.startswith("inconclusive: missing label: the speed query's 1 series carry no 'node'")
+    assert errors("missing_label") == before + 1
+
+
+def test_require_label_passes_answers_that_carry_it_or_are_empty():
+    analysis.require_label([], "node", "speed")
+    analysis.require_label([{"metric": {"node": "a"}}, {"metric": {}}], "node", "speed")
+    with pytest.raises(analysis.MissingLabel, match="'node'"):
+        analysis.require_label([{"metric": {"flag": "0"}}], "node", "speed")
+
+
 async def test_a_failing_gauge_query_judges_without_that_gauge(prom):
     statuses = fleet(6)
     fake, url = await prom(list(statuses), "n0")

@@ -176,12 +176,30 @@ def run(out: Path, timeout: float, quiet: bool = False) -> dict:
         result["pod_flags"] = {
             p["spec"]["nodeName"]: p["metadata"].get("labels", {}).get(contract.LABEL_POD_FLAG) for p in cluster.pods()
         }
+        if cluster.monitoring is not None:
+            result["dashboard"] = dashboard_series(cluster)
         (out / "summary.json").write_text(json.dumps(result, indent=2))
         if not quiet:
             plugin_pass(cluster, result)
         return result
     finally:
         cluster.stop()
+
+
+def dashboard_series(cluster: SimCluster) -> list[dict]:
+    """Every panel query of the chart's dashboard ConfigMap (as installed), with $namespace set to the
+    rollout's namespace as a person would pick it, against the demo's Prometheus: how many series each got."""
+    from .monitoring import dashboard_queries
+
+    assert cluster.installed is not None and cluster.prometheus is not None
+    config = cluster.core.read_namespaced_config_map(
+        f"{cluster.installed.release}-dashboard", cluster.installed.namespace
+    )
+    dashboard = json.loads(next(iter(config.data.values())))
+    return [
+        {"panel": title, "query": expr, "series": len(cluster.prometheus.query(expr))}
+        for title, expr in dashboard_queries(dashboard, {"namespace": SERVING_NS})
+    ]
 
 
 def plugin_pass(cluster: SimCluster, result: dict) -> None:

@@ -3,8 +3,10 @@ labels, values integrated from a decode speed that follows the flag each node's 
 
 Metrics (as `--enable-metrics` serves them): histogram sglang:inter_token_latency_seconds, counter
 sglang:generation_tokens_total, gauges sglang:gen_throughput, sglang:num_running_reqs,
-sglang:num_queue_reqs, sglang:token_usage; labels model_name, engine_type, tp_rank, plus node, flag,
-namespace and the pod's app label as the chart's PodMonitor relabeling adds them."""
+sglang:num_queue_reqs, sglang:token_usage; labels model_name, engine_type, tp_rank. With `relabelled`
+False it also adds node, flag, namespace and the pod's app label itself (for static scrape configs); with
+True those come from the chart's PodMonitor relabelings, as on a cluster (the harness's Prometheus runs the
+Prometheus Operator's config: monitoring.py), and each pod's series carries its own pod's flag label."""
 
 from __future__ import annotations
 
@@ -49,8 +51,10 @@ class FakeSglang:
         namespace: str = "serving",
         app: str = "sglang",
         tick: float = 0.05,
+        relabelled: bool = False,
     ) -> None:
         self.model, self.flag_of, self.namespace, self.app, self.tick = model, flag_of, namespace, app, tick
+        self.relabelled = relabelled
         self.count: dict[str, float] = {}  # per flag value: tokens
         self.seconds: dict[str, float] = {}  # per flag value: seconds spent per token, summed
         self.speed = BASE_TOKENS_PER_SECOND
@@ -62,10 +66,11 @@ class FakeSglang:
         self.port = 0
 
     def labels(self, flag: str) -> dict[str, str]:
+        own = {"model_name": "kimi-k3", "engine_type": "unified", "tp_rank": "0"}
+        if self.relabelled:
+            return own
         return {
-            "model_name": "kimi-k3",
-            "engine_type": "unified",
-            "tp_rank": "0",
+            **own,
             "node": self.model.node,
             "flag": flag,
             "namespace": self.namespace,
@@ -90,10 +95,14 @@ class FakeSglang:
                 "queued": GaugeMetricFamily("sglang:num_queue_reqs", "Queued requests", labels=list(self.labels("0"))),
                 "usage": GaugeMetricFamily("sglang:token_usage", "KV cache usage", labels=list(self.labels("0"))),
             }
+            series: dict[tuple[str, ...], tuple[float, float]] = {}  # one per flag, or one in all when relabelled
             for flag, count in self.count.items():
-                values = list(self.labels(flag).values())
-                families["itl"].add_metric(values, buckets=[("+Inf", count)], sum_value=self.seconds[flag])
-                families["tokens"].add_metric(values, count)
+                values = tuple(self.labels(flag).values())
+                before = series.get(values, (0.0, 0.0))
+                series[values] = (before[0] + count, before[1] + self.seconds[flag])
+            for values, (count, seconds) in series.items():
+                families["itl"].add_metric(list(values), buckets=[("+Inf", count)], sum_value=seconds)
+                families["tokens"].add_metric(list(values), count)
             current = list(self.labels(self.flag).values())
             running = RUNNING_REQUESTS * self.model.traffic
             families["throughput"].add_metric(current, self.speed * running)

@@ -33,10 +33,24 @@ def node_ip(index: int) -> str:
     return f"127.10.{index // 250}.{index % 250 + 1}"
 
 
+def pod_cidr(index: int) -> str:
+    """A /24 per node in the pod network namespace's 10.244.0.0/16 (podnet.NetNamespace): kwok gives the
+    node's pods IPs from it, and the harness's pod network (podnet.py) listens there, so Prometheus reaches
+    pods at their IPs (and Services get endpoints: Kubernetes refuses loopback addresses in EndpointSlices)."""
+    if not 0 <= index < 256:
+        raise ValueError(f"node index {index}: pod CIDRs in 10.244.0.0/16 exist for indexes 0..255")
+    return f"10.244.{index}.0/24"
+
+
 def kwok_node(
-    name: str, index: int, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+    name: str,
+    index: int,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    pod_network: bool = False,
 ) -> dict[str, Any]:
-    """A node kwok keeps Ready (SIMULATION of its kubelet), with room for a serving pod and an agent."""
+    """A node kwok keeps Ready (SIMULATION of its kubelet), with room for a serving pod and an agent.
+    `pod_network`: its pods get IPs of their own (pod_cidr), reachable through podnet.py."""
     capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "amd.com/gpu": "8"}
     return {
         "apiVersion": "v1",
@@ -52,7 +66,7 @@ def kwok_node(
                 **(labels or {}),
             },
         },
-        "spec": {},
+        "spec": {"podCIDR": pod_cidr(index)} if pod_network else {},
         "status": {
             "allocatable": capacity,
             "capacity": capacity,

@@ -24,37 +24,54 @@ def _get(url: str, timeout: float) -> tuple[int, Any]:
 
 
 class Prometheus:
-    """A real Prometheus server (Debian package) on 127.0.0.1, scraping the given targets every second."""
+    """A real Prometheus server (Debian package) on 127.0.0.1: scraping the given static targets every
+    second, or running `config_file` (the Prometheus Operator's generated config: monitoring.py)."""
 
     def __init__(
-        self, targets: dict[str, list[Any]], scrape_interval: str = "1s", directory: Path | None = None
+        self,
+        targets: dict[str, list[Any]] | None = None,
+        scrape_interval: str = "1s",
+        directory: Path | None = None,
+        config_file: Path | None = None,
+        binary: str | None = None,
+        netns: Any = None,
     ) -> None:
-        """targets: job -> ["host:port", ...] or [{"targets": [...], "labels": {...}}, ...]."""
-        binary = shutil.which("prometheus")
+        """targets: job -> ["host:port", ...] or [{"targets": [...], "labels": {...}}, ...]. `binary`: another
+        Prometheus than Debian's on PATH (monitoring.py's, built with Kubernetes service discovery). `netns`: a
+        podnet.NetNamespace to run in, its port relayed to the same port on the host's 127.0.0.1."""
+        binary = binary or shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus is not installed: `make test` installs it (.ci/install-tools)")
+        if (targets is None) == (config_file is None):
+            raise ValueError("Prometheus takes either static targets or a config_file, not both or neither")
         self.dir = Path(directory or tempfile.mkdtemp(prefix="prom-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        jobs = [
-            {
-                "job_name": job,
-                "scrape_interval": scrape_interval,
-                "static_configs": [h if isinstance(h, dict) else {"targets": [h]} for h in hosts],
-            }
-            for job, hosts in targets.items()
-        ]
-        (self.dir / "prometheus.yml").write_text(
-            json.dumps({"global": {"scrape_interval": scrape_interval}, "scrape_configs": jobs})
-        )
+        if config_file is None:
+            config_file = self.dir / "prometheus.yml"
+            jobs = [
+                {
+                    "job_name": job,
+                    "scrape_interval": scrape_interval,
+                    "static_configs": [h if isinstance(h, dict) else {"targets": [h]} for h in hosts],
+                }
+                for job, hosts in (targets or {}).items()
+            ]
+            config_file.write_text(json.dumps({"global": {"scrape_interval": scrape_interval}, "scrape_configs": jobs}))
         self.argv = [
             binary,
-            f"--config.file={self.dir / 'prometheus.yml'}",
+            f"--config.file={config_file}",
             f"--storage.tsdb.path={self.dir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--web.enable-lifecycle",
         ]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.relay = None
+        if netns is not None:
+            from .podnet import Forwarder
+
+            self.argv = netns.wrap(self.argv)
+            self.relay = Forwarder(("127.0.0.1", self.port), ("127.0.0.1", self.port), connect_ns=netns)
         self.start()
 
     def start(self) -> None:
@@ -82,13 +99,35 @@ class Prometheus:
             return False
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        status, raw = _get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql}), 10)
+        return self.api("query?" + urllib.parse.urlencode({"query": promql}))["result"]
+
+    def api(self, path: str) -> Any:
+        """GET /api/v1/<path>: its data, or an error naming the path and Prometheus's answer."""
+        status, raw = _get(f"{self.url}/api/v1/{path}", 10)
         body = json.loads(raw or b"null")
         if status != 200 or body.get("status") != "success":
-            raise RuntimeError(f"Prometheus query {promql!r} failed: {body}")
-        return body["data"]["result"]
+            raise RuntimeError(f"Prometheus /api/v1/{path} failed: {body}")
+        return body["data"]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """/api/v1/alerts: every pending or firing alert, with its labels and state."""
+        return self.api("alerts")["alerts"]
+
+    def rule_names(self) -> set[str]:
+        return {rule["name"] for group in self.api("rules")["groups"] for rule in group["rules"]}
+
+    def reload(self) -> None:
+        """POST /-/reload (what the config-reloader does); a config Prometheus refuses is an error."""
+        request = urllib.request.Request(self.url + "/-/reload", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                response.read()
+        except urllib.error.HTTPError as error:
+            raise RuntimeError(f"Prometheus refused the reloaded config: {error.read().decode()[-1000:]}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.halt()
+        if self.relay is not None:
+            self.relay.stop()
         shutil.rmtree(self.dir, ignore_errors=True)

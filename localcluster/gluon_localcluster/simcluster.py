@@ -7,7 +7,11 @@ the chart installed by helm, one `gluon-agent run` process per node with a token
 pod, the operator process with its own token and its TLS webhook called by the API server, the preflight
 (run from the injected init containers' own commands), Prometheus, the analysis.
 SIMULATION (named so everywhere): kwok's nodes and pod lifecycle (no kubelet), the kubelet's part for
-injected pods and the agents' readiness probes (kubelet_sim.py), each agent's self-test results (no AMD
+injected pods and the agents' readiness probes (kubelet_sim.py), with `operator_monitoring` the pods'
+network (podnet.py: each pod's port at its loopback pod IP relays to the local process standing in for its
+container; Prometheus, run by the harness on the Prometheus Operator's generated config, finds them by
+Kubernetes service discovery and labels their series through the chart's monitors: monitoring.py; without
+it, Prometheus scrapes static targets), each agent's self-test results (no AMD
 GPU here), the serving image's stack (a fake aiter and a gfx950 torch on its PYTHONPATH), and SGLang's
 decode speed (fake_sglang.FakeSglang).
 """
@@ -34,11 +38,15 @@ from .fakes.simulated import simulated_node
 from .faultproxy import FaultProxy
 from .install import Installed, install
 from .kubelet_sim import Image, InitOutcome, KubeletSim
+from .monitoring import MonitoringStack, monitoring_values
+from .podnet import NetNamespace, PodNetwork
 from .prometheus import Prometheus
 
 SERVING_NS = "serving"
 SERVING_IMAGE = "lmsysorg/sglang:rocm-demo"
 KERNEL_FAULT_TIMEOUT = 15.0  # seconds per self-test child when a kernel hangs
+MONITORING_RELEASE = "kube-prometheus-stack"  # the `release` label the Prometheus object selects (chart default)
+AGENT_NAME, OPERATOR_NAME = "gluon-rollout-agent", "gluon-rollout-operator"  # app.kubernetes.io/name of their pods
 
 
 @dataclass(frozen=True)
@@ -110,12 +118,18 @@ class SimCluster:
         reconcile_seconds: float = 1.0,
         proxy: bool = False,
         seed: int = 0,
+        operator_monitoring: bool = False,
+        first_index: int = 1,
     ) -> None:
+        """`operator_monitoring`: the chart's monitors through a real Prometheus Operator (monitoring.py)
+        instead of a Prometheus with static targets. `first_index`: the first node's index, hence its
+        loopback address (fleet.node_ip): a test may keep clear of the demo's fixed addresses (1..8)."""
+        self.operator_monitoring = operator_monitoring
         self.fleet = fleet_nodes
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="gluon-sim-")).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.reconcile_seconds = reconcile_seconds
-        self.nodes = {n.name: Running(n, i + 1) for i, n in enumerate(fleet_nodes)}
+        self.nodes = {n.name: Running(n, i + first_index) for i, n in enumerate(fleet_nodes)}
         self.want_proxy, self.seed = proxy, seed
         self.cp: ControlPlane | None = None
         self.installed: Installed | None = None
@@ -123,6 +137,9 @@ class SimCluster:
         self.kubelet: KubeletSim | None = None
         self.operator: processes.Process | None = None
         self.prometheus: Prometheus | None = None
+        self.monitoring: MonitoringStack | None = None
+        self.podnet: PodNetwork | None = None
+        self.netns: NetNamespace | None = None
         self.metrics_port = free_port()
         self.pod_flags: dict[str, str] = {}  # serving pod name -> the flag its preflight gave it
         self.node_events: list[tuple[float, str, dict[str, str]]] = []  # (time, node, our labels) from a watch
@@ -143,13 +160,23 @@ class SimCluster:
             client.AppsV1Api(self.admin),
             client.CustomObjectsApi(self.admin),
         )
-        self.installed = install(self.cp)
+        if self.operator_monitoring:
+            self.monitoring = MonitoringStack(self.cp, MONITORING_RELEASE).start()
+            values = monitoring_values(MONITORING_RELEASE, serving_labels=dict(fleet.SERVING_LABELS))
+            self.installed = install(self.cp, values=values)
+        else:
+            self.installed = install(self.cp)
         if self.want_proxy:
             self.proxy = FaultProxy(self.cp.url, str(self.cp.pki.ca.cert), seed=self.seed).start()
         self.core.create_namespace({"metadata": {"name": SERVING_NS}})
         for running in self.nodes.values():
             self.core.create_node(
-                fleet.kwok_node(running.node.name, running.index, labels={"gluonrollout.io/demo": "true"})
+                fleet.kwok_node(
+                    running.node.name,
+                    running.index,
+                    labels={"gluonrollout.io/demo": "true"},
+                    pod_network=self.operator_monitoring,
+                )
             )
         self._spawn(self._watch_nodes, "node-watch")
         self.kubelet = KubeletSim(
@@ -165,21 +192,46 @@ class SimCluster:
                 NodeModel(running.node.name, flag_effect=running.node.flag_effect, noise=0.02),
                 lambda r=running: r.flag,
                 namespace=SERVING_NS,
+                relabelled=self.operator_monitoring,
             ).start()
         self.start_operator()
-        self.prometheus = Prometheus(
-            {
-                "sglang": [f"127.0.0.1:{r.exporter.port}" for r in self.nodes.values()],
-                "gluon-rollout-agent": [
-                    {"targets": [f"{r.ip}:{contract.AGENT_PORT}"], "labels": {"node": r.node.name}}
-                    for r in self.nodes.values()
-                ],
-                "gluon-rollout-operator": [f"127.0.0.1:{self.metrics_port}"],
-            },
-            directory=self.dir / "prometheus",
-        )
+        if self.monitoring is not None:
+            self.netns = NetNamespace()
+            self.podnet = PodNetwork(self.admin, self.pod_routes, netns=self.netns).start()
+            self.prometheus = self.monitoring.prometheus(netns=self.netns)
+        else:
+            self.prometheus = Prometheus(
+                {
+                    "sglang": [f"127.0.0.1:{r.exporter.port}" for r in self.nodes.values() if r.exporter],
+                    "gluon-rollout-agent": [
+                        {"targets": [f"{r.ip}:{contract.AGENT_PORT}"], "labels": {"node": r.node.name}}
+                        for r in self.nodes.values()
+                    ],
+                    "gluon-rollout-operator": [f"127.0.0.1:{self.metrics_port}"],
+                },
+                directory=self.dir / "prometheus",
+            )
         self._serving_workloads()
         return self
+
+    def pod_routes(self, pod: dict[str, Any]) -> dict[int, tuple[str, int]]:
+        """Where a pod's named ports lead (podnet.py): an agent's to its process on the node's address, the
+        operator's metrics to its process, a serving pod's metrics to its node's exporter (SIMULATION)."""
+        meta, spec = pod["metadata"], pod["spec"]
+        running = self.nodes.get(spec.get("nodeName") or "")
+        assert self.installed is not None
+        if running is None:
+            return {}
+        ports = {p.get("name"): p["containerPort"] for c in spec["containers"] for p in c.get("ports") or []}
+        name, ns = (meta.get("labels") or {}).get("app.kubernetes.io/name"), meta["namespace"]
+        if ns == self.installed.namespace and name == AGENT_NAME and "http" in ports:
+            return {ports["http"]: (running.ip, contract.AGENT_PORT)}
+        if ns == self.installed.namespace and name == OPERATOR_NAME and "metrics" in ports:
+            return {ports["metrics"]: ("127.0.0.1", self.metrics_port)}
+        serving = all((meta.get("labels") or {}).get(k) == v for k, v in fleet.SERVING_LABELS.items())
+        if ns != self.installed.namespace and serving and "metrics" in ports and running.exporter is not None:
+            return {ports["metrics"]: ("127.0.0.1", running.exporter.port)}
+        return {}
 
     def images(self) -> dict[str, Image]:
         aiter, torch_files = fake_stacks()
@@ -393,8 +445,14 @@ class SimCluster:
             self.kubelet.__exit__(None, None, None)
         if self.proxy is not None:
             self.proxy.stop()
-        if self.prometheus:
+        if self.podnet is not None:
+            self.podnet.stop()
+        if self.monitoring is not None:
+            self.monitoring.stop()  # Prometheus with it
+        elif self.prometheus is not None:
             self.prometheus.stop()
+        if self.netns is not None:
+            self.netns.stop()
         if self.cp:
             self.cp.stop()
 

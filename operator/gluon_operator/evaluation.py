@@ -252,7 +252,11 @@ async def analyse(
         logger.warning("analysis of %s/%s: %s", namespace, rollout, error)
         summary.update(error=error, errorKind=kind)
         source = (
-            "Prometheus error" if isinstance(exc, (PrometheusError, analysis.MalformedAnswer)) else "analysis error"
+            "Prometheus error"
+            if isinstance(exc, (PrometheusError, analysis.MalformedAnswer))
+            else "missing label"
+            if isinstance(exc, analysis.MissingLabel)
+            else "analysis error"
         )
         judgements = {
             n: analysis.Judgement(
@@ -314,6 +318,7 @@ async def _judge(
     results = dict(zip(queries, answers))
     if isinstance(results["speed"], BaseException):
         raise results["speed"]
+    analysis.require_label(results["speed"], "node", "speed")
     load, covariate_errors = {}, {}
     for name in analysis.COVARIATES:
         try:
@@ -404,6 +409,8 @@ def _error(exc: BaseException, deadline: float) -> tuple[str, str]:
         return kind, str(exc)[:1000]
     if isinstance(exc, analysis.MalformedAnswer):
         return "bad_response", f"malformed Prometheus answer: {exc}"[:1000]
+    if isinstance(exc, analysis.MissingLabel):
+        return "missing_label", str(exc)[:1000]
     return "internal", f"{type(exc).__name__}: {exc}"[:1000]
 
 

@@ -15,7 +15,7 @@ from . import webhook
 ROLLBACK_REASONS = ("analysis", "preflight")
 VERDICT_RESULTS = ("pass", "fail", "inconclusive")
 # analysis_errors kinds: Prometheus's own (bad_data, ...) plus these, created at 0
-ANALYSIS_ERROR_KINDS = ("unreachable", "server", "bad_response", "tls", "deadline", "internal")
+ANALYSIS_ERROR_KINDS = ("unreachable", "server", "bad_response", "missing_label", "tls", "deadline", "internal")
 CPU_PHASES = ("watch", "plan", "write")  # the judge's own CPU is M_ROLLOUT_JUDGE_SECONDS
 RECONCILE_OUTCOMES = ("planned", "waiting")
 

@@ -1,4 +1,4 @@
-"""The analysis judge: pure functions over Prometheus samples (docs/analysis.md says why each step).
+"""The analysis judge: pure functions over Prometheus samples (docs/how-it-decides/analysis.md says why each step).
 
 Per node under analysis T, against the control nodes C (nodes whose flag held steady over T's windows, at
 flag 0 or 1: evaluation.control_group) in the same window, at each step t, counting only samples of the
@@ -53,9 +53,11 @@ from .queries import (
     FLAG_ON,
     FLAG_UNLABELLED,
     MalformedAnswer,
+    MissingLabel,
     Series,
     promql_selector,
     render,
+    require_label,
     series_by_node,
     split_by_flag,
 )
@@ -88,6 +90,7 @@ __all__ = [
     "JudgeState",
     "Judgement",
     "MalformedAnswer",
+    "MissingLabel",
     "Mixture",
     "Panel",
     "Reference",
@@ -103,6 +106,7 @@ __all__ = [
     "promql_selector",
     "reference",
     "render",
+    "require_label",
     "restore",
     "series_by_node",
     "small_sample_factor",

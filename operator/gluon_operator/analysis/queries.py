@@ -56,6 +56,22 @@ class MalformedAnswer(ValueError):
     """A Prometheus answer that is not the documented matrix/vector shape."""
 
 
+class MissingLabel(ValueError):
+    """Series that all lack a label the judge groups by: the scrape's relabeling that sets it is missing."""
+
+
+def require_label(result: Any, label: str, what: str) -> None:
+    """Series came back but none carries `label` (e.g. a PodMonitor without the chart's relabeling to
+    `node`): an error naming the label, where series_by_node would silently find no node at all."""
+    if not isinstance(result, list) or not result:
+        return
+    if not any(isinstance(item, dict) and (item.get("metric") or {}).get(label) for item in result):
+        raise MissingLabel(
+            f"the {what} query's {len(result)} series carry no '{label}' label: the scrape config does not set it "
+            f"(the chart's PodMonitor relabels __meta_kubernetes_pod_node_name to '{label}')"
+        )
+
+
 def promql_selector(match_labels: Mapping[str, str]) -> str:
     """Extra matchers for the serving pods' labels (the chart's PodMonitor maps pod labels to metric
     labels, '.', '/' and '-' becoming '_'), each prefixed with a comma to follow namespace=..."""

@@ -74,6 +74,6 @@ def mixture_for(threshold: float, cfg: JudgeConfig) -> tuple[tuple[float, float]
     size; some on 4, 16 and 64 times it, because one mixture's boundary grows as v / sqrt(rho) once
     the estimate's variance v exceeds rho (a noisy or wandering node, sd 5-10%): there the wider
     components keep it near 3-4 sd, so a large regression still fails, for a boundary about 1% wider
-    at small v (docs/analysis.md)."""
+    at small v (docs/how-it-decides/analysis.md)."""
     scale = cfg.mixture * (threshold**2 if math.isfinite(threshold) and threshold != 0 else 0.05**2)
     return tuple((scale * k, w) for k, w in zip(MIXTURE_SCALES, MIXTURE_WEIGHTS))

@@ -173,7 +173,7 @@ def contrast_factor(n_pre: int, n_post: int, gap: int, inflation: float, phi: fl
     taken about the baseline's own mean, which hides that mean's variance (so it is divided by
     1 - that). `gap`: samples between the last baseline sample and the first post-flip one (the
     warm-up). At most 1: with no memory it changes nothing; with 10 min of it, 20 min of baseline and
-    10 min after, about 0.4-0.6 (docs/analysis.md, step 4)."""
+    10 min after, about 0.4-0.6 (docs/how-it-decides/analysis.md, step 4)."""
     if inflation <= 1 or n_pre < 2 or n_post < 1:
         return 1.0
     c = (inflation - 1) * (1 - phi) / 2
