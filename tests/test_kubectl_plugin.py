@@ -590,26 +590,26 @@ def test_watch_of_a_missing_rollout_names_it():
 def test_explain_finds_the_rollout_its_node_record_names(capsys):
     """From any namespace: the node's record names "namespace/name" of its rollout."""
     node = gpu_node("gpu-01")
-    node["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = json.dumps(
-        {
-            **record(
-                "Promoted",
-                "not worse than tolerance",
-                effect=2.28,
-                ci_low=2.1,
-                ci_high=2.4,
-                threshold=0.95,
-                n_controls=3,
-                control_flag=0,
-                n_post=40,
-                n_pre=38,
-                looks=7,
-                at=NOW - 30,
-            ),
-            "rollout": f"{SERVING_NS}/kimi",
-        }
+    promoted = record(
+        "Promoted",
+        "not worse than tolerance",
+        effect=2.28,
+        ci_low=2.1,
+        ci_high=2.4,
+        threshold=0.95,
+        n_controls=3,
+        control_flag=0,
+        n_post=40,
+        n_pre=38,
+        looks=7,
+        at=NOW - 30,
     )
-    cluster = FakeCluster([ROLLOUT], nodes=[node])
+    node["metadata"]["annotations"][contract.ANNOTATION_NODE_RECORD] = json.dumps(
+        {**promoted, "rollout": f"{SERVING_NS}/kimi"}
+    )
+    # the status lists the node in the same state: its numbers are the ones shown (one number per node)
+    listed = {**ROLLOUT, "status": {**ROLLOUT["status"], "nodes": {**ROLLOUT["status"]["nodes"], "gpu-01": promoted}}}
+    cluster = FakeCluster([listed], nodes=[node])
     cluster.namespace = "default"
     assert cli.cmd_explain(args_for("explain", "gpu-01"), cluster) == 0
     text = capsys.readouterr().out

@@ -531,11 +531,11 @@ def test_explain_names_the_serving_configs_and_flag_0s_missing_route():
         )
     )
     assert (
-        f"serving:     rollout serves config {wanted.digest} (no speculative decoding, DCP 8 (gluon decode backend), "
+        f"serving:    config {wanted.digest} (no speculative decoding, DCP 8 (gluon decode backend), "
         f"page size 1); the self-test proved {ServingConfig().digest}" in text
     )
-    assert "flag 0:      no working route (q_len 1: RuntimeError: AITER Gluon MLA is required for DCP" in text
-    assert "eligible:    no: no safe rollback" in text
+    assert "flag 0:     no working route (q_len 1: RuntimeError: AITER Gluon MLA is required for DCP" in text
+    assert "eligible:   no: no safe rollback" in text
 
 
 # ---------------------------------------------------------------- the agent

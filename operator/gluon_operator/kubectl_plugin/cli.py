@@ -202,7 +202,7 @@ def emit(args: argparse.Namespace, data: Any, text: Callable[[Any], str], out: T
     elif args.output == "yaml":
         import yaml
 
-        out.write(yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=True))
+        out.write(yaml.safe_dump(records.loads(json.dumps(data, default=str), max_bytes=None), sort_keys=True))
     else:
         out.write(text(data))
 
