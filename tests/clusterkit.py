@@ -37,6 +37,17 @@ def api_for(kubeconfig: Path) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(kubeconfig))
 
 
+def create_when_served(custom: client.CustomObjectsApi, body: dict) -> bool:
+    """Creates a GluonRollout in namespace "apps"; False while the CRD is not served yet (404)."""
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, body)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def iso_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -19,6 +19,7 @@ from gluon_localcluster import ControlPlane, fleet
 from gluon_localcluster.install import install
 from gluon_localcluster.kubelet_sim import Image, KubeletSim
 from gluon_operator.spec import GROUP, PLURAL, ROLLOUT_FINALIZER, VERSION
+from tests.clusterkit import create_when_served
 from tests.helpers import wait_for
 
 OPERATOR_IMAGE = {"repository": "sim.local/gluon-operator", "tag": "uninstall-test"}
@@ -48,7 +49,7 @@ def test_uninstall_prunes_our_keys_and_leaves_no_webhook(cluster, tmp_path):
     for name in ("kept", "deleting"):
         body = fleet.rollout(name, "apps")
         body["metadata"]["finalizers"] = [ROLLOUT_FINALIZER]  # as the operator puts it on every rollout
-        wait_for(lambda: create_rollout(custom, body), timeout=30, what="the GluonRollout CRD established")
+        wait_for(lambda: create_when_served(custom, body), timeout=30, what="the GluonRollout CRD established")
     custom.delete_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, "deleting")  # hangs: no operator runs
     assert rollouts(custom) == {"kept": [ROLLOUT_FINALIZER], "deleting": [ROLLOUT_FINALIZER]}
     # This checkout's code in the hook's container (the shared venv's editable install may point elsewhere).
@@ -93,16 +94,6 @@ def test_uninstall_prunes_our_keys_and_leaves_no_webhook(cluster, tmp_path):
     )
     assert not created.spec.init_containers
     assert json.loads(core.read_namespaced_pod("p", "after", _preload_content=False).data)["metadata"]["name"] == "p"
-
-
-def create_rollout(custom: client.CustomObjectsApi, body: dict) -> bool:
-    try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, body)
-    except client.ApiException as exc:
-        if exc.status == 404:  # the CRD not served yet
-            return False
-        raise
-    return True
 
 
 def rollouts(custom: client.CustomObjectsApi) -> dict[str, list[str]]:

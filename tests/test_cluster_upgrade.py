@@ -18,6 +18,7 @@ from kubernetes import client
 from gluon_localcluster import ControlPlane
 from gluon_localcluster.install import CHART, install
 from gluon_operator.spec import GROUP, PLURAL, VERSION
+from tests.clusterkit import create_when_served
 from tests.helpers import wait_for
 
 CRD_FILE = "crds/gluonrollouts.gluonrollout.io.yaml"
@@ -42,16 +43,6 @@ def chart_without_dry_run(where):
     return old
 
 
-def create_rollout(custom: client.CustomObjectsApi, body: dict) -> bool:
-    try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, body)
-    except client.ApiException as exc:
-        if exc.status == 404:  # the CRD not served yet
-            return False
-        raise
-    return True
-
-
 def secret(core: client.CoreV1Api, namespace: str) -> client.V1Secret:
     return core.read_namespaced_secret(SECRET, namespace)
 
@@ -68,7 +59,7 @@ def test_an_existing_rollout_survives_an_upgrade_with_a_changed_crd_and_the_cert
     installed = install(cluster, chart=chart_without_dry_run(tmp_path))
     core.create_namespace({"metadata": {"name": "apps"}})
     body = fleet.rollout("kimi", "apps", dryRun=True)
-    wait_for(lambda: create_rollout(custom, body), timeout=30, what="the GluonRollout CRD established")
+    wait_for(lambda: create_when_served(custom, body), timeout=30, what="the GluonRollout CRD established")
     before = custom.get_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, "kimi")
     assert "dryRun" not in before["spec"]  # the old CRD does not know it: the API server prunes it
     cert = secret(core, installed.namespace)

@@ -211,31 +211,24 @@ def dockerfile_inputs(dockerfile: Path = ROOT / "Dockerfile") -> list[Path]:
 
 def operator_image() -> Built:
     """The project's Dockerfile, target `operator`, FROM the Debian python image (PYTHON_IMAGE)."""
-    base = base_image()
-    args = {"PYTHON_IMAGE": base.name}
-    return build(
-        OPERATOR_IMAGE,
-        ROOT / "Dockerfile",
-        dockerfile_inputs(),
-        args,
-        context=ROOT,
-        target="operator",
-        key_extra=base.archive.name,
-    )
+    return dockerfile_target(OPERATOR_IMAGE, "operator", "PYTHON_IMAGE", base_image())
 
 
 def agent_image() -> Built:
     """The project's Dockerfile, target `agent`, FROM the simulated serving image (BASE_IMAGE)."""
-    serving = serving_image()
-    args = {"BASE_IMAGE": serving.name}
+    return dockerfile_target(AGENT_IMAGE, "agent", "BASE_IMAGE", serving_image())
+
+
+def dockerfile_target(name: str, target: str, base_arg: str, base: Built) -> Built:
+    """One target of the project's Dockerfile, its base passed through `base_arg`, rebuilt when the base is."""
     return build(
-        AGENT_IMAGE,
+        name,
         ROOT / "Dockerfile",
         dockerfile_inputs(),
-        args,
+        {base_arg: base.name},
         context=ROOT,
-        target="agent",
-        key_extra=serving.archive.name,
+        target=target,
+        key_extra=base.archive.name,
     )
 
 
