@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gluon_common import contract
 from gluon_operator import analysis
 from gluon_operator.analysis import JudgeConfig
 from gluon_operator.evaluation import decide
@@ -571,3 +572,19 @@ def test_the_state_is_carried_at_unix_times():
     second = analysis.judge(panel, ref, "t", ENABLE + epoch, WARMUP, ENABLE + epoch + 660, BASELINE, CFG, first.state)
     assert first.state["changedAt"] == ENABLE + epoch and second.looks == 2 and second.n_post == first.n_post + 4
     assert second.state["post"]["until"] == ENABLE + epoch + 660
+
+
+def test_controls_serving_only_from_unlabelled_pods_are_named_as_the_reason_there_are_none():
+    """Pods from before the rollout, on nodes never enabled, whose template does not say flag 0: their
+    series carry no flag label, their flag is unknown, and the judge says so rather than 'no data'."""
+    speed, load = fleet(1.0, noise=0.03, end=ENABLE + 1800)
+    result = [
+        dict(item, metric={"node": item["metric"]["node"]}) if item["metric"]["node"] != "t" else item
+        for item in flagged(speed, ENABLE)
+    ]
+    j = flag_look(result, load, now=ENABLE + 1200)
+    assert j.result == "inconclusive" and j.reason.startswith("no control node has data in the window")
+    assert f"{len(CONTROLS)} control node(s) serve only from pods without the" in j.reason
+    assert contract.FLAG_ENV + "=0" in j.reason
+    labelled = flag_look(flagged(speed, ENABLE), load, now=ENABLE + 1200)  # the same pods labelled flag 0
+    assert "without the" not in labelled.reason and labelled.n_controls == len(CONTROLS)

@@ -32,7 +32,7 @@ from gluon_operator.gating import (
 from gluon_operator.kubectl_plugin import controls as plugin_controls
 from gluon_operator.kubectl_plugin import views as plugin_views
 from gluon_operator.spec import parse_spec, resolve
-from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout
+from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
 
 T0 = 1_796_000_000.0
 SELECTOR = {"matchLabels": dict(SERVING_LABELS)}
@@ -1043,3 +1043,50 @@ def test_an_own_status_write_the_watch_does_not_show_is_read_after_a_grace_not_a
     assert executor.OWN_WRITE_GRACE_SECONDS <= 5.0
     assert not executor.own_write_pending(runtime, "u1", {"phase": "Progressing", "counts": {}})  # shown: forgotten
     assert "u1" not in runtime.status_writes and not executor.own_write_overdue(runtime, "u1")
+
+
+# ---------------------------------------------------------------- the flag label of pods the webhook never saw
+
+
+def serving_with_env(env: list[dict[str, Any]] | None) -> dict[str, Any]:
+    pod = serving_pod("n0")
+    pod["spec"]["containers"][0]["env"] = env or []
+    return pod
+
+
+@pytest.mark.parametrize(
+    "env, label",
+    [
+        ([{"name": contract.FLAG_ENV, "value": "0"}], "0"),
+        ([{"name": contract.FLAG_ENV, "value": "False"}], "0"),  # SGLang's EnvBool reads any case
+        ([{"name": contract.FLAG_ENV, "value": "no"}], "0"),
+        ([{"name": contract.FLAG_ENV, "value": "1"}], None),  # SGLang's own probe decides: unknown here
+        (None, None),  # unset: SGLang's default is on, if its probe passes
+        ([{"name": contract.FLAG_ENV, "value": "maybe"}], None),
+        ([{"name": contract.FLAG_ENV, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}], None),
+    ],
+)
+def test_an_uninjected_pod_is_labelled_flag_0_only_when_its_template_says_so(env, label):
+    view = world.pod_view(serving_with_env(env))
+    assert view is not None and not view.injected and view.flag is None
+    assert view.running_flag == label
+
+
+def test_an_injected_pod_without_a_verdict_has_no_running_flag_whatever_its_env():
+    pod = serving_with_env([{"name": contract.FLAG_ENV, "value": "0"}])
+    pod["metadata"]["annotations"] = {contract.ANNOTATION_POD_INJECTED: "true"}
+    view = world.pod_view(pod)
+    assert view is not None and view.injected and view.running_flag is None
+
+
+def test_the_plan_labels_pods_from_before_the_rollout_whose_template_says_0():
+    fleet = Fleet(2, pods_per_node=1)
+    for pod in fleet.pods.values():
+        pod["spec"]["containers"] = [
+            {"name": "sglang", "image": "lmsysorg/sglang:rocm", "env": [{"name": contract.FLAG_ENV, "value": "0"}]}
+        ]
+    labels = {(label.name, label.flag) for label in fleet.plan().pod_labels}
+    assert labels == {(name, "0") for name in fleet.pods}
+    for pod in fleet.pods.values():
+        pod["metadata"]["labels"][contract.LABEL_POD_FLAG] = "0"
+    assert fleet.plan().pod_labels == []  # labelled once

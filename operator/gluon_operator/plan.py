@@ -615,8 +615,9 @@ def node_plan(
     if restarting and new.state in FLAG_ON_STATES and w.summary.retry:
         out.restarts.append(Restart(rollout.namespace, name, tuple(w.summary.retry), "stray"))
     for pod in w.pods:
-        if pod.flag in ("0", "1") and pod.labels.get(contract.LABEL_POD_FLAG) != pod.flag:
-            out.pod_labels.append(PodLabel(pod.namespace, pod.name, pod.flag))
+        flag = pod.running_flag
+        if flag is not None and pod.labels.get(contract.LABEL_POD_FLAG) != flag:
+            out.pod_labels.append(PodLabel(pod.namespace, pod.name, flag))
 
     old = w.prior if w.known else None
     if old is None or old.state != new.state:

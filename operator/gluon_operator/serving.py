@@ -31,6 +31,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from gluon_common import contract
 from gluon_common.sglang_routes import MAX_VERIFY_Q_LEN, ServingConfig, flag_routes, no_route
 
 ALGORITHM, DRAFT_TOKENS, STEPS, TOPK = (
@@ -58,6 +59,9 @@ class PodServing:
     """What one pod's serving container states: ServingConfig fields (JSON names) with a value or Unknown."""
 
     stated: Mapping[str, Any] = field(default_factory=dict)
+    # Its literal SGLANG_AITER_MLA_GLUON (True, False, Unknown, or None when unset). An uninjected pod whose
+    # template says False runs the fallback for sure; True or unset leave it to SGLang's own probe.
+    flag_env: bool | Unknown | None = None
 
 
 # ---------------------------------------------------------------- reading one container
@@ -181,7 +185,7 @@ def container_serving(container: Mapping[str, Any]) -> PodServing:
         stated["dcpDecodeBackend"] = Unknown(f"env {ENV_DCP_BACKEND} comes from a reference (valueFrom)")
     elif ENV_DCP_BACKEND in values:
         stated["dcpDecodeBackend"] = values[ENV_DCP_BACKEND].strip().lower()
-    return PodServing(stated)
+    return PodServing(stated, env_bool(contract.FLAG_ENV, values, elsewhere))
 
 
 # ---------------------------------------------------------------- the rollout's configuration

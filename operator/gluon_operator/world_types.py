@@ -47,6 +47,17 @@ class PodView:
     controlled: bool = True  # a controller (ReplicaSet, StatefulSet, ...) recreates it when it is restarted
     serving: PodServing | None = None  # what its serving container states of its SGLang setup (serving.py)
 
+    @property
+    def running_flag(self) -> str | None:
+        """The flag its serving process runs, where that is known: the preflight's verdict, or, for a pod the
+        webhook never saw (created before the rollout, or while the webhook was down), its template's literal
+        SGLANG_AITER_MLA_GLUON=0. Labelled on the pod, it lets such pods on untouched nodes be controls."""
+        if self.flag in ("0", "1"):
+            return self.flag
+        if not self.injected and self.serving is not None and self.serving.flag_env is False:
+            return "0"
+        return None
+
     def facts(self) -> gating.PodFacts:
         return gating.PodFacts(
             self.name,

@@ -10,6 +10,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from gluon_common import contract
+
 from .baseline import fit_baseline
 from .judgement import JudgeConfig, Judgement, rounded
 from .panel import Panel, Reference, log_usable
@@ -63,13 +65,23 @@ class Look:
 
     def missing_controls(self) -> str | None:
         if self.ref.n_controls == 0:
-            return "no control node has data in the window"
+            return "no control node has data in the window" + self.unlabelled_controls()
         if self.ref.n_controls < self.cfg.min_controls:
             return (
                 f"{self.ref.n_controls} control nodes with data (nodes whose flag held steady over this node's "
-                f"baseline and since), need minControls {self.cfg.min_controls}"
+                f"baseline and since), need minControls {self.cfg.min_controls}" + self.unlabelled_controls()
             )
         return None
+
+    def unlabelled_controls(self) -> str:
+        count = self.ref.unlabelled
+        if not count:
+            return ""
+        return (
+            f"; {count} control node(s) serve only from pods without the {contract.LABEL_POD_FLAG} label, whose flag "
+            f"is unknown (started without the webhook, and their template does not set {contract.FLAG_ENV}=0): "
+            "set it in the template, or restart those pods so that the webhook admits them"
+        )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .judgement import JudgeConfig
-from .queries import COVARIATES, FLAG_OFF
+from .queries import COVARIATES, FLAG_OFF, FLAG_UNLABELLED
 from .variance import pooled_inflation, pooled_load_effect
 
 POOLED_CONTROLS = 64  # controls whose own autocorrelation is pooled into every node's
@@ -104,6 +104,7 @@ class Reference:
     load_stack: np.ndarray | None = None  # (C, T, K) their gauges' logs
     min_controls: int = 1  # controls a step's median needs
     flag: float = FLAG_OFF  # the flag every control held over the judged nodes' windows
+    unlabelled: int = 0  # controls whose only usable samples came from pods of unknown flag
     _cache: dict = field(default_factory=dict, repr=False)
 
     def cached(self, key: Any, compute: Any) -> Any:
@@ -182,13 +183,19 @@ def reference(
     speed = np.vstack([own(name) for name in names])
     flag = held.get(names[0], FLAG_OFF)
     load = np.stack([log_usable(panel.load[name]) for name in names])  # (C, T, K)
+    used = np.isfinite(speed).any(axis=1)
+    unknown = [
+        panel.by_flag and not used[i] and bool(np.any(panel.flags_of(name) == FLAG_UNLABELLED))
+        for i, name in enumerate(names)
+    ]
     return Reference(
         _nanmedian(speed, 1),
         _nanmedian(load, 1),
-        int(np.isfinite(speed).any(axis=1).sum()),
+        int(used.sum()),
         tuple(names),
         speed,
         load,
         1,
         flag,
+        unlabelled=int(sum(unknown)),
     )
