@@ -1,12 +1,17 @@
 """Container images built here, never pulled: buildah (no daemon) into a storage of the harness's own under
 .cluster/buildah, each saved as a docker-archive under .cluster/images, named by a hash of its inputs so that
 a warm run reuses it and a changed input rebuilds it. The node's runtime imports the archives
-(`ctr images import`)."""
+(`ctr images import`).
+
+The archives are the cache, not buildah's storage: an image built FROM another names its base's archive
+(`docker-archive:PATH`), and the storage is emptied after each build, so the disk holds one build's layers at a
+time beside the archives (a CI machine ran out of disk when the storage kept every image's layers)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -47,6 +52,32 @@ class Built:
     seconds: float  # 0.0 when the cached archive was reused
     bytes: int
 
+    @property
+    def reference(self) -> str:
+        """What a FROM line names to build on this image: its archive, whatever buildah's storage holds."""
+        return f"docker-archive:{self.archive}"
+
+
+# A build needs its scratch context, its base and its own layers in the storage, and its archive: the serving
+# image (Triton's shared library alone is several hundred MB) peaks at about 2.6 GiB (measured 2026-12-02).
+MIN_FREE_BYTES = 4 * 2**30
+
+
+def require_free_disk(where: Path, need: int = MIN_FREE_BYTES) -> None:
+    """Fail before a build with what is missing, rather than midway with buildah's `no space left on device`."""
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise RuntimeError(
+            f"building images needs {need / 2**30:.1f} GiB free on the filesystem of {where}; it has "
+            f"{free / 2**30:.1f} GiB: free some space (old archives under {images_dir()} may go) and run again"
+        )
+
+
+def empty_storage() -> None:
+    """Remove every image and working container from the harness's buildah storage (the archives stay)."""
+    _buildah("rm", "--all")
+    _buildah("rmi", "--all", "--force")
+
 
 def _digest(paths: list[Path], extra: str) -> str:
     h = hashlib.sha256(extra.encode())
@@ -54,6 +85,20 @@ def _digest(paths: list[Path], extra: str) -> str:
         h.update(str(path.relative_to(ROOT)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def cache_key(
+    name: str,
+    inputs: list[Path],
+    build_args: dict[str, str],
+    target: str | None,
+    key_extra: str,
+    base: tuple[str, Built] | None,
+) -> str:
+    """The hash an image's archive is named by: its inputs, arguments, and its base's archive by name only
+    (the same image in two checkouts has the same key)."""
+    based_on = [base[0], base[1].archive.name] if base else None
+    return _digest(inputs, json.dumps([name, build_args, target, key_extra, based_on], sort_keys=True))
 
 
 def archive_for(name: str, key: str) -> Path:
@@ -69,14 +114,20 @@ def build(
     context: Path | None = None,
     target: str | None = None,
     key_extra: str = "",
+    base: tuple[str, Built] | None = None,
 ) -> Built:
     """`buildah bud` of `containerfile`, cached under the hash of `inputs` and `build_args`. The build context
-    is `context`, or a scratch folder that `prepare` fills (called only when the image must be built)."""
-    key = _digest([containerfile, *inputs], json.dumps([name, build_args, target, key_extra], sort_keys=True))
+    is `context`, or a scratch folder that `prepare` fills (called only when the image must be built). `base`:
+    the build argument its FROM reads and the image it names, rebuilt when that image is (its archive's name
+    is in the key; its path, which differs between checkouts, is not)."""
+    key = cache_key(name, [containerfile, *inputs], build_args, target, key_extra, base)
+    if base is not None:
+        build_args = {**build_args, base[0]: base[1].reference}
     archive = archive_for(name, key)
     if archive.is_file():
         return Built(name, archive, 0.0, archive.stat().st_size)
     archive.parent.mkdir(parents=True, exist_ok=True)
+    require_free_disk(archive.parent)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gluon-image-", dir=images_dir()) as scratch:
         if prepare is not None:
@@ -97,8 +148,12 @@ def build(
         )
     partial = archive.with_suffix(".partial")
     partial.unlink(missing_ok=True)
-    _buildah("push", "-q", name, f"docker-archive:{partial}:{name}")
-    partial.rename(archive)
+    try:
+        _buildah("push", "-q", name, f"docker-archive:{partial}:{name}")
+        os.replace(partial, archive)
+    finally:
+        partial.unlink(missing_ok=True)
+        empty_storage()
     for stale in archive.parent.glob(archive.name.rsplit("-", 1)[0] + "-*.tar"):
         if stale != archive:
             stale.unlink()
@@ -184,16 +239,15 @@ def serving_image() -> Built:
         shutil.copy(exporter, context / "sglang" / "fake_sglang.py")
         shutil.copy(serving / "serve.py", context / "serve.py")
 
-    base = base_image()
     inputs = [serving / "serve.py", exporter, *_tree(AITER_STACK)]
-    args = {"PYTHON_IMAGE": base.name}
     return build(
         SERVING_IMAGE,
         serving / "Containerfile",
         inputs,
-        args,
+        {},
         prepare=assemble,
-        key_extra="triton without backends/nvidia" + torch_text + triton_version + base.archive.name,
+        key_extra="triton without backends/nvidia" + torch_text + triton_version,
+        base=("PYTHON_IMAGE", base_image()),
     )
 
 
@@ -225,10 +279,10 @@ def dockerfile_target(name: str, target: str, base_arg: str, base: Built) -> Bui
         name,
         ROOT / "Dockerfile",
         dockerfile_inputs(),
-        {base_arg: base.name},
+        {},
         context=ROOT,
         target=target,
-        key_extra=base.archive.name,
+        base=(base_arg, base),
     )
 
 
