@@ -87,11 +87,13 @@ def operator(
     server: str | None = None,
     metrics_port: int = 0,
     agent_image: str | None = None,
+    peering: str | None = None,
     **env: str,
 ) -> Process:
-    """`gluon-operator run` with the operator ServiceAccount's token and the webhook's TLS on 127.0.0.1."""
+    """`gluon-operator run` with the operator ServiceAccount's token and the webhook's TLS on 127.0.0.1;
+    `peering`: a replica of that kopf peering (as the chart's Deployment runs it), else standalone."""
     tls = installed.webhook_tls
-    settings = python_env(
+    defaults = dict(
         KUBECONFIG=str(installed.operator_kubeconfig(server)),
         GLUON_RECONCILE_SECONDS=str(reconcile_seconds),
         GLUON_METRICS_PORT=str(metrics_port),
@@ -102,14 +104,14 @@ def operator(
         GLUON_WEBHOOK_ADDR="127.0.0.1",
         GLUON_WEBHOOK_PORT=str(installed.webhook_port),
         GLUON_AGENT_IMAGE=agent_image or AGENT_IMAGE,  # a real node runs images.AGENT_IMAGE
-        **env,
     )
+    settings = python_env(**{**defaults, **env})
     argv = [
         sys.executable,
         "-m",
         "gluon_operator.cli",
         "run",
-        "--standalone",
+        *(["--peering", peering] if peering else ["--standalone"]),
         "--liveness",
         f"http://127.0.0.1:{free_port()}/healthz",
     ]

@@ -24,8 +24,23 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+# kopf's peering is not a leader election: replicas of equal priority all pause ("Possibly conflicting
+# operators with the same priority", kopf/_core/engines/peering.py), so two replicas at the default 0 would
+# leave every rollout unserved. Each replica takes a priority from its start time instead, the earliest
+# highest: the running one keeps working, a newcomer (a restart, a rolling update's new pod) waits, and takes
+# over when the active one leaves the peering (at once on a clean exit, after kopf's peering lifetime, 60 s,
+# when it is killed).
+PRIORITY_EPOCH_MS = 10**13  # about the year 2286: start-time priorities stay positive until then
+
+
+def start_priority(now: float) -> int:
+    """The peering priority of a replica started at unix time `now`: earlier starts rank higher."""
+    return PRIORITY_EPOCH_MS - int(now * 1000)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
+    import time
 
     import kopf
 
@@ -36,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         clusterwide=True,
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
-        priority=args.priority,
+        priority=start_priority(time.time()) if args.priority is None else args.priority,
         liveness_endpoint=args.liveness,
     )
     return 0
@@ -135,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the operator (kopf), cluster-wide")
     r.add_argument("--standalone", action="store_true", help="no peering (one replica, tests)")
     r.add_argument("--peering", default="gluon-rollout", help="kopf peering name shared by the replicas")
-    r.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    r.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority of this replica (default: from its start time, the earliest replica active)",
+    )
     r.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=cmd_run)
