@@ -1,17 +1,22 @@
 """The chart's two operator replicas (kopf peering) on the real control plane, as local processes with the
-operator ServiceAccount's token: one serves, the other waits, and takes over when the first leaves. Before
-start-time priorities, both ran at kopf's default priority 0, and kopf pauses every operator of equal
-priority: two replicas served nothing."""
+operator ServiceAccount's token: one serves, the other waits (and still answers the webhook), and takes over
+when the first leaves. Before start-time priorities, both ran at kopf's default priority 0, and kopf pauses
+every operator of equal priority: two replicas served nothing."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import ssl
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from gluon_common import contract
 from gluon_localcluster import fleet
 from gluon_localcluster.controlplane import free_port
 from gluon_localcluster.processes import operator as start_operator
@@ -20,6 +25,7 @@ from gluon_operator.spec import GROUP, PLURAL, VERSION
 from tests.helpers import wait_for
 
 NAMESPACE = "peering"
+STAGGER = 6.0  # seconds between the replicas' starts: the second starts while the first is active
 RECONCILED = "Timer 'reconcile' succeeded"  # kopf's line for each reconcile of a rollout
 
 
@@ -34,47 +40,85 @@ def observed(custom, name: str) -> int:
 
 @pytest.fixture
 def replicas(installed):
-    """Start two replicas of the chart's peering, the second a moment after the first."""
+    """Two replicas of the chart's peering, each serving the webhook on a port of its own: [(process, port)]."""
     here = Path(__file__).resolve().parent.parent
     checkout = os.pathsep.join(str(here / d) for d in ("common", "agent", "operator", ""))
     custom = client.CustomObjectsApi(installed.cp.admin_client())
     peerings = custom.list_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings")["items"]
     assert [p["metadata"]["name"] for p in peerings], "the chart creates its ClusterKopfPeering"
-    peering = peerings[0]["metadata"]["name"]
     started = []
     for _ in range(2):
-        started.append(
-            start_operator(
-                installed,
-                reconcile_seconds=0.5,
-                peering=peering,
-                PYTHONPATH=checkout,
-                GLUON_WEBHOOK_PORT=str(free_port()),
-            )
+        port = free_port()
+        process = start_operator(
+            installed,
+            reconcile_seconds=0.5,
+            peering=peerings[0]["metadata"]["name"],
+            PYTHONPATH=checkout,
+            GLUON_WEBHOOK_PORT=str(port),
         )
-        time.sleep(1.0)
+        started.append((process, port))
+        time.sleep(STAGGER)
     yield started
-    for process in started:
+    for process, _ in started:
         process.stop()
 
 
-def test_one_replica_serves_and_the_other_takes_over_when_it_leaves(installed, replicas):
-    first, second = replicas
+def review(installed, port: int, pod: dict) -> dict:
+    """The replica's answer to an AdmissionReview of creating `pod`, as the API server would send it."""
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "peering-test",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": NAMESPACE,
+            "object": pod,
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+        },
+    }
+    context = ssl.create_default_context(cafile=str(installed.cp.pki.ca.cert))
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{port}/inject", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+        return json.loads(answer.read())["response"]
+
+
+def test_one_replica_serves_the_other_answers_the_webhook_and_takes_over(installed, replicas):
     core = client.CoreV1Api(installed.cp.admin_client())
     custom = client.CustomObjectsApi(installed.cp.admin_client())
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
     custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, fleet.rollout("ha", NAMESPACE))
-    wait_for(lambda: observed(custom, "ha") == 1, timeout=60, interval=0.5, what=f"a replica serving:\n{first.tail()}")
-    time.sleep(3)  # the later replica has seen the peering by now: it starts paused and stays so
-    assert RECONCILED in first.tail(400) and RECONCILED not in second.tail(400), second.tail()
-    assert "Possibly conflicting operators" not in first.tail(400) + second.tail(400)
+    logs = lambda: [process.log.read_text(errors="replace") for process, _ in replicas]  # noqa: E731
+    wait_for(lambda: observed(custom, "ha") == 1, timeout=60, interval=0.5, what=f"a replica serving:\n{logs()}")
+    # Both start paused and may each serve a moment before the other's peering entry arrives (kopf's own
+    # start); from then on, only the one of higher priority reconciles.
+    time.sleep(3)
+    before = [log.count(RECONCILED) for log in logs()]
+    time.sleep(3)
+    grew = [after > then for after, then in zip([log.count(RECONCILED) for log in logs()], before)]
+    assert sorted(grew) == [False, True], logs()
+    assert not any("Possibly conflicting operators" in log for log in logs())
+    (active, _), (waiting, waiting_port) = replicas if grew[0] else replicas[::-1]
 
-    first.stop()  # a clean exit leaves the peering at once (kopf touches it with lifetime 0)
+    # A Service sends admissions to either replica: the waiting one injects as the active one does.
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "sglang-0", "namespace": NAMESPACE, "labels": dict(fleet.SERVING_POD_LABELS)},
+        "spec": {
+            "containers": [
+                {"name": "sglang", "image": "sglang:rocm", "env": [{"name": contract.FLAG_ENV, "value": "0"}]}
+            ]
+        },
+    }
+    answer = review(installed, waiting_port, pod)
+    patch = json.loads(base64.b64decode(answer.get("patch") or "W10="))
+    assert answer["allowed"] and any("initContainers" in op["path"] for op in patch), (answer, waiting.tail())
+
+    active.stop()  # a clean exit leaves the peering at once (kopf touches it with lifetime 0)
     custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, "ha", {"spec": {"paused": True}})
-    wait_for(
-        lambda: observed(custom, "ha") == 2,
-        timeout=60,
-        interval=0.5,
-        what=f"the second replica taking over:\n{second.tail()}",
-    )
-    assert "Resuming operations" in second.tail(400) and RECONCILED in second.tail(400)
+    wait_for(lambda: observed(custom, "ha") == 2, timeout=60, interval=0.5, what=f"a takeover:\n{waiting.tail()}")
+    assert "Resuming operations" in waiting.tail(400) and RECONCILED in waiting.tail(400)

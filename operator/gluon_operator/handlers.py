@@ -11,6 +11,7 @@ waits on Prometheus.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -152,7 +153,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         METRICS.api_errors.labels(failure.kind).inc()
 
     api = api_client_from_env()
-    caches = Caches(client.CoreV1Api(api), int(env_float("GLUON_WATCH_TIMEOUT", 300)), count).start()
+    rollouts = functools.partial(client.CustomObjectsApi(api).list_cluster_custom_object, GROUP, VERSION, PLURAL)
+    caches = Caches(
+        client.CoreV1Api(api), int(env_float("GLUON_WATCH_TIMEOUT", 300)), count, (rollouts, rollout_entry)
+    ).start()
     memo.state = OperatorState(Runtime(api, caches), injection)
 
 
@@ -166,23 +170,27 @@ def stop_caches(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
 
 
-@kopf.index(GROUP, VERSION, PLURAL)
-def rollout_index(
-    namespace: str, name: str, spec: Mapping[str, Any], meta: Mapping[str, Any], body: kopf.Body, **_: Any
-) -> dict[str, Any]:
-    """Live rollouts by namespace: their pod selectors (the webhook, the pod caches) and node claims
-    (overlaps). A rollout being deleted claims nothing and injects nothing; an Invalid one claims no node."""
+def rollout_entry(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A rollout by its namespace: its pod selector (the webhook, the pod caches) and node claim (overlaps).
+    A rollout being deleted claims nothing and injects nothing; an Invalid one claims no node."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     if meta.get("deletionTimestamp"):
         return {}
     return {
-        namespace: {
-            "name": name,
+        meta.get("namespace") or "": {
+            "name": meta.get("name") or "",
             "podSelector": dict(spec.get("podSelector") or {}),
             "nodeSelector": dict(spec.get("nodeSelector") or {}),
             "created": unix(meta.get("creationTimestamp")),
-            "claims": claims_nodes(rollout_view(body)),
+            "claims": claims_nodes(rollout_view(obj)),
         }
     }
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def rollout_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    """Live rollouts by namespace (rollout_entry), for the reconcile of the active replica."""
+    return rollout_entry(body)
 
 
 def claims(index: kopf.Index) -> list[Claim]:
@@ -386,8 +394,12 @@ def inject(
     logger: logging.Logger,
     **_: Any,
 ) -> None:
-    """Never raises (kopf answers a handler's exception with allowed=false): webhook.admit decides."""
-    admission = webhook.admit(dict(body), namespace, rollout_index, state_of(memo).injection)
+    """Never raises (kopf answers a handler's exception with allowed=false): webhook.admit decides. The
+    rollouts come from the operator's own informer, which every replica keeps: kopf's index stops with its
+    watches on a replica that waits in the peering, and a Service sends admissions to both replicas."""
+    state = state_of(memo)
+    rollouts = state.caches.live_rollouts()
+    admission = webhook.admit(dict(body), namespace, rollout_index if rollouts is None else rollouts, state.injection)
     METRICS.webhook_reviews.labels(admission.outcome).inc()
     for warning in admission.warnings:
         logger.warning(warning)

@@ -169,10 +169,19 @@ class Caches:
     from a node older than its own last write (it would re-enable past maxParallel). One per operator run,
     built by the startup handler (handlers.configure)."""
 
-    def __init__(self, core: Any, timeout: int, on_error: Callable[[ApiFailure], None] | None) -> None:
+    def __init__(
+        self,
+        core: Any,
+        timeout: int,
+        on_error: Callable[[ApiFailure], None] | None,
+        rollouts: tuple[Any, Callable[[Mapping[str, Any]], Mapping[str, Any]]] | None = None,
+    ) -> None:
+        """`rollouts`: (the GluonRollouts' list call, their index entry), for the webhook."""
         self.core, self.timeout, self.on_error = core, timeout, on_error
+        self.rollouts_source = rollouts
         self.nodes: Informer | None = None
         self.agents: Informer | None = None
+        self.rollouts: Informer | None = None
         self.pods: dict[PodsKey, Informer] = {}
         self.written: dict[str, tuple[float, dict[str, Any], dict[str, Any]]] = {}
 
@@ -192,10 +201,21 @@ class Caches:
             watch_timeout=self.timeout,
             on_error=self.on_error,
         ).start()
+        if self.rollouts_source is not None:
+            list_call, entry = self.rollouts_source
+            self.rollouts = Informer(
+                "rollouts", list_call, {"rollouts": entry}, watch_timeout=self.timeout, on_error=self.on_error
+            ).start()
         return self
 
+    def live_rollouts(self) -> Any | None:
+        """Every rollout by namespace (an Index) once the rollout informer has listed; None before."""
+        if self.rollouts is None or not self.rollouts.synced.is_set():
+            return None
+        return self.rollouts.snapshot("rollouts")
+
     def close(self) -> None:
-        for informer in (self.nodes, self.agents, *self.pods.values()):
+        for informer in (self.nodes, self.agents, self.rollouts, *self.pods.values()):
             if informer is not None:
                 informer.close()
 
