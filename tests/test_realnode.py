@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -23,17 +24,20 @@ from gluon_localcluster.images import (
     operator_image,
     serving_image,
 )
-from gluon_localcluster.realnode import REAL_NODE_TAINT, RealNode
+from gluon_localcluster.realnode import CGROUP_FS, REAL_NODE_TAINT, RealNode
 from tests.helpers import wait_for
 
 NODE = "real-a"
+GPUS = 2  # AMD GPU device files (SIMULATION) in the node's own /dev
+# The label the AMD GPU operator's NFD rule puts on AMD GPU nodes: the agent DaemonSet's default nodeSelector.
+NODE_LABELS = {"gluon-test/real": "yes", "feature.node.kubernetes.io/amd-gpu": "true"}
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     with ControlPlane(tmp_path_factory.mktemp("realnode-cp"), kwok=False) as cp:
         images = [base_image(), serving_image(), agent_image(), operator_image()]
-        with RealNode(cp, NODE, images=images, labels={"gluon-test/real": "yes"}) as real:
+        with RealNode(cp, NODE, images=images, labels=NODE_LABELS, gpus=GPUS) as real:
             yield real
 
 
@@ -101,12 +105,19 @@ def test_a_pod_runs_and_its_output_is_read_back(node, core):
 def test_the_agent_image_built_from_the_dockerfile_sees_the_simulated_serving_stack(node, core):
     """The Dockerfile's `agent` target FROM the SIMULATION serving image: its probe finds the fake aiter,
     the gfx950 torch stand-in and the real Triton with Gluon's cga_layout, as on a capable node."""
-    probe = client.V1Container(name="probe", image=AGENT_IMAGE, image_pull_policy="Never", args=["probe", "--json"])
+    probe = client.V1Container(
+        name="probe",
+        image=AGENT_IMAGE,
+        image_pull_policy="Never",
+        args=["probe", "--json"],
+        security_context=client.V1SecurityContext(privileged=True),  # every device of the node's /dev
+    )
     done, output = run_to_completion(core, "images", "agent-probe", probe)
     report = json.loads(output)
     assert report["import_ok"] is True, report
     assert report["triton_cga_layout_ok"] is True, report
-    assert [g["arch"] for g in report["gpus"]] and all(g["arch"].startswith("gfx950") for g in report["gpus"])
+    assert report["kfd_access"] == "ok", report
+    assert len(report["gpus"]) == GPUS and all(g["arch"].startswith("gfx950") for g in report["gpus"]), report
     assert done.status.container_statuses[0].state.terminated.exit_code in (0, 1)  # capable or not: it ran
 
 
@@ -275,3 +286,142 @@ def injected_pod(core, namespace: str, pod: dict | None = None):
         return created
     core.delete_namespaced_pod(created.metadata.name, namespace, grace_period_seconds=0)
     return None
+
+
+# ---------------------------------------------------------------- the agent DaemonSet, in each GPU access mode
+
+AGENT_ON_THE_REAL_NODE = {
+    "agent": {
+        "image": {
+            "repository": AGENT_IMAGE.rsplit(":", 1)[0],
+            "tag": AGENT_IMAGE.rsplit(":", 1)[1],
+            "pullPolicy": "Never",
+        },
+        "tolerations": [{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+        "selftestTimeout": 60,
+    }
+}
+MODES = {
+    "hostDevices": {"gpuAccess": "hostDevices", "privileged": False},
+    "hostDevices, privileged": {"gpuAccess": "hostDevices", "privileged": True},
+    "resource": {"gpuAccess": "resource", "privileged": False, "gpuResourceCount": 1},
+}
+
+
+def process_status(node, pod_uid: str) -> dict[str, str]:
+    """/proc/<pid>/status of the pod's main process, found by its cgroup under the node's own root: what the
+    runtime really enforced (user, capabilities, no_new_privs, seccomp), whatever the pod spec asked."""
+    root = CGROUP_FS / "pids" / node.cgroup
+    pod_dirs = [d for d in root.rglob(f"*{pod_uid.replace('-', '_')}*") if d.is_dir()]
+    pod_dirs += [d for d in root.rglob(f"*{pod_uid}*") if d.is_dir()]
+    for pod_dir in pod_dirs:
+        for procs in pod_dir.rglob("cgroup.procs"):
+            for pid in procs.read_text().split():
+                status = Path(f"/proc/{pid}/status").read_text()
+                fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+                if "gluon-agent" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    return {k: v.strip() for k, v in fields.items()}
+    raise AssertionError(f"no gluon-agent process in a cgroup of pod {pod_uid} under {root}")
+
+
+def agent_verdict(core, mode: str) -> tuple[str, str] | None:
+    """(capable label, why not) once the agent of this mode has written its probe's verdict, else None."""
+    node = core.read_node(NODE)
+    labels, annotations = node.metadata.labels or {}, node.metadata.annotations or {}
+    if contract.LABEL_CAPABLE not in labels or contract.ANNOTATION_REPORT not in annotations:
+        return None
+    missing = " ".join(json.loads(annotations[contract.ANNOTATION_REPORT])["probe"]["missing_for_capable"])
+    expected = {"hostDevices": "EPERM", "hostDevices, privileged": None, "resource": "no GPU visible)"}[mode]
+    capable = labels[contract.LABEL_CAPABLE]
+    if (expected is None and capable == "true") or (expected is not None and expected in missing):
+        return capable, missing
+    return None
+
+
+def test_the_agent_runs_in_each_gpu_access_mode_as_the_runtime_enforces_it(node, core, installed_real):
+    """The chart's agent DaemonSet on the real node, switched by `helm upgrade` through the three modes. The
+    node has 2 GPUs' device files. Unprivileged hostDevices: the device cgroup refuses /dev/kfd (EPERM), as
+    containerd does on a real AMD node, and the agent says so and which values fix it; privileged: the GPUs
+    are seen; resource: no host path at all (no AMD device plugin here adds the devices), the pod admitted
+    against the node's amd.com/gpu."""
+    core.patch_node_status(NODE, {"status": {"capacity": {"amd.com/gpu": str(GPUS)}}})
+    seen: dict[str, tuple] = {}
+    for mode, access in MODES.items():
+        installed_real.upgrade(values={"agent": {**AGENT_ON_THE_REAL_NODE["agent"], **access}})
+        verdict = wait_for(
+            lambda: agent_verdict(core, mode), timeout=120, interval=1.0, what=f"the agent's verdict in {mode}"
+        )
+        pod = client.CoreV1Api(node.cp.admin_client()).read_namespaced_pod(
+            installed_real.agent_pod(NODE)["metadata"]["name"], installed_real.namespace
+        )
+        status = process_status(node, pod.metadata.uid)
+        seen[mode] = (verdict, status["Uid"].split()[0], status["CapEff"], status["NoNewPrivs"], status["Seccomp"])
+    (capable, why), uid, caps, no_new_privs, seccomp = seen["hostDevices"]
+    assert capable == "false" and "/dev/kfd was denied (EPERM)" in why and "agent.privileged" in why
+    assert (uid, caps, no_new_privs, seccomp) == ("65532", "0000000000000000", "1", "2")  # 2: seccomp filter on
+    (capable, why), uid, caps, _, seccomp = seen["hostDevices, privileged"]
+    assert capable == "true" and uid == "65532" and seccomp == "0"
+    (capable, why), uid, caps, no_new_privs, seccomp = seen["resource"]
+    assert capable == "false" and "EPERM" not in why
+    assert (uid, caps, no_new_privs, seccomp) == ("65532", "0000000000000000", "1", "2")
+
+
+# ---------------------------------------------------------------- the operator as the chart's two pods
+
+RECONCILED = "Timer 'reconcile' succeeded"  # kopf's line for each reconcile of a rollout
+
+
+def operator_pods(core, installed_real) -> list[client.V1Pod]:
+    pods = core.list_namespaced_pod(
+        installed_real.namespace, label_selector="app.kubernetes.io/name=gluon-rollout-operator"
+    ).items
+    return sorted(
+        (p for p in pods if not p.metadata.deletion_timestamp and p.status.phase == "Running"),
+        key=lambda p: p.metadata.name,
+    )
+
+
+def reconciles(core, installed_real, pod: str) -> int:
+    return core.read_namespaced_pod_log(pod, installed_real.namespace, container="operator").count(RECONCILED)
+
+
+def test_the_operator_runs_as_two_pods_and_one_takes_over_when_the_other_goes(node, core, installed_real):
+    """The chart's Deployment (2 replicas, kopf peering) from the operator image, in-cluster (its
+    ServiceAccount's projected token, the `kubernetes` Service's address): one pod reconciles the rollouts of
+    the tests above, the other waits; deleted (a drain's SIGTERM), the active one leaves the peering and the
+    waiting one takes over; the Deployment's new pod waits in turn."""
+    image, tag = OPERATOR_IMAGE.rsplit(":", 1)
+    installed_real.upgrade(
+        values={
+            "operator": {
+                "image": {"repository": image, "tag": tag, "pullPolicy": "Never"},
+                "nodeSelector": {"gluon-test/real": "yes"},
+                "tolerations": [{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+                "reconcileSeconds": 1,
+            }
+        }
+    )
+    pods = wait_for(
+        lambda: (found := operator_pods(core, installed_real)) and len(found) == 2 and found,
+        timeout=120,
+        interval=1.0,
+        what="two operator pods running",
+    )
+    names = [p.metadata.name for p in pods]
+
+    def working() -> list[str]:
+        before = {name: reconciles(core, installed_real, name) for name in names}
+        time.sleep(4)
+        return [name for name in names if reconciles(core, installed_real, name) > before[name]]
+
+    active = wait_for(lambda: (w := working()) and len(w) == 1 and w[0], timeout=90, interval=0.5, what="one active")
+    waiting = next(name for name in names if name != active)
+    core.delete_namespaced_pod(active, installed_real.namespace)
+    wait_for(
+        lambda: reconciles(core, installed_real, waiting) > 0,
+        timeout=60,
+        interval=1.0,
+        what=f"{waiting} taking over from {active}",
+    )
+    log = core.read_namespaced_pod_log(waiting, installed_real.namespace, container="operator")
+    assert "Resuming operations" in log and "Possibly conflicting operators" not in log

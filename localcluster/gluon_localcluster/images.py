@@ -221,18 +221,18 @@ def serving_image() -> Built:
     """SIMULATION of the serving image (localcluster/node/serving): the fake aiter, the gfx950 torch stand-in,
     the real Triton of this environment (its CUDA backend left out: a ROCm image has none), the fake SGLang
     exporter, and serve.py, which reports the flag its process sees."""
-    from .fakes.stacks import AITER_STACK, TORCH_GFX950, write_tree
+    from .fakes.stacks import AITER_STACK, TORCH_GFX950_ON_DEVICES, write_tree
     from .simcluster import triton_site
 
     triton = Path(triton_site()) / "triton"
     serving = NODE_DIR / "serving"
     exporter = ROOT / "localcluster" / "gluon_localcluster" / "fake_sglang.py"
-    torch_text = json.dumps(TORCH_GFX950, sort_keys=True)
+    torch_text = json.dumps(TORCH_GFX950_ON_DEVICES, sort_keys=True)
     triton_version = (triton / "__init__.py").read_text()
 
     def assemble(context: Path) -> None:
         _copy_tree(AITER_STACK, context / "aiter")
-        write_tree(context / "torch-gfx950", TORCH_GFX950)
+        write_tree(context / "torch-gfx950", TORCH_GFX950_ON_DEVICES)
         _copy_tree(triton, context / "triton" / "triton")
         shutil.rmtree(context / "triton" / "triton" / "backends" / "nvidia", ignore_errors=True)
         (context / "sglang").mkdir()

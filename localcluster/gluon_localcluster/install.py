@@ -141,8 +141,14 @@ class Installed:
             raise RuntimeError(f"kubectl apply --server-side -f {chart / 'crds'} failed:\n{result.stderr[-3000:]}")
         return result.stdout
 
-    def upgrade(self, chart: Path = CHART) -> str:
-        """`helm upgrade` with the values of the install over the new chart's defaults (--reset-then-reuse-values)."""
+    def upgrade(self, chart: Path = CHART, values: dict[str, Any] | None = None) -> str:
+        """`helm upgrade` with the values of the install over the new chart's defaults (--reset-then-reuse-values),
+        and `values` over those."""
+        extra: list[str] = []
+        if values:
+            values_file = self.cp.dir / f"values-{self.release}-upgrade-{time.monotonic_ns()}.json"
+            values_file.write_text(json.dumps(values))
+            extra = ["--values", str(values_file)]
         return helm(
             self.cp,
             "upgrade",
@@ -152,6 +158,7 @@ class Installed:
             self.namespace,
             "--reset-then-reuse-values",
             "--wait=false",
+            *extra,
         )
 
 

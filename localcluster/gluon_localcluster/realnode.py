@@ -12,6 +12,13 @@ This machine runs cgroup v1 (hybrid) without systemd: the kubelet runs with `fai
 cgroupfs driver and a cgroup root of the node's own (/gluon-<node> in every hierarchy), so that two nodes
 on one host never share /kubepods and the teardown can find (and kill) every container by its cgroup.
 Needs root.
+
+With `gpus=N` the node also has a mount namespace of its own, where containerd and the kubelet run and /dev
+is the host's plus an AMD GPU node's device files: /dev/kfd and, per GPU, /dev/dri/cardN and renderD(128+N).
+They are SIMULATION: character devices with the numbers of /dev/fuse (10:229), a device that any process may
+open and that no container runtime allows by default, so the runtime's device cgroup treats them as it treats
+a real GPU's (a container given them neither by a device plugin nor by `privileged` gets EPERM). The host's
+own /dev never has them (the agent's probe on this machine still finds no GPU).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ CGROUP_FS = Path("/sys/fs/cgroup")
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service (controlplane.SERVICE_CIDR's first address)
 REAL_NODE_TAINT = "gluon-rollout.local/real-node"  # keeps the scheduler's other pods off a real node
 CLONE_NEWNET = 0x40000000
+MOUNT_NS_DIR = Path("/run/gluon-mntns")  # the nodes' mount namespaces, kept open by a bind mount each
+GPU_STAND_IN = (10, 229)  # /dev/fuse's major and minor (see the module's docstring)
 
 
 def node_bin_dir() -> Path:
@@ -171,6 +180,8 @@ def sweep_stale_nodes() -> None:
         stale.cgroup, stale.components = name, []
         stale._kill_cgroup_processes()
         stale._remove_cgroups()
+        stale.mount_ns = MOUNT_NS_DIR / name if (MOUNT_NS_DIR / name).exists() else None
+        stale._release_mount_namespace()
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
 
 
@@ -183,6 +194,7 @@ class RealNode:
     name: str
     images: list[Built] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0  # AMD GPU device files (SIMULATION) in the node's own /dev; 0: the host's /dev
     components: list[Component] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -192,6 +204,7 @@ class RealNode:
         self.netns = ""
         self.relay: Relay | None = None
         self.cgroup = ""  # gluon-<netns>: unique per host, as two test runs may both name a node real-a
+        self.mount_ns: Path | None = None
         self.started_seconds = 0.0
 
     @property
@@ -222,6 +235,8 @@ class RealNode:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._network()
             self._cgroups()
+            if self.gpus:
+                self._mount_namespace()
             self._start_containerd()
             for image in (pause, *self.images):
                 self.ctr("images", "import", str(image.archive))
@@ -247,6 +262,7 @@ class RealNode:
             component.stop(timeout=15)
         self.components.clear()
         self._kill_cgroup_processes()
+        self._release_mount_namespace()
         self._unmount_under(self.dir)
         self._remove_cgroups()
         if self.relay is not None:
@@ -300,7 +316,55 @@ class RealNode:
         (cni / "10-gluon-pods.conflist").write_text(json.dumps(conflist, indent=1))
 
     def in_netns(self, *argv: str) -> list[str]:
-        return ["nsenter", f"--net=/run/netns/{self.netns}", *argv]
+        """`argv` in the node's network namespace, and in its mount namespace where it has one."""
+        mount = [f"--mount={self.mount_ns}"] if self.mount_ns else []
+        return ["nsenter", f"--net=/run/netns/{self.netns}", *mount, *argv]
+
+    # ------------------------------------------------------------ the node's /dev (gpus > 0)
+
+    def gpu_device_files(self) -> list[str]:
+        """The device files an AMD node with `gpus` GPUs has, as the AMD device plugin and ROCm name them."""
+        per_gpu = [(f"dri/card{i}", f"dri/renderD{128 + i}") for i in range(self.gpus)]
+        return ["kfd", *(name for pair in per_gpu for name in pair)]
+
+    def _mount_namespace(self) -> None:
+        """A mount namespace whose /dev is an overlay of the host's with the GPU device files (see the module's
+        docstring), held open by a bind mount under MOUNT_NS_DIR (a private mount, as a namespace file needs)."""
+        MOUNT_NS_DIR.mkdir(parents=True, exist_ok=True)
+        if subprocess.run(["mountpoint", "-q", str(MOUNT_NS_DIR)]).returncode != 0:
+            _run("mount", "--bind", str(MOUNT_NS_DIR), str(MOUNT_NS_DIR))
+            _run("mount", "--make-private", str(MOUNT_NS_DIR))
+        upper, work = self.dir / "dev" / "upper", self.dir / "dev" / "work"
+        shutil.rmtree(self.dir / "dev", ignore_errors=True)
+        (upper / "dri").mkdir(parents=True)
+        work.mkdir()
+        for name in self.gpu_device_files():
+            os.mknod(upper / name, 0o666 | 0o020000, os.makedev(*GPU_STAND_IN))  # S_IFCHR
+            os.chmod(upper / name, 0o666)
+        self.mount_ns = MOUNT_NS_DIR / self.netns
+        self.mount_ns.touch()
+        overlay = f"lowerdir=/dev,upperdir={upper},workdir={work}"
+        _run(
+            "unshare",
+            f"--mount={self.mount_ns}",
+            "--propagation=private",
+            "--",
+            "mount",
+            "-t",
+            "overlay",
+            f"gluon-dev-{self.name}",
+            "-o",
+            overlay,
+            "/dev",
+        )
+
+    def _release_mount_namespace(self) -> None:
+        """The namespace goes with its last process and its bind mount (its mounts with it)."""
+        if self.mount_ns is None:
+            return
+        subprocess.run(["umount", "-l", str(self.mount_ns)], capture_output=True)
+        self.mount_ns.unlink(missing_ok=True)
+        self.mount_ns = None
 
     # ------------------------------------------------------------ cgroups
 

@@ -104,6 +104,29 @@ TORCH_GFX950 = {
 }
 
 
+def _on_device_files(torch_init: str) -> str:
+    """The stand-in's GPUs as ROCm's runtime finds them: none unless /dev/kfd opens for reading and writing
+    (a container's device cgroup may refuse it), then one per /dev/dri/renderD* node."""
+    visible = textwrap.dedent(
+        """
+        def _visible():
+            import glob, os
+            try:
+                os.close(os.open('/dev/kfd', os.O_RDWR))
+            except OSError:
+                return 0
+            return len(glob.glob('/dev/dri/renderD*'))
+        """
+    )
+    swapped = torch_init.replace("return True", "return _visible() > 0", 1).replace("return 2", "return _visible()", 1)
+    assert swapped.count("_visible()") == 2, "TORCH_GFX950's cuda class changed: update _on_device_files"
+    return visible + swapped
+
+
+# SIMULATION: the serving image's torch stand-in, GPUs from the node's device files (realnode.RealNode(gpus=N)).
+TORCH_GFX950_ON_DEVICES = {"torch/__init__.py": _on_device_files(TORCH_GFX950["torch/__init__.py"])}
+
+
 def write_tree(root: Path, files: dict[str, str]) -> Path:
     for rel, text in files.items():
         path = root / rel
