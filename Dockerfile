@@ -28,7 +28,7 @@ COPY agent ./agent
 # --no-deps for the GPU stack: torch, triton and aiter are the serving image's own and must stay so.
 RUN python3 -m pip install --no-cache-dir "kopf==1.45.2" "kubernetes==37.0.2" "prometheus-client>=0.20" "pydantic>=2.6" \
  && python3 -m pip install --no-cache-dir --no-deps . && rm -rf /src
-# The agent opens /dev/kfd and /dev/dri (render group): the DaemonSet grants that; it runs as root only
-# where the cluster's device plugin leaves no other way (see charts/gluon-rollout values: agent.securityContext).
+# The agent opens /dev/kfd and /dev/dri (render group): the DaemonSet grants that, as UID 65532 (chart values
+# agent.gpuAccess and agent.privileged; docs/using/images.md builds and publishes this image).
 ENTRYPOINT ["gluon-agent"]
 CMD ["run"]

@@ -21,10 +21,18 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts/gluon-rollout"
 HELM = shutil.which("helm") or str(ROOT / ".tools/bin/helm")
 NAMESPACE = "gluon-system"
+# No image is published, so the chart has none by default: every render names both (docs/using/images.md).
+IMAGES = [
+    "--set",
+    "operator.image.repository=registry.example/gluon-rollout-operator",
+    "--set",
+    "agent.image.repository=registry.example/gluon-rollout-agent",
+]
 VALUE_SETS = {
     "defaults": [],
     "cert-manager": ["--set", "certManager.enabled=true"],
-    "monitoring-off": [
+    "monitoring-off": ["--set", "monitoring.enabled=false"],
+    "monitors-each-off": [
         "--set",
         "monitoring.serviceMonitor.enabled=false",
         "--set",
@@ -37,13 +45,13 @@ VALUE_SETS = {
         "monitoring.dashboard.enabled=false",
     ],
     "gpu-resource": ["--set", "agent.gpuAccess=resource", "--set", "agent.gpuResourceCount=8"],
-    "gpu-privileged": ["--set", "agent.privileged=true"],
+    "gpu-unprivileged": ["--set", "agent.privileged=false"],
     "webhook-opt-in": ["--set", "webhook.namespaceOptIn=true", "--set", "webhook.podOptIn=false"],
 }
 # The agent's GPU access modes (README "What each GPU access mode grants"): the value set of each.
 GPU_MODES = {
-    "hostDevices": VALUE_SETS["defaults"],
-    "privileged": VALUE_SETS["gpu-privileged"],
+    "privileged": VALUE_SETS["defaults"],
+    "unprivileged": VALUE_SETS["gpu-unprivileged"],
     "resource": VALUE_SETS["gpu-resource"],
 }
 # Kinds from CRDs that the Kubernetes schemas do not hold (Prometheus Operator, cert-manager, kopf).
@@ -76,7 +84,14 @@ def helm(*args: str) -> subprocess.CompletedProcess:
 
 def render(extra: list[str], show_crds: bool = False) -> list[dict]:
     done = helm(
-        "template", "t", str(CHART), "--namespace", NAMESPACE, *(["--include-crds"] if show_crds else []), *extra
+        "template",
+        "t",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        *(["--include-crds"] if show_crds else []),
+        *IMAGES,
+        *extra,
     )
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -87,7 +102,7 @@ def by_kind(docs: list[dict], kind: str) -> list[dict]:
 
 
 def test_lint_strict():
-    done = helm("lint", "--strict", str(CHART))
+    done = helm("lint", "--strict", str(CHART), *IMAGES)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -131,7 +146,7 @@ def test_rbac_is_exactly_the_listed_rules():
     ],
 )
 def test_values_schema_rejects(bad, complaint):
-    done = helm("template", "t", str(CHART), *bad)
+    done = helm("template", "t", str(CHART), *IMAGES, *bad)
     assert done.returncode != 0 and complaint in done.stderr
 
 
@@ -166,16 +181,18 @@ def test_agent_gpu_access_modes(mode):
         assert host_paths == {"kfd": ("/dev/kfd", "CharDevice"), "dri": ("/dev/dri", "Directory")}
         assert mounts == {"/tmp", "/dev/kfd", "/dev/dri"}
         assert "amd.com/gpu" not in container["resources"]["limits"]
-        if mode == "hostDevices":
+        if mode == "unprivileged":  # the knowing opt-in
             assert container["securityContext"] == LEAST
-        else:  # the explicit opt-in: nothing else grants it
+        else:  # the default: what containerd and CRI-O need before a container may open the hostPath /dev/kfd
             assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
 
 
-def test_agent_privileged_is_an_opt_in_of_host_devices_only():
-    assert yaml.safe_load((CHART / "values.yaml").read_text())["agent"]["privileged"] is False
-    done = helm("template", "t", str(CHART), "--set", "agent.gpuAccess=resource", "--set", "agent.privileged=true")
-    assert done.returncode != 0 and "agent.privileged applies to agent.gpuAccess: hostDevices only" in done.stderr
+def test_agent_is_privileged_by_default_in_host_devices_mode_only():
+    """The default is what a standard runtime needs (README "Why privileged is the default"); the resource
+    mode never runs privileged, whatever agent.privileged says, and the unprivileged mode is asked for."""
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["agent"]["privileged"] is True
+    for values in (VALUE_SETS["gpu-resource"], VALUE_SETS["gpu-resource"] + ["--set", "agent.privileged=true"]):
+        assert agent_pod_spec(values)["containers"][0]["securityContext"] == LEAST
     unconfined = agent_pod_spec(["--set", "agent.seccompProfile.type=Unconfined"])
     assert unconfined["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
 
@@ -237,7 +254,7 @@ def test_helm_template_renders_a_new_ca_each_time_unless_cert_manager_issues_it(
     assert secrets([]) != secrets([])
     managed = VALUE_SETS["cert-manager"]
     assert render(managed) == render(managed) and secrets(managed) == []
-    done = helm("template", "t", str(CHART), "--set", "webhook.certificate.renewBeforeDays=365")
+    done = helm("template", "t", str(CHART), *IMAGES, "--set", "webhook.certificate.renewBeforeDays=365")
     assert done.returncode != 0 and "renewBeforeDays (365) must be less than" in done.stderr
     secret = by_kind(render([]), "Secret")[0]
     assert secret["metadata"]["annotations"]["gluon-rollout/cert-not-after"]
@@ -294,10 +311,84 @@ def test_monitoring_toggles_and_release_label():
     assert {"sourceLabels": ["__meta_kubernetes_pod_label_gluonrollout_io_flag"], "targetLabel": "flag"} in relabel
     dashboard = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard") == "1"][0]
     assert json.loads(dashboard["data"]["gluon-rollout.json"])["uid"] == "gluon-rollout"
-    off = render(VALUE_SETS["monitoring-off"])
+    off = render(VALUE_SETS["monitors-each-off"])
     assert not any(by_kind(off, k) for k in ("ServiceMonitor", "PodMonitor", "PrometheusRule")) and not by_kind(
         off, "ConfigMap"
     )
+
+
+def prometheus_operator_objects(docs: list[dict]) -> list[str]:
+    return [
+        f"{d['kind']}/{d['metadata']['name']}" for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")
+    ]
+
+
+def test_monitoring_enabled_false_turns_every_prometheus_operator_object_off():
+    """One switch, whatever the per-object switches say; the dashboard (a ConfigMap, no CRD) keeps its own."""
+    each_on = [f"monitoring.{k}.enabled=true" for k in ("serviceMonitor", "podMonitor", "servingPodMonitor")]
+    on = render([])
+    assert len(prometheus_operator_objects(on)) == 4
+    off = render(["--set", "monitoring.enabled=false", "--set", ",".join(each_on)])
+    assert prometheus_operator_objects(off) == []
+    assert [c for c in by_kind(off, "ConfigMap") if c["metadata"]["name"] == "t-gluon-rollout-dashboard"]
+    # under the switch, one object at a time
+    serving_and_rules = render(["--set", "monitoring.serviceMonitor.enabled=false,monitoring.podMonitor.enabled=false"])
+    assert prometheus_operator_objects(serving_and_rules) == [
+        "PodMonitor/t-gluon-rollout-serving",
+        "PrometheusRule/t-gluon-rollout",
+    ]
+
+
+OPERATOR_MISSING = (
+    "operator.image.repository is not set: build the operator image (docker build --target operator -t "
+    "<registry>/gluon-rollout-operator:<tag> .), push it and set operator.image.repository and "
+    "operator.image.tag (docs/using/images.md)."
+)
+AGENT_MISSING = (
+    "agent.image.repository is not set: build the agent FROM your serving image (docker build --target agent "
+    "--build-arg BASE_IMAGE=<your SGLang image> -t <registry>/gluon-rollout-agent:<tag> .), push it and set "
+    "agent.image.repository and agent.image.tag (docs/using/images.md)."
+)
+
+
+@pytest.mark.parametrize(
+    "given,expected",
+    [
+        ([], [OPERATOR_MISSING, AGENT_MISSING]),
+        (IMAGES[:2], [AGENT_MISSING]),
+        (IMAGES[2:], [OPERATOR_MISSING]),
+        (IMAGES[2:] + ["--set", "operator.image.repository="], [OPERATOR_MISSING]),
+    ],
+)
+def test_no_default_image_a_render_without_one_says_how_to_build_it(given, expected):
+    """No public image exists, so none is a default: each missing one is named with its Dockerfile target."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["operator"]["image"]["repository"] == values["agent"]["image"]["repository"] == ""
+    done = helm("template", "t", str(CHART), *given)
+    assert done.returncode != 0
+    message = done.stderr.split("): ", 1)[1].splitlines()[0]  # the one line after Helm's "at (file:line)"
+    assert message == " ".join(expected)
+
+
+def test_the_images_reach_the_operator_the_agents_and_the_cleanup_job():
+    docs = render(["--set", "agent.image.tag=0.1.0-sglang-v0.5.19"])
+    operator = [d for d in by_kind(docs, "Deployment") if "operator" in d["metadata"]["name"]][0]
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example/gluon-rollout-operator:0.1.0"  # the appVersion by default
+    agent_image = "registry.example/gluon-rollout-agent:0.1.0-sglang-v0.5.19"
+    assert {"name": "GLUON_AGENT_IMAGE", "value": agent_image} in container["env"]  # the webhook's install step
+    assert by_kind(docs, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0]["image"] == agent_image
+    job = by_kind(docs, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert job["image"] == "registry.example/gluon-rollout-operator:0.1.0"
+
+
+def test_offline_renders_skip_the_cluster_checks():
+    """`helm template` cannot look up the namespace nor see the cluster's CRDs: the Pod Security and
+    Prometheus Operator checks pass silently (README "What the install checks"); on the real API server
+    they refuse (tests/test_install_checks_cluster.py)."""
+    done = helm("template", "t", str(CHART), "--namespace", "baseline-ns", *IMAGES)
+    assert done.returncode == 0, done.stderr
+    assert len(prometheus_operator_objects([d for d in yaml.safe_load_all(done.stdout) if d])) == 4
 
 
 def test_promtool_checks_and_unit_tests_the_alerts():

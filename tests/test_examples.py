@@ -1,6 +1,7 @@
 """examples/: the GluonRollout parses with the operator's own spec model and no semantic problem, the
 serving Deployment validates against Kubernetes' schemas, the rollout selects its pods, the webhook's
-injection applies to its template in both modes, and the real API server accepts both (dry run)."""
+injection applies to its template in both modes, the real API server accepts both (dry run), and the chart
+renders with the values file (both images named, its serving PodMonitor selecting the Deployment's pods)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gluon_operator.spec import GROUP, KIND, VERSION, parse_spec, selector_match
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ROLLOUT = EXAMPLES / "kimi-k3-tp8-rollout.yaml"
 DEPLOYMENT = EXAMPLES / "sglang-kimi-k3-deployment.yaml"
+VALUES = EXAMPLES / "values.yaml"
 
 
 def load(path: Path) -> dict:
@@ -104,3 +106,25 @@ def test_both_apply_to_the_real_api_server(control_plane, installed, namespace):
             GROUP, VERSION, namespace, PLURAL, broken, dry_run="All"
         )
     assert refused.value.status == 422 and "maxParallel" in refused.value.body
+
+
+def test_the_values_file_names_both_images_and_renders_the_chart():
+    from tests.test_chart import CHART, CUSTOM, by_kind, helm
+
+    values = yaml.safe_load(VALUES.read_text())
+    assert values["operator"]["image"]["repository"] and values["agent"]["image"]["repository"]  # no default
+    done = helm("template", "gluon-rollout", str(CHART), "--namespace", "gluon-system", "--values", str(VALUES))
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    agent = by_kind(docs, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert agent["image"] == "registry.example/ml/gluon-rollout-agent:0.1.0-sglang-v0.5.19"
+    assert agent["securityContext"]["privileged"] is True
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) not in CUSTOM:
+            kubernetes_validate.validate(doc, "1.37", strict=True)
+    serving = next(d for d in by_kind(docs, "PodMonitor") if d["metadata"]["name"].endswith("-serving"))
+    deployment = load(DEPLOYMENT)
+    assert deployment["metadata"]["namespace"] in serving["spec"]["namespaceSelector"]["matchNames"]
+    assert selector_matches(serving["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    ports = {p["name"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert serving["spec"]["podMetricsEndpoints"][0]["port"] in ports

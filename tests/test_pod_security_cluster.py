@@ -16,9 +16,9 @@ from tests.test_chart import GPU_MODES, by_kind, render
 
 LEVELS = ("privileged", "baseline", "restricted")
 # The PodSecurity checks each mode fails, by level (the names the API server gives them in its denial).
-# Every mode fails baseline on the hostPort the preflight needs; only the opt-in adds "privileged".
+# Every mode fails baseline on the hostPort the preflight needs; the default adds "privileged".
 VIOLATIONS = {
-    "hostDevices": {
+    "unprivileged": {
         "baseline": {"hostPort", "hostPath volumes"},
         "restricted": {"hostPort", "restricted volume types"},
     },

@@ -20,19 +20,27 @@ from typing import Any
 
 from .binaries import ROOT
 from .controlplane import ControlPlane
+from .images import AGENT_IMAGE, OPERATOR_IMAGE
 from .pki import KeyPair
 
 CHART = ROOT / "charts" / "gluon-rollout"
 RELEASE = "gluon-rollout"
 NAMESPACE = "gluon-system"
-# Local processes cannot use what needs a Prometheus Operator (monitors, rules) or an image (none run).
+
+
+def image_values(name: str) -> dict[str, str]:
+    """repository:tag as the chart's image values."""
+    repository, tag = name.rsplit(":", 1)
+    return {"repository": repository, "tag": tag}
+
+
+# The chart has no default image (none is published): the harness names the ones it builds from the
+# Dockerfile's targets (images.py), which a real node runs and kwok's nodes never pull. Local processes cannot
+# use what needs a Prometheus Operator (monitors, rules): monitoring.py turns them on with its own.
 LOCAL_VALUES: dict[str, Any] = {
-    "monitoring": {
-        "serviceMonitor": {"enabled": False},
-        "podMonitor": {"enabled": False},
-        "servingPodMonitor": {"enabled": False},
-        "prometheusRule": {"enabled": False},
-    },
+    "operator": {"image": image_values(OPERATOR_IMAGE)},
+    "agent": {"image": image_values(AGENT_IMAGE)},
+    "monitoring": {"enabled": False},
 }
 
 

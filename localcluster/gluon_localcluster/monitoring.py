@@ -82,6 +82,7 @@ def monitoring_values(release: str, interval: str = SCRAPE_INTERVAL, serving_lab
     """Chart values with every monitor, the rules and the dashboard on, scraped every `interval`."""
     return {
         "monitoring": {
+            "enabled": True,
             "release": release,
             "serviceMonitor": {"enabled": True, "interval": interval},
             "podMonitor": {"enabled": True, "interval": interval},

@@ -37,8 +37,67 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gluon.agent.name" -}}{{ include "gluon.fullname" . }}-agent{{- end -}}
 {{- define "gluon.webhook.secret" -}}{{ include "gluon.fullname" . }}-webhook-tls{{- end -}}
 
+{{- /* An image as repository:tag (dict "root" $ "name" "operator"|"agent"). No image is published: a
+       repository left empty fails with how to build it (docs/using/images.md), for both images at once. */ -}}
 {{- define "gluon.image" -}}
-{{- printf "%s:%s" .image.repository (default .chart.AppVersion .image.tag) -}}
+{{- include "gluon.checks.images" .root -}}
+{{- $image := (index .root.Values .name).image -}}
+{{- printf "%s:%s" $image.repository (default .root.Chart.AppVersion $image.tag) -}}
+{{- end -}}
+
+{{- define "gluon.checks.images" -}}
+{{- $missing := list -}}
+{{- if not .Values.operator.image.repository -}}
+{{- $missing = append $missing "operator.image.repository is not set: build the operator image (docker build --target operator -t <registry>/gluon-rollout-operator:<tag> .), push it and set operator.image.repository and operator.image.tag (docs/using/images.md)." -}}
+{{- end -}}
+{{- if not .Values.agent.image.repository -}}
+{{- $missing = append $missing "agent.image.repository is not set: build the agent FROM your serving image (docker build --target agent --build-arg BASE_IMAGE=<your SGLang image> -t <registry>/gluon-rollout-agent:<tag> .), push it and set agent.image.repository and agent.image.tag (docs/using/images.md)." -}}
+{{- end -}}
+{{- with $missing -}}{{- fail (join " " .) -}}{{- end -}}
+{{- end -}}
+
+{{- /* What the cluster must have, checked when Helm talks to it (install, upgrade, --dry-run=server): the
+       release namespace's Pod Security level and the Prometheus Operator's CRDs for the monitors that are
+       on. Offline (`helm template`, --dry-run=client) `lookup` returns nothing and Capabilities hold only
+       the built-in APIs, so both checks pass silently there (charts/gluon-rollout/README.md). */ -}}
+{{- define "gluon.checks.cluster" -}}
+{{- if lookup "v1" "Namespace" "" "kube-system" -}}
+{{- include "gluon.checks.podSecurity" . -}}
+{{- include "gluon.checks.monitoringCRDs" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* Every GPU access mode needs hostPort (the preflight asks HOST_IP:<agent.port>) and all but resource
+       hostPath: Pod Security level privileged. A namespace not there yet is made by --create-namespace
+       without labels (the cluster's default level applies: docs/using/install.md). */ -}}
+{{- define "gluon.checks.podSecurity" -}}
+{{- $namespace := lookup "v1" "Namespace" "" .Release.Namespace -}}
+{{- if $namespace -}}
+{{- $labels := $namespace.metadata.labels | default dict -}}
+{{- $level := index $labels "pod-security.kubernetes.io/enforce" | default "privileged" -}}
+{{- if ne $level "privileged" -}}
+{{- fail (printf "namespace %s enforces Pod Security level %q, which refuses the agent's hostPort and hostPath in every GPU access mode: run `kubectl label namespace %s pod-security.kubernetes.io/enforce=privileged --overwrite` and install again." .Release.Namespace $level .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gluon.checks.monitoringCRDs" -}}
+{{- if .Values.monitoring.enabled -}}
+{{- $m := .Values.monitoring -}}
+{{- $wanted := list -}}
+{{- if $m.serviceMonitor.enabled }}{{ $wanted = append $wanted "ServiceMonitor" }}{{ end -}}
+{{- if or $m.podMonitor.enabled $m.servingPodMonitor.enabled }}{{ $wanted = append $wanted "PodMonitor" }}{{ end -}}
+{{- if $m.prometheusRule.enabled }}{{ $wanted = append $wanted "PrometheusRule" }}{{ end -}}
+{{- $absent := list -}}
+{{- range $wanted -}}
+{{- if not ($.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .)) -}}
+{{- $absent = append $absent . -}}
+{{- end -}}
+{{- end -}}
+{{- with $absent -}}
+{{- fail (printf "monitoring.enabled is true but this cluster has no Prometheus Operator CRD for %s (monitoring.coreos.com/v1): install the Prometheus Operator (e.g. kube-prometheus-stack) first, or set monitoring.enabled=false and scrape the serving pods yourself." (join ", " .)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gluon.podSecurity" -}}
