@@ -76,7 +76,7 @@ def test_stages_are_printed_as_they_start_with_elapsed_seconds_and_long_stages_g
             progress.tick()
     assert lines[0] == "[  0.0s] a"
     assert "[  0.5s] control plane" in lines
-    assert any(line.endswith("still control plane (4 s in this stage)") for line in lines)
+    assert any(line.endswith("still control plane (3 s in this stage)") for line in lines)
     times = [at for at, _ in progress.lines]
     assert times[0] < 1.0 and longest_silence(times, clock.now - progress.started) <= HEARTBEAT_SECONDS + 0.25
 
@@ -158,13 +158,13 @@ def test_lanes_follow_the_state_label_history_in_state_colours():
 
 
 def test_the_rollouts_events_are_on_the_time_axis():
-    approvals = [(40.0, "approval gate 'AfterCanary' granted")]
+    approvals = [(40.0, "AfterCanary")]
     events = timeline.plan(demo_like(), created=31.0, end=80.0, canary_nodes=1, approvals=approvals).events
     texts = [(m.time, m.text) for m in events]
     assert texts[:3] == [
         (31.0, "rollout created"),
         (32.5, "canary gpu-01"),
-        (40.0, "approved: approval gate 'AfterCanary' granted"),
+        (40.0, "approved AfterCanary"),
     ]
     assert (59.6, "rolled back gpu-02") in texts
     assert {t for t in texts if t[1].startswith("promoted")} == {
@@ -214,3 +214,10 @@ def test_draw_writes_one_png(tmp_path: Path):
     out = tmp_path / "timeline.png"
     timeline.draw(timeline.plan(demo_like(), created=31.0, end=80.0), speeds, out, "title")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_flag_marker_sits_on_the_drawn_line():
+    points = [(50.0, 30.0), (51.0, float("nan")), (56.0, 66.0)]  # a blank step, then the next sample
+    assert timeline._value_at(points, 52.0) == pytest.approx(30.0 + 36.0 * 2 / 6)
+    assert timeline._value_at(points, 40.0) == 30.0 and timeline._value_at(points, 60.0) == 66.0
+    assert timeline._value_at([], 1.0) is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
@@ -134,24 +135,29 @@ def node_facts(cluster: SimCluster) -> list[timeline.NodeFacts]:
 
 
 def approvals(cluster: SimCluster) -> list[tuple[float, str]]:
-    """(seconds since the start, message) of the rollout's Approved events."""
+    """(seconds since the start, the gate granted) of the rollout's Approved events."""
     out = []
     for event in cluster.events():
         if event.get("reason") == "Approved":
             stamp = event.get("lastTimestamp") or event.get("firstTimestamp") or event.get("eventTime")
             when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else time.time()
-            out.append((when - cluster.started, event.get("message", "")))
+            gate = re.search(r"gate '([^']+)'", event.get("message", ""))
+            out.append((when - cluster.started, gate.group(1) if gate else event.get("message", "")[:40]))
     return out
 
 
 def draw_timeline(cluster: SimCluster, path: Path) -> None:
     end = time.time()
+    speeds = judged_speeds(cluster, end)
+    created = cluster.rollout_created - cluster.started
+    first = min((points[0][0] for points in speeds.values() if points), default=created)
     the_plan = timeline.plan(
         node_facts(cluster),
-        created=cluster.rollout_created - cluster.started,
+        created=created,
         end=end - cluster.started,
         canary_nodes=DEMO_STRATEGY["canaryNodes"],
         approvals=approvals(cluster),
+        start=max(0.0, min(first, created) - 2),  # from the first sample: the setup before it is not drawn
     )
     title = (
         "gluon-rollout demo: decode speed, state and flag per node\n"
@@ -160,7 +166,7 @@ def draw_timeline(cluster: SimCluster, path: Path) -> None:
         else "gluon-rollout demo: decode speed, state and flag per node\n"
         "SIMULATION of the GPU nodes and SGLang; real control plane, operator and Prometheus (static targets)"
     )
-    timeline.draw(the_plan, judged_speeds(cluster, end), path, title)
+    timeline.draw(the_plan, speeds, path, title)
 
 
 def wait_for_serving_series(cluster: SimCluster, timeout: float = 90) -> None:

@@ -161,7 +161,7 @@ def rollout_events(
         first_enable.setdefault(name, when)
     canaries = sorted(first_enable.items(), key=lambda item: item[1])[:canary_nodes]
     events += [(when, "canary", f"canary {name}") for name, when in canaries]
-    events += [(when, "approval", f"approved: {gate}") for when, gate in approvals]
+    events += [(when, "approval", f"approved {gate}") for when, gate in approvals]
     for node in nodes:
         for state, kind, words in (("Promoted", "promotion", "promoted"), ("RolledBack", "rollback", "rolled back")):
             reached = [t for t, s in node.states if s == state]
@@ -228,7 +228,7 @@ def draw(the_plan: TimelinePlan, speeds: dict[str, Sequence[tuple[float, float]]
     _events_row(top, the_plan)
     _speed_panel(mid, the_plan, speeds, names)
     _lanes(low, the_plan, names)
-    low.set_xlim(the_plan.start, the_plan.end + (the_plan.end - the_plan.start) * 0.2)
+    low.set_xlim(the_plan.start, the_plan.end + (the_plan.end - the_plan.start) * 0.25)
     low.set_xlabel("seconds since the demo started")
     handles = [Patch(facecolor=STATE_COLOURS[s], edgecolor="#808080", label=STATE_WORDS[s]) for s in STATE_COLOURS]
     low.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(handles), fontsize=8)
@@ -314,5 +314,11 @@ def _lanes(ax, the_plan: TimelinePlan, names: list[str]) -> None:
 
 
 def _value_at(points: Sequence[tuple[float, float]], when: float) -> float | None:
-    """The first finite value at or after `when` (the speed right after the switch)."""
-    return next((v for t, v in points if t >= when and v == v), None)
+    """The drawn line's height at `when` (linear between the finite samples around it), so a marker sits on it."""
+    finite = [(t, v) for t, v in points if v == v]
+    before = [(t, v) for t, v in finite if t <= when]
+    after = [(t, v) for t, v in finite if t >= when]
+    if not before or not after:
+        return (after or before or [(when, None)])[0 if after else -1][1]
+    (t0, v0), (t1, v1) = before[-1], after[0]
+    return v0 if t1 == t0 else v0 + (v1 - v0) * (when - t0) / (t1 - t0)
