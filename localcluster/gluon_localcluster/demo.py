@@ -192,17 +192,21 @@ def run(
     emit: Callable[[str], None] = print,
     plugin: bool = True,
     operator_monitoring: bool = True,
+    before_stop: Callable[[dict], None] = lambda _: None,
 ) -> dict:
     """The whole demo; every line goes through `emit` with its elapsed seconds (progress.py), at least one
-    every few seconds. `plugin`: end with `kubectl gluon status` and `explain` (printed to stdout)."""
+    every few seconds. `plugin`: end with `kubectl gluon status` and `explain` (printed to stdout).
+    `before_stop`: given the result before the cluster stops (stopping takes about 15 s), e.g. to print it."""
     with Progress(emit) as progress:
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(out / "work", ignore_errors=True)  # every demo starts from an empty cluster (etcd's data)
         cluster = SimCluster(workdir=out / "work", operator_monitoring=operator_monitoring)
         try:
-            return _run(cluster, out, timeout, progress, plugin)
+            result = _run(cluster, out, timeout, progress, plugin)
+            before_stop(result)
+            return result
         finally:
-            progress.stage("stopping the cluster")
+            progress.stage("stopping the cluster (the result above is final)")
             cluster.stop()
 
 
@@ -281,19 +285,8 @@ def plugin_pass(cluster: SimCluster, result: dict) -> None:
         kubectl_gluon([*flags, "explain", name])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="out/demo")
-    parser.add_argument("--timeout", type=float, default=240)
-    parser.add_argument(
-        "--static-prometheus",
-        action="store_true",
-        help="scrape static targets (the exporters add node and flag themselves) instead of the Prometheus "
-        "Operator's service discovery and the chart's monitors",
-    )
-    args = parser.parse_args()
-    result = run(Path(args.out), args.timeout, operator_monitoring=not args.static_prometheus)
-    print("\nSUMMARY")
+def print_summary(result: dict, out: Path) -> None:
+    print("\nSUMMARY", flush=True)
     promoted = ", ".join(f"{p['node']} ({gating.effect_text(p)})" for p in result["promoted"])
     print(f"  promoted:    {promoted}")
     print(f"  holdout:     {', '.join(result['holdout'])} (kept at flag 0 as the control group)")
@@ -307,7 +300,27 @@ def main() -> int:
             f"  rolled back: {name}: effect {gating.effect_text(r)} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), "
             f"threshold x{r['threshold']}, n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}"
         )
-    print(f"  timeline:    {result['timeline']}   summary: {Path(args.out) / 'summary.json'}   ({result['seconds']} s)")
+    print(f"  timeline:    {result['timeline']}   summary: {out / 'summary.json'}   ({result['seconds']} s)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="out/demo")
+    parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument(
+        "--static-prometheus",
+        action="store_true",
+        help="scrape static targets (the exporters add node and flag themselves) instead of the Prometheus "
+        "Operator's service discovery and the chart's monitors",
+    )
+    args = parser.parse_args()
+    out = Path(args.out)
+    result = run(
+        out,
+        args.timeout,
+        operator_monitoring=not args.static_prometheus,
+        before_stop=lambda result: print_summary(result, out),
+    )
     return 0 if result["settled"] and result["rolled_back"] else 1
 
 

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -443,12 +444,13 @@ class SimCluster:
     # ------------------------------------------------------------ stop
 
     def stop(self) -> None:
-        self.stop_event.set()
+        self.stop_event.set()  # the node watch ends within its 5-s stream timeout, while the processes stop
+        everything = [r.agent for r in self.nodes.values() if r.agent] + ([self.operator] if self.operator else [])
+        if everything:  # all at once: each drains for about 5 s after SIGTERM; one by one took ~30 s
+            with ThreadPoolExecutor(len(everything)) as pool:
+                list(pool.map(lambda proc: proc.stop(), everything))
         for thread in self.threads:
             thread.join(5)
-        everything = [r.agent for r in self.nodes.values() if r.agent] + ([self.operator] if self.operator else [])
-        for proc in everything:
-            proc.stop()
         for running in self.nodes.values():
             if running.exporter:
                 running.exporter.stop()
