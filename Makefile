@@ -45,8 +45,9 @@ test: setup tools cluster images
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup tools cluster
-	@echo "== gluon-agent probe on this machine =="
-	-$(VENV)/bin/gluon-agent probe
+	@echo "== gluon-agent probe on this machine (localcluster/gluon_localcluster/probe_step.py) =="
+	@# 'not capable' (no AMD GPU here) is an answer, exit 0; only a probe that crashed stops the demo
+	PYTHONPATH="$(CURDIR)/localcluster" $(PY) -m gluon_localcluster.probe_step
 	@echo "== the whole rollout on a real control plane on 127.0.0.1 (localcluster/gluon_localcluster/demo.py) =="
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" PYTHONPATH="$(CURDIR)/localcluster" $(PY) -m gluon_localcluster.demo --out out/demo
 

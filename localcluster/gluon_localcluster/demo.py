@@ -4,26 +4,36 @@ On a real Kubernetes control plane (etcd, kube-apiserver, controller-manager, sc
 SIMULATION of kubelets) with the chart installed by helm: 8 GPU nodes (their self-test results are a
 SIMULATION: 5 pass, 1 is not capable, 1 fails its fallback self-test, 1 passes but regresses in production)
 each run the real agent daemon; serving Deployments' pods go through the real webhook (called by the API
-server) and the real preflight; a real Prometheus scrapes SGLang-shaped exporters (SIMULATION); the real
-operator rolls the flag out node by node and rolls back the regressing node. Prints the API server's
-version, a live table and a summary, writes a PNG timeline.
+server) and the real preflight; SGLang-shaped exporters (SIMULATION) are scraped by a real Prometheus
+running the config a real Prometheus Operator generated from the chart's ServiceMonitor and PodMonitors
+(Kubernetes service discovery; the serving PodMonitor turns the pods' flag label into `flag`:
+monitoring.py); the real operator rolls the flag out node by node and rolls back the regressing node.
+Prints each setup stage as it starts and a line at least every few seconds (progress.py), a live table, a
+summary, and writes a PNG timeline (timeline.py).
 
-    python -m gluon_localcluster.demo [--out out/demo] [--timeout 300]
+    python -m gluon_localcluster.demo [--out out/demo] [--timeout 240] [--static-prometheus]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
+import urllib.parse
+import urllib.request
+from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 from gluon_common import contract
 from gluon_operator import gating
 
-from .simcluster import SERVING_NS, SimCluster
+from . import timeline
+from .progress import Progress
+from .simcluster import DEMO_ANALYSIS, DEMO_STRATEGY, SERVING_NS, SimCluster
 
 STATE_MARK = {
     "Promoted": "PROMOTED",
@@ -39,7 +49,7 @@ STATE_MARK = {
 def table(cluster: SimCluster) -> str:
     status = cluster.status()
     lines = [
-        f"t={time.time() - cluster.started:5.0f}s  phase={status.get('phase', '-'):<12} counts="
+        f"phase={status.get('phase', '-'):<12} counts="
         + " ".join(f"{k}:{v}" for k, v in (status.get("counts") or {}).items() if v)
     ]
     for name, running in cluster.nodes.items():
@@ -82,108 +92,169 @@ def summary(cluster: SimCluster) -> dict:
     return out
 
 
-def timeline(cluster: SimCluster, path: Path) -> None:
-    """Per-node decode speed from Prometheus, flag flips and the rollback marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
+def judged_speeds(cluster: SimCluster, end: float) -> dict[str, list[tuple[float, float]]]:
+    """Per-node decode speed from Prometheus: the judge's own query (split by node and flag) at the judge's
+    step, so the plot shows the samples it judged; a step where pods of both flags served is blank
+    (analysis.split_by_flag), as the judge leaves it out. Times in seconds since the demo started."""
     from gluon_operator import analysis
 
     from . import fleet
-    from .simcluster import DEMO_ANALYSIS
 
-    end = time.time()
-    # the judge's own query (split by node and flag) at the judge's step: the plot shows the samples it judged,
-    # a step where pods of both flags served blank (analysis.split_by_flag), as the judge leaves it out
+    assert cluster.prometheus is not None
     step = DEMO_ANALYSIS["stepSeconds"]
     query = analysis.render(analysis.DEFAULT_QUERY, SERVING_NS, fleet.SERVING_LABELS, step)
-    import urllib.parse
-    import urllib.request
-
     params = urllib.parse.urlencode({"query": query, "start": cluster.started, "end": end, "step": step})
     with urllib.request.urlopen(f"{cluster.prometheus.url}/api/v1/query_range?{params}", timeout=10) as response:
         series, _ = analysis.split_by_flag(json.loads(response.read())["data"]["result"])
+    return {name: [(t - cluster.started, float(v)) for t, v in points] for name, points in series.items()}
+
+
+def node_facts(cluster: SimCluster) -> list[timeline.NodeFacts]:
+    """The timeline's plain facts: final states from the rollout's status, flag switches from the simulated
+    kubelets, state changes from the node watch (the operator's state label), in seconds since the start."""
     nodes = cluster.status().get("nodes", {})
-    fig, ax = plt.subplots(figsize=(12, 6.5))
-    for name in sorted(series):
-        points = series[name]
-        (line,) = ax.plot(
-            [t - cluster.started for t, _ in points],
-            [v for _, v in points],
-            label=f"{name} ({nodes.get(name, {}).get('state', '?')})",
+    facts = []
+    for name, running in cluster.nodes.items():
+        record = nodes.get(name, {})
+        states: list[tuple[float, str]] = []
+        for at, who, labels in cluster.node_events:
+            state = labels.get(contract.LABEL_STATE)
+            if who == name and state and (not states or states[-1][1] != state):
+                states.append((at - cluster.started, state))
+        facts.append(
+            timeline.NodeFacts(
+                name=name,
+                state=record.get("state", "?"),
+                holdout=bool(record.get("holdout")),
+                effect=gating.effect_text(record.get("numbers"), ""),
+                flags=tuple((at - cluster.started, flag) for at, flag in running.history),
+                states=tuple(states),
+            )
         )
-        for when, flag in cluster.nodes[name].history:
-            ax.axvline(when - cluster.started, color=line.get_color(), linestyle=":", alpha=0.7)
-            ax.annotate(
-                f"flag {flag}",
-                (when - cluster.started, np.nanmax(points[:, 1])),
-                rotation=90,
-                fontsize=7,
-                color=line.get_color(),
-                va="top",
-            )
-        if nodes.get(name, {}).get("state") == "RolledBack":
-            at = nodes[name]["since"] - cluster.started
-            effect = gating.effect_text(nodes[name].get("numbers"))
-            ax.axvline(at, color="red", linewidth=2)
-            ax.annotate(f"ROLLBACK {name}: effect {effect}", (at, ax.get_ylim()[1] * 0.9), color="red", fontsize=9)
-    ax.set_xlabel("seconds since start")
-    ax.set_ylabel("decode tokens/s per sequence (Prometheus)")
-    ax.set_title("gluon-rollout demo: per-node decode speed, flag flips (dotted), rollback (red)")
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return facts
 
 
-def run(out: Path, timeout: float, quiet: bool = False) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(out / "work", ignore_errors=True)  # every demo starts from an empty cluster (etcd's data lives there)
-    cluster = SimCluster(workdir=out / "work")
-    try:
-        cluster.start()
-        version = cluster.cp.version()
-        if not quiet:
-            print(
-                f"kube-apiserver {version['gitVersion']} ({version['platform']}, {version['goVersion']}) on "
-                f"{cluster.cp.url}",
-                flush=True,
-            )
-        cluster.wait_for_agents()
-        time.sleep(8)  # a baseline of serving metrics before any flag flips
-        cluster.create_rollout()
-        deadline = time.time() + timeout
-        last = 0.0
-        while time.time() < deadline:
-            if not quiet and time.time() - last >= 3:
-                print(table(cluster), flush=True)
-                last = time.time()
-            if cluster.settled():
-                break
-            time.sleep(0.5)
-        result = summary(cluster)
-        result["settled"] = cluster.settled()
-        result["apiserver_version"] = version
-        timeline(cluster, out / "timeline.png")
-        result["timeline"] = str(out / "timeline.png")
-        result["events"] = [e.get("message") for e in cluster.events()]
-        result["node_labels"] = {
-            name: {k: v for k, v in cluster.node(name)["metadata"].get("labels", {}).items() if contract.is_ours(k)}
-            for name in cluster.nodes
-        }
-        result["pod_flags"] = {
-            p["spec"]["nodeName"]: p["metadata"].get("labels", {}).get(contract.LABEL_POD_FLAG) for p in cluster.pods()
-        }
-        if cluster.monitoring is not None:
-            result["dashboard"] = dashboard_series(cluster)
-        (out / "summary.json").write_text(json.dumps(result, indent=2))
-        if not quiet:
-            plugin_pass(cluster, result)
-        return result
-    finally:
-        cluster.stop()
+def approvals(cluster: SimCluster) -> list[tuple[float, str]]:
+    """(seconds since the start, the gate granted) of the rollout's Approved events."""
+    out = []
+    for event in cluster.events():
+        if event.get("reason") == "Approved":
+            stamp = event.get("lastTimestamp") or event.get("firstTimestamp") or event.get("eventTime")
+            when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else time.time()
+            gate = re.search(r"gate '([^']+)'", event.get("message", ""))
+            out.append((when - cluster.started, gate.group(1) if gate else event.get("message", "")[:40]))
+    return out
+
+
+def draw_timeline(cluster: SimCluster, path: Path) -> None:
+    end = time.time()
+    speeds = judged_speeds(cluster, end)
+    created = cluster.rollout_created - cluster.started
+    first = min((points[0][0] for points in speeds.values() if points), default=created)
+    the_plan = timeline.plan(
+        node_facts(cluster),
+        created=created,
+        end=end - cluster.started,
+        canary_nodes=DEMO_STRATEGY["canaryNodes"],
+        approvals=approvals(cluster),
+        start=max(0.0, min(first, created) - 2),  # from the first sample: the setup before it is not drawn
+    )
+    title = (
+        "gluon-rollout demo: decode speed, state and flag per node\n"
+        "SIMULATION of the GPU nodes and SGLang; real control plane, operator, Prometheus Operator and Prometheus"
+        if cluster.monitoring is not None
+        else "gluon-rollout demo: decode speed, state and flag per node\n"
+        "SIMULATION of the GPU nodes and SGLang; real control plane, operator and Prometheus (static targets)"
+    )
+    timeline.draw(the_plan, speeds, path, title)
+
+
+def wait_for_serving_series(cluster: SimCluster, timeout: float = 90) -> None:
+    """Until Prometheus has the judge's series of every node (found by service discovery on the operator path)."""
+    from gluon_operator import analysis
+
+    from . import fleet
+
+    assert cluster.prometheus is not None
+    query = analysis.render(analysis.DEFAULT_QUERY, SERVING_NS, fleet.SERVING_LABELS, DEMO_ANALYSIS["stepSeconds"])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = {item["metric"].get("node") for item in cluster.prometheus.query(query)}
+        if seen >= set(cluster.nodes):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"Prometheus has no serving series for {sorted(set(cluster.nodes) - seen)} after {timeout} s")
+
+
+def run(
+    out: Path,
+    timeout: float,
+    emit: Callable[[str], None] = print,
+    plugin: bool = True,
+    operator_monitoring: bool = True,
+    before_stop: Callable[[dict], None] = lambda _: None,
+) -> dict:
+    """The whole demo; every line goes through `emit` with its elapsed seconds (progress.py), at least one
+    every few seconds. `plugin`: end with `kubectl gluon status` and `explain` (printed to stdout).
+    `before_stop`: given the result before the cluster stops (stopping takes about 15 s), e.g. to print it."""
+    with Progress(emit) as progress:
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out / "work", ignore_errors=True)  # every demo starts from an empty cluster (etcd's data)
+        cluster = SimCluster(workdir=out / "work", operator_monitoring=operator_monitoring)
+        try:
+            result = _run(cluster, out, timeout, progress, plugin)
+            before_stop(result)
+            return result
+        finally:
+            progress.stage("stopping the cluster (the result above is final)")
+            cluster.stop()
+
+
+def _run(cluster: SimCluster, out: Path, timeout: float, progress: Progress, plugin: bool) -> dict:
+    cluster.start(stage=progress.stage)
+    version = cluster.cp.version()
+    progress.say(
+        f"kube-apiserver {version['gitVersion']} ({version['platform']}, {version['goVersion']}) on {cluster.cp.url}"
+    )
+    progress.stage("waiting for every agent's self-test result (SIMULATION) on its node's labels")
+    cluster.wait_for_agents()
+    progress.stage("waiting for Prometheus to scrape every node's serving pod")
+    wait_for_serving_series(cluster)
+    progress.stage("baseline: 8 s of serving metrics at flag 0 before any flag flips")
+    time.sleep(8)
+    progress.stage("creating the GluonRollout (canary 1, maxParallel 2, holdout 1)")
+    cluster.create_rollout()
+    deadline, last = time.time() + timeout, 0.0
+    while time.time() < deadline:
+        if time.time() - last >= 3:
+            progress.say(table(cluster))
+            last = time.time()
+        if cluster.settled():
+            break
+        time.sleep(0.5)
+    progress.stage("settled: writing the summary and the timeline")
+    result = summary(cluster)
+    result["settled"] = cluster.settled()
+    result["apiserver_version"] = version
+    result["monitoring"] = "prometheus-operator" if cluster.monitoring is not None else "static"
+    draw_timeline(cluster, out / "timeline.png")
+    result["timeline"] = str(out / "timeline.png")
+    result["events"] = [e.get("message") for e in cluster.events()]
+    result["node_labels"] = {
+        name: {k: v for k, v in cluster.node(name)["metadata"].get("labels", {}).items() if contract.is_ours(k)}
+        for name in cluster.nodes
+    }
+    result["pod_flags"] = {
+        p["spec"]["nodeName"]: p["metadata"].get("labels", {}).get(contract.LABEL_POD_FLAG) for p in cluster.pods()
+    }
+    if cluster.monitoring is not None:
+        result["dashboard"] = dashboard_series(cluster)
+    if plugin:
+        progress.stage("what a person types next: kubectl gluon")
+        plugin_pass(cluster, result)
+    result["progress"] = [[round(at, 2), line.splitlines()[0][:120]] for at, line in progress.lines]
+    (out / "summary.json").write_text(json.dumps(result, indent=2))
+    return result
 
 
 def dashboard_series(cluster: SimCluster) -> list[dict]:
@@ -214,13 +285,8 @@ def plugin_pass(cluster: SimCluster, result: dict) -> None:
         kubectl_gluon([*flags, "explain", name])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="out/demo")
-    parser.add_argument("--timeout", type=float, default=240)
-    args = parser.parse_args()
-    result = run(Path(args.out), args.timeout)
-    print("\nSUMMARY")
+def print_summary(result: dict, out: Path) -> None:
+    print("\nSUMMARY", flush=True)
     promoted = ", ".join(f"{p['node']} ({gating.effect_text(p)})" for p in result["promoted"])
     print(f"  promoted:    {promoted}")
     print(f"  holdout:     {', '.join(result['holdout'])} (kept at flag 0 as the control group)")
@@ -234,7 +300,27 @@ def main() -> int:
             f"  rolled back: {name}: effect {gating.effect_text(r)} (CI x{r['ci'][0]:.3f}..x{r['ci'][1]:.3f}), "
             f"threshold x{r['threshold']}, n={r['n_post']} after / {r['n_pre']} before, p={r['p_worse']:.2g}"
         )
-    print(f"  timeline:    {result['timeline']}   summary: {Path(args.out) / 'summary.json'}   ({result['seconds']} s)")
+    print(f"  timeline:    {result['timeline']}   summary: {out / 'summary.json'}   ({result['seconds']} s)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="out/demo")
+    parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument(
+        "--static-prometheus",
+        action="store_true",
+        help="scrape static targets (the exporters add node and flag themselves) instead of the Prometheus "
+        "Operator's service discovery and the chart's monitors",
+    )
+    args = parser.parse_args()
+    out = Path(args.out)
+    result = run(
+        out,
+        args.timeout,
+        operator_monitoring=not args.static_prometheus,
+        before_stop=lambda result: print_summary(result, out),
+    )
     return 0 if result["settled"] and result["rolled_back"] else 1
 
 

@@ -24,9 +24,10 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gluon_common import contract
 from gluon_operator.spec import GROUP, PLURAL, VERSION
@@ -150,7 +151,9 @@ class SimCluster:
 
     # ------------------------------------------------------------ start
 
-    def start(self) -> "SimCluster":
+    def start(self, stage: Callable[[str], None] = lambda _: None) -> "SimCluster":
+        """`stage` is told each setup stage as it starts (the demo prints them: demo.py, progress.py)."""
+        stage("setup: starting the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)")
         self.cp = ControlPlane(self.dir / "control-plane").start()
         self.admin = self.cp.admin_client()
         from kubernetes import client
@@ -161,14 +164,18 @@ class SimCluster:
             client.CustomObjectsApi(self.admin),
         )
         if self.operator_monitoring:
+            stage("setup: the Prometheus Operator v0.93.1, its CRDs and a Prometheus object")
             self.monitoring = MonitoringStack(self.cp, MONITORING_RELEASE).start()
             values = monitoring_values(MONITORING_RELEASE, serving_labels=dict(fleet.SERVING_LABELS))
+            stage("setup: helm install of the chart, its ServiceMonitor, PodMonitors and rules on")
             self.installed = install(self.cp, values=values)
         else:
+            stage("setup: helm install of the chart")
             self.installed = install(self.cp)
         if self.want_proxy:
             self.proxy = FaultProxy(self.cp.url, str(self.cp.pki.ca.cert), seed=self.seed).start()
         self.core.create_namespace({"metadata": {"name": SERVING_NS}})
+        stage(f"setup: {len(self.nodes)} kwok GPU nodes (SIMULATION) and the simulated kubelets")
         for running in self.nodes.values():
             self.core.create_node(
                 fleet.kwok_node(
@@ -186,6 +193,7 @@ class SimCluster:
             workdir=self.dir / "kubelet",
             readiness={"app.kubernetes.io/name=gluon-rollout-agent": "/readyz"},
         ).__enter__()
+        stage(f"setup: {len(self.nodes)} gluon-agent daemons and SGLang-shaped exporters (SIMULATION)")
         for running in self.nodes.values():
             self._start_agent(running)
             running.exporter = FakeSglang(
@@ -194,12 +202,15 @@ class SimCluster:
                 namespace=SERVING_NS,
                 relabelled=self.operator_monitoring,
             ).start()
+        stage("setup: the operator and its admission webhook")
         self.start_operator()
         if self.monitoring is not None:
+            stage("setup: the pod network, and Prometheus on the config the Prometheus Operator generated")
             self.netns = NetNamespace()
             self.podnet = PodNetwork(self.admin, self.pod_routes, netns=self.netns).start()
             self.prometheus = self.monitoring.prometheus(netns=self.netns)
         else:
+            stage("setup: Prometheus with static scrape targets")
             self.prometheus = Prometheus(
                 {
                     "sglang": [f"127.0.0.1:{r.exporter.port}" for r in self.nodes.values() if r.exporter],
@@ -211,6 +222,7 @@ class SimCluster:
                 },
                 directory=self.dir / "prometheus",
             )
+        stage("setup: the serving Deployments (their pods through the webhook)")
         self._serving_workloads()
         return self
 
@@ -432,12 +444,13 @@ class SimCluster:
     # ------------------------------------------------------------ stop
 
     def stop(self) -> None:
-        self.stop_event.set()
+        self.stop_event.set()  # the node watch ends within its 5-s stream timeout, while the processes stop
+        everything = [r.agent for r in self.nodes.values() if r.agent] + ([self.operator] if self.operator else [])
+        if everything:  # all at once: each drains for about 5 s after SIGTERM; one by one took ~30 s
+            with ThreadPoolExecutor(len(everything)) as pool:
+                list(pool.map(lambda proc: proc.stop(), everything))
         for thread in self.threads:
             thread.join(5)
-        everything = [r.agent for r in self.nodes.values() if r.agent] + ([self.operator] if self.operator else [])
-        for proc in everything:
-            proc.stop()
         for running in self.nodes.values():
             if running.exporter:
                 running.exporter.stop()
