@@ -4,6 +4,7 @@ pods with a preflight verdict, rollouts."""
 
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from typing import Any
@@ -68,3 +69,26 @@ def serving_pod(
 
 def rollout(name: str = "kimi", **spec: Any) -> dict[str, Any]:
     return fleet.rollout(name, SERVING_NS, **spec)
+
+
+# An AdmissionReview of a pod CREATE as the API server sends it (admission.k8s.io/v1); tests fill in the pod.
+REVIEW = {
+    "apiVersion": "admission.k8s.io/v1",
+    "kind": "AdmissionReview",
+    "request": {
+        "uid": "u1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "userInfo": {"username": "x"},
+        "object": {"metadata": {}},
+        "oldObject": None,
+    },
+}
+
+
+def pod_review(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """REVIEW of creating `pod` in `namespace`."""
+    review = copy.deepcopy(REVIEW)
+    review["request"].update(namespace=namespace, object=pod)
+    return review

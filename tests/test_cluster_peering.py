@@ -23,6 +23,7 @@ from gluon_localcluster.processes import operator as start_operator
 from gluon_operator.cli import start_priority
 from gluon_operator.spec import GROUP, PLURAL, VERSION
 from tests.helpers import wait_for
+from tests.objects import pod_review
 
 NAMESPACE = "peering"
 STAGGER = 6.0  # seconds between the replicas' starts: the second starts while the first is active
@@ -65,19 +66,7 @@ def replicas(installed):
 
 def review(installed, port: int, pod: dict) -> dict:
     """The replica's answer to an AdmissionReview of creating `pod`, as the API server would send it."""
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "peering-test",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": NAMESPACE,
-            "object": pod,
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
-        },
-    }
+    body = pod_review(pod, NAMESPACE)
     context = ssl.create_default_context(cafile=str(installed.cp.pki.ca.cert))
     request = urllib.request.Request(
         f"https://127.0.0.1:{port}/inject", json.dumps(body).encode(), {"Content-Type": "application/json"}

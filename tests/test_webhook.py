@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from gluon_common import contract
 from gluon_operator import webhook
 from tests.helpers import free_port
+from tests.objects import REVIEW
 
 CONFIG = webhook.Injection(agent_image="registry.example/gluon-agent:1.0")
 SERVING_NS = "serving"
@@ -381,21 +382,6 @@ def test_reviews_over_aiohttps_1_mib_default_are_read():
 
     asyncio.run(asyncio.wait_for(main(), 30))
     assert seen and seen[0] > 3 * 1024 * 1024
-
-
-REVIEW = {
-    "apiVersion": "admission.k8s.io/v1",
-    "kind": "AdmissionReview",
-    "request": {
-        "uid": "u1",
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "operation": "CREATE",
-        "userInfo": {"username": "x"},
-        "object": {"metadata": {}},
-        "oldObject": None,
-    },
-}
 
 
 def spoiled(path: str, value) -> dict:
