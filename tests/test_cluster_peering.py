@@ -59,9 +59,29 @@ def replicas(installed):
         )
         started.append((process, port))
         time.sleep(STAGGER)
-    yield started
-    for process, _ in started:
-        process.stop()
+    try:
+        yield started
+    finally:
+        leave_no_rollout(installed)  # an older rollout left behind would claim other tests' nodes
+        for process, _ in started:
+            process.stop()
+
+
+def leave_no_rollout(installed) -> None:
+    """Delete this test's rollout while a replica still runs (it removes the finalizer), then the namespace."""
+    core = client.CoreV1Api(installed.cp.admin_client())
+    custom = client.CustomObjectsApi(installed.cp.admin_client())
+
+    def gone() -> bool:
+        names = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+        for body in names:
+            if not body["metadata"].get("deletionTimestamp"):
+                custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body["metadata"]["name"])
+        return not names
+
+    if NAMESPACE in {n.metadata.name for n in core.list_namespace().items}:
+        wait_for(gone, timeout=60, interval=0.5, what="the peering test's rollout deleted")
+        core.delete_namespace(NAMESPACE)
 
 
 def review(installed, port: int, pod: dict) -> dict:

@@ -221,8 +221,7 @@ def serving_image() -> Built:
     """SIMULATION of the serving image (localcluster/node/serving): the fake aiter, the gfx950 torch stand-in,
     the real Triton of this environment (its CUDA backend left out: a ROCm image has none), the fake SGLang
     exporter, and serve.py, which reports the flag its process sees."""
-    from .fakes.stacks import AITER_STACK, TORCH_GFX950_ON_DEVICES, write_tree
-    from .simcluster import triton_site
+    from .fakes.stacks import AITER_STACK, TORCH_GFX950_ON_DEVICES, triton_site, write_tree
 
     triton = Path(triton_site()) / "triton"
     serving = NODE_DIR / "serving"

@@ -247,7 +247,7 @@ class SimCluster:
 
     def images(self) -> dict[str, Image]:
         aiter, torch_files = fake_stacks()
-        from .fakes.stacks import write_tree
+        from .fakes.stacks import triton_site, write_tree
 
         torch_stack = write_tree(self.dir / "serving-image", torch_files)
         shim = self.dir / "serving-image-bin"
@@ -468,10 +468,3 @@ class SimCluster:
             self.netns.stop()
         if self.cp:
             self.cp.stop()
-
-
-def triton_site() -> str:
-    """The serving image's Triton: the real PyPI one (Gluon with cga_layout), from our environment."""
-    import triton
-
-    return os.path.dirname(os.path.dirname(triton.__file__))

@@ -195,3 +195,10 @@ def sglang_image(root: Path, version: str, gluon: bool = True, flag0_guard: bool
     if gluon:
         files[attention + "aiter_mla_gluon.py"] = "# SIMULATION\n" + SGLANG_GLUON_DECODE[mtp]
     return write_tree(root, files)
+
+
+def triton_site() -> str:
+    """The serving image's Triton: the real PyPI one (Gluon with cga_layout), from our environment."""
+    import triton
+
+    return os.path.dirname(os.path.dirname(triton.__file__))
