@@ -1,4 +1,4 @@
-"""Test pieces on the session's real control plane (conftest: control_plane, installed): a module's own kwok
+"""Test pieces on the test run's real control plane (conftest: control_plane, installed): a module's own kwok
 GPU nodes, serving Deployments, the operator under kopf's KopfRunner with its own ServiceAccount's token,
 the fault proxy, and a SIMULATION of the kubelet reporting the preflight's verdict for tests that need
 only the verdict (PreflightReporter).

@@ -18,7 +18,7 @@ from gluon_localcluster.install import CHART, LOCAL_VALUES, helm, merge
 ENFORCE = "pod-security.kubernetes.io/enforce"
 PROMETHEUS_OPERATOR_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 NOWHERE = {"testing.local/no-such-node": "true"}
-# A second release on the session's shared cluster that touches nothing of the other tests: no node runs its
+# A second release on the test run's shared cluster that touches nothing of the other tests: no node runs its
 # agents or operator, its webhook selects no pod, no post-delete Job strips the nodes' labels.
 INERT: dict[str, Any] = merge(
     LOCAL_VALUES,
