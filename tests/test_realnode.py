@@ -24,6 +24,7 @@ from gluon_localcluster.images import (
     operator_image,
     serving_image,
 )
+from gluon_localcluster.install import image_values
 from gluon_localcluster.realnode import CGROUP_FS, REAL_NODE_TAINT, RealNode
 from tests.helpers import wait_for
 
@@ -292,11 +293,7 @@ def injected_pod(core, namespace: str, pod: dict | None = None):
 
 AGENT_ON_THE_REAL_NODE = {
     "agent": {
-        "image": {
-            "repository": AGENT_IMAGE.rsplit(":", 1)[0],
-            "tag": AGENT_IMAGE.rsplit(":", 1)[1],
-            "pullPolicy": "Never",
-        },
+        "image": {**image_values(AGENT_IMAGE), "pullPolicy": "Never"},
         "tolerations": [{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "selftestTimeout": 60,
     }
@@ -390,11 +387,10 @@ def test_the_operator_runs_as_two_pods_and_one_takes_over_when_the_other_goes(no
     ServiceAccount's projected token, the `kubernetes` Service's address): one pod reconciles the rollouts of
     the tests above, the other waits; deleted (a drain's SIGTERM), the active one leaves the peering and the
     waiting one takes over; the Deployment's new pod waits in turn."""
-    image, tag = OPERATOR_IMAGE.rsplit(":", 1)
     installed_real.upgrade(
         values={
             "operator": {
-                "image": {"repository": image, "tag": tag, "pullPolicy": "Never"},
+                "image": {**image_values(OPERATOR_IMAGE), "pullPolicy": "Never"},
                 "nodeSelector": {"gluon-test/real": "yes"},
                 "tolerations": [{"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
                 "reconcileSeconds": 1,

@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -339,8 +340,8 @@ class RealNode:
         (upper / "dri").mkdir(parents=True)
         work.mkdir()
         for name in self.gpu_device_files():
-            os.mknod(upper / name, 0o666 | 0o020000, os.makedev(*GPU_STAND_IN))  # S_IFCHR
-            os.chmod(upper / name, 0o666)
+            os.mknod(upper / name, stat.S_IFCHR | 0o666, os.makedev(*GPU_STAND_IN))
+            os.chmod(upper / name, 0o666)  # mknod's mode passes through the umask
         self.mount_ns = MOUNT_NS_DIR / self.netns
         self.mount_ns.touch()
         overlay = f"lowerdir=/dev,upperdir={upper},workdir={work}"
