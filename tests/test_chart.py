@@ -143,6 +143,7 @@ def test_rbac_is_exactly_the_listed_rules():
         (["--set", "operator.metricsPort=notaport"], "metricsPort"),
         (["--set", "webhook.failurePolicy=Sometimes"], "failurePolicy"),
         (["--set", "monitoring.podMonitor.interval=often"], "interval"),
+        (["--set", "agent.extraArgs={source=x}"], "extraArgs"),
     ],
 )
 def test_values_schema_rejects(bad, complaint):
@@ -207,6 +208,19 @@ def test_the_agent_port_reaches_the_agent_and_the_preflight(port):
     operator = [d for d in by_kind(docs, "Deployment") if "operator" in d["metadata"]["name"]][0]
     env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["GLUON_AGENT_PORT"] == str(want)  # the operator injects it into every preflight (webhook.Injection)
+
+
+def test_the_agents_extra_args_follow_the_charts_own():
+    args = agent_pod_spec(["--set", "agent.extraArgs={--tick=0.5,--source-arg=/a b}"])["containers"][0]["args"]
+    assert args[0] == "run" and args[-2:] == ["--tick=0.5", "--source-arg=/a b"]
+    assert agent_pod_spec([])["containers"][0]["args"][-1].startswith("--log-level=")
+
+
+def test_the_cleanup_job_lands_where_the_operator_may():
+    values = ["--set", "operator.nodeSelector.pool=system", "--set", "operator.tolerations[0].operator=Exists"]
+    job = by_kind(render(values), "Job")[0]["spec"]["template"]["spec"]
+    assert job["nodeSelector"] == {"pool": "system"} and job["tolerations"] == [{"operator": "Exists"}]
+    assert "nodeSelector" not in by_kind(render([]), "Job")[0]["spec"]["template"]["spec"]
 
 
 def test_operator_is_hardened_and_highly_available():

@@ -16,17 +16,20 @@ from gluon_common import contract
 from gluon_localcluster import ControlPlane, fleet
 from gluon_localcluster.images import (
     AGENT_IMAGE,
+    AGENT_SIMULATION_ARGS,
+    AGENT_SIMULATION_IMAGE,
     BASE_IMAGE,
     OPERATOR_IMAGE,
     SERVING_IMAGE,
     agent_image,
+    agent_simulation_image,
     base_image,
     operator_image,
     serving_image,
 )
 from gluon_localcluster.install import image_values
 from gluon_localcluster.realnode import CGROUP_FS, REAL_NODE_TAINT, RealNode
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 
 NODE = "real-a"
 GPUS = 2  # AMD GPU device files (SIMULATION) in the node's own /dev
@@ -37,7 +40,7 @@ NODE_LABELS = {"gluon-test/real": "yes", "feature.node.kubernetes.io/amd-gpu": "
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     with ControlPlane(tmp_path_factory.mktemp("realnode-cp"), kwok=False) as cp:
-        images = [base_image(), serving_image(), agent_image(), operator_image()]
+        images = [base_image(), serving_image(), agent_image(), agent_simulation_image(), operator_image()]
         with RealNode(cp, NODE, images=images, labels=NODE_LABELS, gpus=GPUS) as real:
             yield real
 
@@ -363,6 +366,127 @@ def test_the_agent_runs_in_each_gpu_access_mode_as_the_runtime_enforces_it(node,
     assert (uid, caps, no_new_privs, seccomp) == ("65532", "0000000000000000", "1", "2")
 
 
+# ---------------------------------------------------------------- the flag through an enable and a rollback
+
+SERVING_NS = "serving-flag"
+
+
+def serving_deployment() -> dict:
+    pod = serving_pod("x")
+    template = {"metadata": {"labels": pod["metadata"]["labels"]}, "spec": pod["spec"]}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "sglang"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": dict(fleet.SERVING_LABELS)}, "template": template},
+    }
+
+
+def seen_flags(core, namespace: str) -> dict[str, str]:
+    """Each running serving pod's name -> the SGLANG_AITER_MLA_GLUON its serving process printed at start."""
+    seen = {}
+    for pod in core.list_namespaced_pod(namespace).items:
+        if pod.status.phase == "Running" and not pod.metadata.deletion_timestamp:
+            lines = core.read_namespaced_pod_log(pod.metadata.name, namespace, container="sglang").splitlines()
+            if lines:
+                seen[pod.metadata.name] = lines[0].partition("=")[2]
+    return seen
+
+
+def node_state(custom, namespace: str) -> str:
+    from gluon_operator.spec import GROUP, PLURAL, VERSION
+
+    rollout = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "kimi")
+    return ((rollout.get("status") or {}).get("nodes") or {}).get(NODE, {}).get("state", "")
+
+
+def steady(core, custom, state: str, flag: str) -> tuple[str, dict[str, str]] | None:
+    """(the node's enabled label, each serving process's flag) once the node is in `state` and its one
+    serving pod runs with `flag`; else None."""
+    seen = seen_flags(core, SERVING_NS)
+    if node_state(custom, SERVING_NS) != state or list(seen.values()) != [flag]:
+        return None
+    return (core.read_node(NODE).metadata.labels or {}).get(contract.LABEL_ENABLED, ""), seen
+
+
+def delete_other_rollouts(custom) -> None:
+    """The serving tests above leave their rollouts, which select this node too (the oldest would claim it)."""
+    from gluon_operator.spec import GROUP, PLURAL, VERSION
+
+    for rollout in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
+        meta = rollout["metadata"]
+        custom.delete_namespaced_custom_object(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"])
+    wait_for(
+        lambda: not custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"],
+        timeout=30,
+        what="the other rollouts gone (the operator removes its finalizer)",
+    )
+
+
+def test_the_flag_each_serving_process_sees_equals_its_nodes_label_through_an_enable_and_a_rollback(
+    node, core, installed_real
+):
+    """The chart's agent (the SIMULATION agent image: its own probe of the node's devices, a simulated
+    self-test outcome) makes the node eligible; the operator enables it, restarting the serving Deployment's
+    pod, whose real preflight asks that agent and hands the kubelet the flag; with no Prometheus answering
+    and onNoData=rollback, the analysis rolls the node back and the pod restarts again. In each steady state
+    the serving process sees what the node's label says: 0 before, 1 enabled, 0 rolled back."""
+    from gluon_localcluster.processes import operator as start_operator
+    from gluon_operator.spec import GROUP, PLURAL, VERSION
+
+    custom = client.CustomObjectsApi(node.cp.admin_client())
+    apps = client.AppsV1Api(node.cp.admin_client())
+    agent = {
+        **AGENT_ON_THE_REAL_NODE["agent"],
+        "image": {**image_values(AGENT_SIMULATION_IMAGE), "pullPolicy": "Never"},
+        "gpuAccess": "hostDevices",
+        "privileged": True,
+        "extraArgs": list(AGENT_SIMULATION_ARGS),
+    }
+    installed_real.upgrade(values={"agent": agent})
+    operator = start_operator(installed_real, agent_image=AGENT_IMAGE)
+    try:
+        delete_other_rollouts(custom)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=SERVING_NS)))
+        apps.create_namespaced_deployment(SERVING_NS, serving_deployment())
+        wait_for(
+            lambda: list(seen_flags(core, SERVING_NS).values()) == ["0"], timeout=90, what="the serving pod at flag 0"
+        )
+        before = (core.read_node(NODE).metadata.labels or {}).get(contract.LABEL_ENABLED, "")
+        silent = f"http://127.0.0.1:{free_port()}"  # nothing listens: every analysis is inconclusive
+        body = fleet.rollout(
+            "kimi",
+            SERVING_NS,
+            analysis={
+                "prometheusUrl": silent,
+                "warmupSeconds": 0,
+                "onNoData": "rollback",
+                "intervalSeconds": 3,
+                "noDataDeadlineSeconds": 10,
+            },
+        )
+        custom.create_namespaced_custom_object(GROUP, VERSION, SERVING_NS, PLURAL, body)
+        enabled = wait_for(
+            lambda: steady(core, custom, "Analyzing", "1"),
+            timeout=150,
+            interval=0.5,
+            what=f"the node enabled and its pod at flag 1 (operator log:\n{operator.tail()})",
+        )
+        rolled_back = wait_for(
+            lambda: steady(core, custom, "RolledBack", "0"),
+            timeout=90,
+            interval=0.5,
+            what=f"the node rolled back and its pod at flag 0 (operator log:\n{operator.tail()})",
+        )
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, SERVING_NS, PLURAL, "kimi")["status"]
+    finally:
+        operator.stop()
+    assert before in ("", "false")
+    assert enabled[0] == "true" and rolled_back[0] == "false"
+    assert set(enabled[1]).isdisjoint(rolled_back[1]), (enabled, rolled_back)  # the rollback restarted the pod
+    assert "onNoData=rollback" in status["nodes"][NODE]["reason"], status["nodes"][NODE]
+
+
 # ---------------------------------------------------------------- the operator as the chart's two pods
 
 RECONCILED = "Timer 'reconcile' succeeded"  # kopf's line for each reconcile of a rollout
@@ -421,3 +545,53 @@ def test_the_operator_runs_as_two_pods_and_one_takes_over_when_the_other_goes(no
     )
     log = core.read_namespaced_pod_log(waiting, installed_real.namespace, container="operator")
     assert "Resuming operations" in log and "Possibly conflicting operators" not in log
+
+
+# ---------------------------------------------------------------- helm uninstall: its cleanup Job, a real pod
+
+
+def test_uninstall_runs_its_cleanup_job_on_the_node_and_leaves_nothing_of_ours(node, core, installed_real):
+    """`helm uninstall` with the operator scaled to none: the chart's post-delete Job runs `gluon-operator
+    prune-nodes` from the operator image as a real pod on this tainted node (it takes the operator's
+    tolerations), with its own ServiceAccount's token. Our labels and annotations leave the node, nothing
+    else does; no webhook configuration is left to block pod creation; no rollout keeps the operator's
+    finalizer (one deleted while no operator ran goes, the one left can be deleted)."""
+    from gluon_operator.spec import GROUP, PLURAL, ROLLOUT_FINALIZER, VERSION
+
+    admin = node.cp.admin_client()
+    custom, apps = client.CustomObjectsApi(admin), client.AppsV1Api(admin)
+    for deployment in apps.list_namespaced_deployment(installed_real.namespace).items:
+        apps.patch_namespaced_deployment_scale(
+            deployment.metadata.name, installed_real.namespace, {"spec": {"replicas": 0}}
+        )
+    wait_for(lambda: not operator_pods(core, installed_real), timeout=60, interval=1.0, what="no operator pod")
+    ours_labels, ours_annotations = fleet.agent_published(NODE)  # what an agent writes (and the tests above)
+    labels = {**ours_labels, contract.LABEL_ENABLED: "true", "example.com/keep": "yes"}
+    annotations = {**ours_annotations, "example.com/note": "kept"}
+    core.patch_node(NODE, {"metadata": {"labels": labels, "annotations": annotations}})
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="apps")))
+    for name in ("kept", "deleting"):
+        body = fleet.rollout(name, "apps")
+        body["metadata"]["finalizers"] = [ROLLOUT_FINALIZER]  # as the operator puts it on every rollout
+        custom.create_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, body)
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL, "deleting")  # hangs: no operator
+
+    installed_real.uninstall()
+
+    left = {
+        r["metadata"]["name"]: r["metadata"].get("finalizers") or []
+        for r in custom.list_namespaced_custom_object(GROUP, VERSION, "apps", PLURAL)["items"]
+    }
+    assert left == {"kept": []}  # Helm keeps the CRD, so the rollout; its finalizer is gone
+    meta = core.read_node(NODE).metadata
+    assert [k for k in meta.labels if contract.is_ours(k)] == [], meta.labels
+    assert [k for k in meta.annotations if contract.is_ours(k)] == [], meta.annotations
+    assert meta.labels["example.com/keep"] == "yes" and meta.annotations["example.com/note"] == "kept"
+    hooks = client.AdmissionregistrationV1Api(admin).list_mutating_webhook_configuration().items
+    assert not [h.metadata.name for h in hooks if h.metadata.name.startswith(installed_real.release)]
+    started = [
+        e
+        for e in core.list_namespaced_event(installed_real.namespace).items
+        if e.reason == "Started" and e.involved_object.name.startswith(f"{installed_real.release}-cleanup-")
+    ]
+    assert len(started) == 1 and started[0].source.host == NODE, started  # once, by this node's kubelet

@@ -30,6 +30,11 @@ BASE_PACKAGES = ("python3", "python3-pip", "passwd", "ca-certificates")
 SERVING_IMAGE = "localhost/gluon-serving-simulation:local"  # SIMULATION (see serving_image)
 OPERATOR_IMAGE = "localhost/gluon-rollout-operator:local"
 AGENT_IMAGE = "localhost/gluon-rollout-agent:local"
+AGENT_SIMULATION_IMAGE = "localhost/gluon-rollout-agent-simulation:local"  # SIMULATION (agent_simulation_image)
+AGENT_SIMULATION_ARGS = (  # the chart's agent.extraArgs that make that image's self-test outcome its node.json
+    "--source=gluon_localcluster.fakes.simulated:SimulatedSource",
+    "--source-arg=/opt/simulation/agent/node.json",
+)
 
 
 def images_dir() -> Path:
@@ -272,6 +277,31 @@ def agent_image() -> Built:
     return dockerfile_target(AGENT_IMAGE, "agent", "BASE_IMAGE", serving_image())
 
 
+def agent_simulation_image() -> Built:
+    """SIMULATION for real nodes without an AMD GPU: the agent image plus the harness's SimulatedSource and a
+    node file (localcluster/node/agent-simulation) under which the probe is the agent's own and each GPU it
+    finds passes the self-test. The chart selects it with agent.extraArgs = AGENT_SIMULATION_ARGS."""
+    recipe = NODE_DIR / "agent-simulation"
+    harness = ROOT / "localcluster" / "gluon_localcluster"
+    modules = [harness / "__init__.py", harness / "fakes" / "__init__.py", harness / "fakes" / "simulated.py"]
+
+    def assemble(context: Path) -> None:
+        for module in modules:
+            target = context / "harness" / module.relative_to(harness.parent)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(module, target)
+        shutil.copy(recipe / "node.json", context / "node.json")
+
+    return build(
+        AGENT_SIMULATION_IMAGE,
+        recipe / "Containerfile",
+        [recipe / "node.json", *modules],
+        {},
+        prepare=assemble,
+        base=("AGENT_IMAGE", agent_image()),
+    )
+
+
 def dockerfile_target(name: str, target: str, base_arg: str, base: Built) -> Built:
     """One target of the project's Dockerfile, its base passed through `base_arg`, rebuilt when the base is."""
     return build(
@@ -291,7 +321,7 @@ def require_tools() -> None:
         raise RuntimeError(f"building images needs {', '.join(missing)}: run .ci/install-tools")
 
 
-ALL = (pause_image, base_image, serving_image, operator_image, agent_image)
+ALL = (pause_image, base_image, serving_image, operator_image, agent_image, agent_simulation_image)
 
 
 def main() -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from gluon_agent.fingerprint import fingerprint, fingerprint_parts
+from gluon_agent.probe import probe
 from gluon_agent.selftest import runner
 from gluon_common.sglang_routes import DEFAULT_SERVING, ServingConfig, decode_routes
 
@@ -27,7 +28,11 @@ class SimulatedSource:
     file on every call, so a test or the demo can change the node's facts while the agent runs.
     With "selftest": "cpu-interpret" the probe stays simulated but the self-test is the real runner on the
     CPU (real children, time limits and isolation; the kernels are whatever the environment provides, e.g.
-    a fake aiter told to crash or hang)."""
+    a fake aiter told to crash or hang).
+    With "probe": "real" the probe is the agent's own, of the stack and devices it really sees (a real node's
+    container: its device cgroup, the image's stack), and "selftest": {"every_gpu": {"accelerated": ...,
+    "fallback": ..., "speedup": ...}} is the outcome on each GPU that probe found: only the kernels, which
+    need an AMD GPU, are SIMULATION."""
 
     name = "simulation"
 
@@ -38,7 +43,8 @@ class SimulatedSource:
         return json.loads(self.path.read_text())
 
     def probe(self) -> dict[str, Any]:
-        return dict(self._read()["probe"], simulated=True)
+        facts = self._read()["probe"]
+        return probe() if facts == "real" else dict(facts, simulated=True)
 
     def selftest(self, probe_report: dict[str, Any], serving: ServingConfig = DEFAULT_SERVING) -> dict[str, Any]:
         """The file's outcome, reported as a proof of `serving` (SIMULATION: nothing ran its routes)."""
@@ -54,6 +60,8 @@ class SimulatedSource:
         started = time.monotonic()
         time.sleep(float(spec.get("selftest_seconds", 0)))
         report = dict(spec["selftest"])
+        if "every_gpu" in report:
+            report = simulated_selftest([g["index"] for g in probe_report.get("gpus") or []], **report["every_gpu"])
         report.setdefault("gpus", [])
         report.update(
             simulated=True,
@@ -100,11 +108,6 @@ def simulated_node(
     serving image's SGLang version (its decode routes as the probe reports them for that release)."""
     arch = "gfx950" if capable else "gfx942"
     missing = [] if capable else [f"GPU arch gfx950 (have {arch})"]
-    worst = (
-        "pass"
-        if accelerated == fallback == "pass"
-        else min((accelerated, fallback), key=("error", "fail", "deferred", "pass").index)
-    )
     return {
         "probe": {
             "capable": capable,
@@ -124,24 +127,36 @@ def simulated_node(
                 for i in range(gpus)
             ],
         },
-        "selftest": {
-            "result": worst,
-            "backend_set": "aiter",
-            "gpus": [
-                {
-                    "index": i,
-                    "result": {"accelerated": accelerated, "fallback": fallback},
-                    "speedup": {"long-b1-128k": speedup, "long-b32-64k": speedup},
-                    "paths": {
-                        path: simulated_path(backend, result, tbps)
-                        for path, backend, result, tbps in (
-                            ("accelerated", "aiter-gluon", accelerated, 3.4),
-                            ("fallback", "aiter-zero-pad", fallback, 3.4 / speedup),
-                        )
-                    },
-                }
-                for i in range(gpus)
-            ],
-        },
+        "selftest": simulated_selftest(range(gpus), accelerated, fallback, speedup),
         "selftest_seconds": selftest_seconds,
+    }
+
+
+def simulated_selftest(
+    gpus: Iterable[int], accelerated: str = "pass", fallback: str = "pass", speedup: float = 2.3
+) -> dict[str, Any]:
+    """A SIMULATED self-test's outcome: both paths' results and the speed-up on each of `gpus` (indices)."""
+    worst = (
+        "pass"
+        if accelerated == fallback == "pass"
+        else min((accelerated, fallback), key=("error", "fail", "deferred", "pass").index)
+    )
+    return {
+        "result": worst,
+        "backend_set": "aiter",
+        "gpus": [
+            {
+                "index": i,
+                "result": {"accelerated": accelerated, "fallback": fallback},
+                "speedup": {"long-b1-128k": speedup, "long-b32-64k": speedup},
+                "paths": {
+                    path: simulated_path(backend, result, tbps)
+                    for path, backend, result, tbps in (
+                        ("accelerated", "aiter-gluon", accelerated, 3.4),
+                        ("fallback", "aiter-zero-pad", fallback, 3.4 / speedup),
+                    )
+                },
+            }
+            for i in gpus
+        ],
     }
