@@ -511,6 +511,7 @@ def test_the_operator_runs_as_two_pods_and_one_takes_over_when_the_other_goes(no
     ServiceAccount's projected token, the `kubernetes` Service's address): one pod reconciles the rollouts of
     the tests above, the other waits; deleted (a drain's SIGTERM), the active one leaves the peering and the
     waiting one takes over; the Deployment's new pod waits in turn."""
+    serving_namespace(core, installed_real, "peering")  # a rollout to reconcile, whichever tests ran before
     installed_real.upgrade(
         values={
             "operator": {

@@ -11,10 +11,9 @@ node, this simulator runs the pod's own init containers one after the other, as 
 Then it records the preflight's termination message in the pod annotation stages.PREFLIGHT_MESSAGE, and
 kwok's preflight-aware stage reports the pod Running with that message, in one status write.
 
-Pods of Jobs (the chart's post-delete cleanup) whose image is simulated: it runs their containers the same
-way, with the pod's ServiceAccount token (bound to the pod, from the TokenRequest API) and the cluster CA
-mounted where a kubelet projects them, and KUBERNETES_SERVICE_HOST/PORT pointing at the API server; then
-records the exit code in stages.EXIT_CODE, and kwok's Job stage reports the pod Succeeded or Failed.
+It serves kwok's nodes only: on a real node (realnode.py) the kubelet of the pinned Kubernetes runs the
+same pods from images built here, and tests/test_realnode.py proves there what this simulates (the flag's
+delivery, the preflight, the agent DaemonSet, the chart's post-delete Job).
 """
 
 from __future__ import annotations
@@ -37,11 +36,10 @@ from typing import Any
 from gluon_common import contract
 
 from .background import Background, list_then_watch
-from .stages import EXIT_CODE, PREFLIGHT_CONTAINER, PREFLIGHT_MESSAGE
+from .stages import PREFLIGHT_CONTAINER, PREFLIGHT_MESSAGE
 
 log = logging.getLogger("kubelet-sim")
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
-SERVICE_ACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 FLAG_FILE = "flag.env"
 SYNC_RETRY_SECONDS = 120.0  # a kubelet keeps syncing a pod through an API-server outage; so does this, this long
 
@@ -112,8 +110,6 @@ class KubeletSim(Background):
         timeout: float = 120.0,
         parallel: int = 8,
         readiness: dict[str, str] | None = None,
-        api_server: tuple[str, int, Path] | None = None,
-        token_for: Callable[[str, str, str], str] | None = None,
     ) -> None:
         """`readiness`: label selector -> HTTP path probed on the pod's first container port at its node's
         address, once a second, as the kubelet's readiness probe would (kwok alone reports every pod Ready)."""
@@ -129,10 +125,6 @@ class KubeletSim(Background):
         self.outcomes: list[InitOutcome] = []
         self.errors: list[str] = []
         self.readiness = readiness or {}
-        self.api_server, self.token_for = (
-            api_server,
-            token_for,
-        )  # (host, port, CA file) and token_for(ns, sa, pod): Job pods
         self.lock = threading.Lock()
 
     def __exit__(self, *exc: object) -> None:
@@ -159,53 +151,13 @@ class KubeletSim(Background):
         annotations = meta.get("annotations") or {}
         if not spec.get("nodeName") or meta.get("deletionTimestamp"):
             return
-        injected = contract.ANNOTATION_POD_INJECTED in annotations and PREFLIGHT_MESSAGE not in annotations
-        job = (
-            self.token_for is not None
-            and EXIT_CODE not in annotations
-            and (pod.get("status") or {}).get("phase") == "Running"
-            and any(o.get("kind") == "Job" for o in meta.get("ownerReferences") or [])
-            and all(c["image"] in self.images for c in spec.get("containers") or [])
-        )
-        if not (injected or job):
+        if contract.ANNOTATION_POD_INJECTED not in annotations or PREFLIGHT_MESSAGE in annotations:
             return
         with self.lock:
             if meta["uid"] in self.started:
                 return
             self.started.add(meta["uid"])
-        self.pool.submit(self._run_pod if injected else self._run_job_pod, pod)
-
-    def _run_job_pod(self, pod: dict[str, Any]) -> None:
-        """A Job's pod: its containers in turn; the first non-zero exit code is the pod's."""
-        meta = pod["metadata"]
-        try:
-            assert self.api_server is not None and self.token_for is not None
-            host, port, ca = self.api_server
-            node = json.loads(self._synced(self.core.read_node, pod["spec"]["nodeName"], _preload_content=False).data)
-            root = Path(tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=self.dir))
-            account = root / "serviceaccount"
-            account.mkdir()
-            (account / "token").write_text(
-                self.token_for(meta["namespace"], pod["spec"].get("serviceAccountName") or "default", meta["name"])
-            )
-            (account / "ca.crt").write_bytes(ca.read_bytes())
-            (account / "namespace").write_text(meta["namespace"])
-            code = 0
-            for container in pod["spec"]["containers"]:
-                extra = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port)}
-                code = self._execute(container, pod, node, [(account, SERVICE_ACCOUNT_PATH)], root, extra)[0]
-                if code:
-                    break
-            self.core.patch_namespaced_pod(
-                meta["name"],
-                meta["namespace"],
-                {"metadata": {"annotations": {EXIT_CODE: str(code)}}},
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-            )
-        except Exception as exc:
-            self.errors.append(f"{meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
-            log.warning("kubelet-sim: %s", self.errors[-1])
+        self.pool.submit(self._run_pod, pod)
 
     # ------------------------------------------------------------ readiness probes
 
@@ -316,7 +268,7 @@ class KubeletSim(Background):
         binds = [
             (volumes[m["name"]], m["mountPath"]) for m in container.get("volumeMounts") or [] if m["name"] in volumes
         ]
-        code, output, termination = self._execute(container, pod, node, binds, root, {})
+        code, output, termination = self._execute(container, pod, node, binds, root)
         if code != 0:
             raise RuntimeError(f"init container {container['name']!r} exited {code}: {output.strip()[-800:]}")
         return termination
@@ -328,7 +280,6 @@ class KubeletSim(Background):
         node: dict[str, Any],
         binds: list[tuple[Path, str]],
         root: Path,
-        extra_env: dict[str, str],
     ) -> tuple[int, str, str]:
         """(exit code, output, termination message) of one container run as a process here."""
         image = self.images.get(container["image"])
@@ -343,7 +294,7 @@ class KubeletSim(Background):
         argv[0] = shutil.which(argv[0], path=os.pathsep.join(image.path)) or argv[0]
         result = subprocess.run(
             mount_script(binds, argv),
-            env=container_env(container, pod, node, image) | extra_env,
+            env=container_env(container, pod, node, image),
             capture_output=True,
             text=True,
             timeout=self.timeout,

@@ -7,6 +7,9 @@ verdict becomes the message. So kwok's pod-ready stage leaves injected pods alon
 simulator (kubelet_sim.py) has run the real preflight and put its verdict in the pod annotation
 PREFLIGHT_MESSAGE; a second stage then marks the pod ready with that verdict as the preflight's
 termination message, in one status write, as a kubelet would report it.
+
+kwok's pod-complete stage is left out: it would report a Job's pod Succeeded without running anything.
+A Job (the chart's post-delete cleanup) runs on a real node (tests/test_realnode.py); on kwok's it waits.
 """
 
 from __future__ import annotations
@@ -21,11 +24,9 @@ from gluon_common import contract
 from .binaries import ensure_built, stages_dir
 
 PREFLIGHT_MESSAGE = "kubelet-sim.gluonrollout.io/preflight-message"  # SIMULATION only: never read by the product
-EXIT_CODE = "kubelet-sim.gluonrollout.io/exit-code"  # a simulated Job pod's exit code (kubelet_sim runs it)
 PREFLIGHT_CONTAINER = "gluon-preflight"
 INJECTED_KEY = f'.metadata.annotations["{contract.ANNOTATION_POD_INJECTED}"]'
 MESSAGE_KEY = f'.metadata.annotations["{PREFLIGHT_MESSAGE}"]'
-EXIT_KEY = f'.metadata.annotations["{EXIT_CODE}"]'
 TERMINATED = "reason: Completed\n"
 
 
@@ -58,26 +59,6 @@ def preflight_variant(pod_ready: dict[str, Any]) -> dict[str, Any]:
     return variant
 
 
-def job_stages(pod_complete: dict[str, Any]) -> list[dict[str, Any]]:
-    """kwok completes a Job's pod at once; here only after kubelet_sim ran it: Succeeded on exit code 0,
-    Failed otherwise (what a kubelet reports of the container's real exit)."""
-    succeeded = yaml.safe_load(yaml.safe_dump(pod_complete))
-    succeeded["spec"]["selector"]["matchExpressions"].append({"key": EXIT_KEY, "operator": "In", "values": ["0"]})
-    failed = yaml.safe_load(yaml.safe_dump(pod_complete))
-    failed["metadata"]["name"] = "pod-failed-after-run"
-    failed["spec"]["selector"]["matchExpressions"] += [
-        {"key": EXIT_KEY, "operator": "Exists"},
-        {"key": EXIT_KEY, "operator": "NotIn", "values": ["0"]},
-    ]
-    template = failed["spec"]["next"]["statusTemplate"]
-    failed["spec"]["next"]["statusTemplate"] = (
-        template.replace("exitCode: 0", f'exitCode: {{{{ index $root.metadata.annotations "{EXIT_CODE}" }}}}')
-        .replace("reason: Completed", "reason: Error")
-        .replace("phase: Succeeded", "phase: Failed")
-    )
-    return [succeeded, failed]
-
-
 def write_config(path: Path) -> Path:
     ensure_built()
     pod_ready = _load("pod-ready.yaml")
@@ -88,7 +69,6 @@ def write_config(path: Path) -> Path:
         _load("node-heartbeat-with-lease.yaml"),
         plain,
         preflight_variant(pod_ready),
-        *job_stages(_load("pod-complete.yaml")),
         _load("pod-delete.yaml"),
     ]
     path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
