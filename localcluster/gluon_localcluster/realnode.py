@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,8 +240,7 @@ class RealNode:
             if self.gpus:
                 self._mount_namespace()
             self._start_containerd()
-            for image in (pause, *self.images):
-                self.ctr("images", "import", str(image.archive))
+            self._import_images([pause, *self.images])
             self._start_kubelet(kubelet)
             self.wait_ready(timeout)
         except BaseException:
@@ -498,6 +498,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def ctr(self, *args: str) -> str:
         return _run(*self.ctr_argv(*args))
+
+    def _import_images(self, images: list[Built]) -> None:
+        """Every archive into the node's containerd, before the kubelet starts (no pod may find its image
+        missing: `imagePullPolicy: Never` would back off for minutes). Concurrently: each import spends much
+        of its time waiting on the disk."""
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda image: self.ctr("images", "import", str(image.archive)), images))
 
     # ------------------------------------------------------------ kubelet
 
