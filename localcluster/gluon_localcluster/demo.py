@@ -1,13 +1,16 @@
 """`make demo`: the whole mission on this machine, on 127.0.0.1, in a few minutes.
 
-On a real Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler; kwok's nodes are a
-SIMULATION of kubelets) with the chart installed by helm: 8 GPU nodes (their self-test results are a
-SIMULATION: 5 pass, 1 is not capable, 1 fails its fallback self-test, 1 passes but regresses in production)
-each run the real agent daemon; serving Deployments' pods go through the real webhook (called by the API
-server) and the real preflight; SGLang-shaped exporters (SIMULATION) are scraped by a real Prometheus
-running the config a real Prometheus Operator generated from the chart's ServiceMonitor and PodMonitors
-(Kubernetes service discovery; the serving PodMonitor turns the pods' flag label into `flag`:
-monitoring.py); the real operator rolls the flag out node by node and rolls back the regressing node.
+On a real Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler) with the chart
+installed by helm, 8 GPU nodes. The canary gpu-01 and the regressing gpu-02 are REAL nodes (a kubelet of
+the pinned Kubernetes, Debian's containerd and runc; the agent DaemonSet's pod and the serving pods run
+from images built here; their GPUs are SIMULATION device files); the 6 others are kwok's (a SIMULATION of
+kubelets, with an agent process each). The self-test outcomes are a SIMULATION (5 pass, 1 is not capable,
+1 fails its fallback self-test, 1 passes but regresses in production). Serving pods go through the real
+webhook (called by the API server) and the real preflight; SGLang-shaped exporters (SIMULATION) are
+scraped by a real Prometheus running the config a real Prometheus Operator generated from the chart's
+ServiceMonitor and PodMonitors (Kubernetes service discovery; the serving PodMonitor turns the pods' flag
+label into `flag`: monitoring.py); the real operator rolls the flag out node by node and rolls back the
+regressing node.
 Prints each setup stage as it starts and a line at least every few seconds (progress.py), a live table, a
 summary, and writes a PNG timeline (timeline.py).
 
@@ -33,7 +36,7 @@ from gluon_operator import gating
 
 from . import timeline
 from .progress import Progress
-from .simcluster import DEMO_ANALYSIS, DEMO_STRATEGY, SERVING_NS, SimCluster
+from .simcluster import DEMO_ANALYSIS, DEMO_REAL_NODES, DEMO_STRATEGY, SERVING_NS, SimCluster
 
 STATE_MARK = {
     "Promoted": "PROMOTED",
@@ -58,8 +61,9 @@ def table(cluster: SimCluster) -> str:
         state = STATE_MARK.get(node.get("state"), "-") + (" (holdout)" if node.get("holdout") else "")
         numbers = node.get("numbers") or {}
         effect = gating.effect_text(numbers, "")
+        kind = "REAL" if running.real is not None else "kwok"
         lines.append(
-            f"  {name}  selftest={labels.get(contract.LABEL_SELFTEST, '-'):<8} flag={running.flag}  "
+            f"  {name} {kind:<4}  selftest={labels.get(contract.LABEL_SELFTEST, '-'):<8} flag={running.flag}  "
             f"{state:<22} {effect:<7} {node.get('reason', '')[:70]}"
         )
     return "\n".join(lines)
@@ -200,7 +204,11 @@ def run(
     with Progress(emit) as progress:
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(out / "work", ignore_errors=True)  # every demo starts from an empty cluster (etcd's data)
-        cluster = SimCluster(workdir=out / "work", operator_monitoring=operator_monitoring)
+        cluster = SimCluster(
+            workdir=out / "work",
+            operator_monitoring=operator_monitoring,
+            real_nodes=DEMO_REAL_NODES if operator_monitoring else (),
+        )
         try:
             result = _run(cluster, out, timeout, progress, plugin)
             before_stop(result)

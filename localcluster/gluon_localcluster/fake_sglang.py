@@ -125,8 +125,8 @@ class FakeSglang:
                 self.seconds[flag] = self.seconds.get(flag, 0.0) + tokens / speed
             last = now
 
-    def start(self) -> "FakeSglang":
-        server, _ = start_http_server(0, addr="127.0.0.1", registry=self.registry)
+    def start(self, port: int = 0, addr: str = "127.0.0.1") -> "FakeSglang":
+        server, _ = start_http_server(port, addr=addr, registry=self.registry)
         self._server = server
         self.port = server.server_address[1]
         threading.Thread(target=self._run, daemon=True, name=f"sglang-{self.model.node}").start()

@@ -110,9 +110,11 @@ class KubeletSim(Background):
         timeout: float = 120.0,
         parallel: int = 8,
         readiness: dict[str, str] | None = None,
+        real_nodes: frozenset[str] = frozenset(),
     ) -> None:
         """`readiness`: label selector -> HTTP path probed on the pod's first container port at its node's
-        address, once a second, as the kubelet's readiness probe would (kwok alone reports every pod Ready)."""
+        address, once a second, as the kubelet's readiness probe would (kwok alone reports every pod Ready).
+        `real_nodes`: nodes with a kubelet of their own (realnode.py), whose pods are left to it."""
         from kubernetes import client
 
         super().__init__(("kubelet-sim", self._watch), ("kubelet-sim-probes", self._probe_loop))
@@ -125,6 +127,7 @@ class KubeletSim(Background):
         self.outcomes: list[InitOutcome] = []
         self.errors: list[str] = []
         self.readiness = readiness or {}
+        self.real_nodes = real_nodes
         self.lock = threading.Lock()
 
     def __exit__(self, *exc: object) -> None:
@@ -149,7 +152,7 @@ class KubeletSim(Background):
     def _consider(self, pod: dict[str, Any]) -> None:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         annotations = meta.get("annotations") or {}
-        if not spec.get("nodeName") or meta.get("deletionTimestamp"):
+        if not spec.get("nodeName") or spec["nodeName"] in self.real_nodes or meta.get("deletionTimestamp"):
             return
         if contract.ANNOTATION_POD_INJECTED not in annotations or PREFLIGHT_MESSAGE in annotations:
             return
@@ -179,7 +182,12 @@ class KubeletSim(Background):
         for pod in pods:
             node_name = pod["spec"].get("nodeName")
             status = pod.get("status") or {}
-            if not node_name or status.get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            if (
+                not node_name
+                or node_name in self.real_nodes
+                or status.get("phase") != "Running"
+                or pod["metadata"].get("deletionTimestamp")
+            ):
                 continue
             if node_name not in addresses:
                 addresses[node_name] = downward(

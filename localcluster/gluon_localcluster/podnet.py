@@ -28,7 +28,10 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-Routes = Callable[[dict[str, Any]], dict[int, tuple[str, int]]]
+# A backend: (host, port), reached from this process's namespace, or (host, port, namespace): a real node's
+# pod, reached inside that node's network namespace (realnode.py).
+Backend = tuple[str, int] | tuple[str, int, "NetNamespace"]
+Routes = Callable[[dict[str, Any]], dict[int, Backend]]
 CLONE_NEWNET = 0x40000000
 POD_NETWORK = "10.244.0.1/16"  # on the namespace's loopback: every 10.244.x.y is local there
 
@@ -51,6 +54,13 @@ class NetNamespace:
         for command in (["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", POD_NETWORK, "dev", "lo"]):
             subprocess.run(self.wrap(command), check=True, capture_output=True, timeout=10)
 
+    @classmethod
+    def at(cls, path: str) -> "NetNamespace":
+        """A namespace that exists already (a real node's, held by `ip netns`): entered, never stopped here."""
+        existing = cls.__new__(cls)
+        existing.holder, existing.path = None, path
+        return existing
+
     def wrap(self, argv: list[str]) -> list[str]:
         """A command run inside the namespace."""
         return ["nsenter", f"--net={self.path}", *argv]
@@ -71,7 +81,7 @@ class NetNamespace:
             os.close(target)
 
     def stop(self) -> None:
-        if self.holder.poll() is None:
+        if self.holder is not None and self.holder.poll() is None:
             self.holder.kill()
             self.holder.wait(5)
 
@@ -184,7 +194,7 @@ class PodNetwork:
         from kubernetes import client
 
         raw = client.CoreV1Api(self.api).list_pod_for_all_namespaces(_preload_content=False)
-        wanted: dict[tuple[str, int], tuple[str, tuple[str, int]]] = {}
+        wanted: dict[tuple[str, int], tuple[str, Backend]] = {}
         for pod in json.loads(raw.data)["items"]:
             ip = running_ip(pod)
             if ip is None:
@@ -198,7 +208,10 @@ class PodNetwork:
         for key, (uid, backend) in wanted.items():
             if key not in self.forwarders:
                 try:
-                    self.forwarders[key] = (uid, Forwarder(key, backend, listen_ns=self.netns))
+                    host, port, *namespace = backend
+                    forwarder = Forwarder(key, (host, port), self.netns, namespace[0] if namespace else None)
+                    forwarder.backend = backend  # as routed, so that a change of namespace is seen too
+                    self.forwarders[key] = (uid, forwarder)
                 except OSError as error:
                     self.errors.append(f"{key}: {error}")
 

@@ -197,6 +197,7 @@ class RealNode:
     images: list[Built] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     gpus: int = 0  # AMD GPU device files (SIMULATION) in the node's own /dev; 0: the host's /dev
+    pod_network: str = ""  # the node's pod CIDR; default 10.244.<its number>.0/24
     components: list[Component] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -215,7 +216,11 @@ class RealNode:
 
     @property
     def pod_cidr(self) -> str:
-        return f"10.244.{self.index}.0/24"
+        return self.pod_network or f"10.244.{self.index}.0/24"
+
+    @property
+    def netns_path(self) -> str:
+        return f"/run/netns/{self.netns}"
 
     @property
     def socket_path(self) -> Path:

@@ -42,6 +42,8 @@ from .kubelet_sim import Image, InitOutcome, KubeletSim
 from .monitoring import MonitoringStack, monitoring_values
 from .podnet import NetNamespace, PodNetwork
 from .prometheus import Prometheus
+from .realnode import REAL_NODE_TAINT, RealNode
+from .stages import PREFLIGHT_CONTAINER
 
 SERVING_NS = "serving"
 SERVING_IMAGE = "lmsysorg/sglang:rocm-demo"
@@ -70,6 +72,7 @@ DEMO_FLEET = (
     SimNode("gpu-07", capable=False),
     SimNode("gpu-08", fallback="fail"),
 )
+DEMO_REAL_NODES = ("gpu-01", "gpu-02")  # the canary and the node that regresses: real kubelets (realnode.py)
 # minControls 1: six eligible nodes and one holdout leave the last nodes one steady control of each flag
 # (promoted nodes qualify only once steady for baselineSeconds); the demo's noise is 2% and independent.
 DEMO_ANALYSIS = {
@@ -84,6 +87,55 @@ DEMO_ANALYSIS = {
     "minControls": 1,
 }
 DEMO_STRATEGY = {"canaryNodes": 1, "maxParallel": 2, "holdoutNodes": 1, "restart": "Evict", "restartDelaySeconds": 1}
+
+
+REAL_AGENT_IMAGE = "localhost/gluon-rollout-agent:local"  # images.AGENT_IMAGE: imported into real nodes
+REAL_NODE_TOLERATION = {"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+# The chart's agent on real nodes: the SIMULATION agent image (the agent's own probe of the node's device files,
+# a simulated self-test outcome), imported there, never pulled. kwok's nodes run local agent processes instead.
+REAL_NODE_AGENT = {
+    "image": {"repository": "localhost/gluon-rollout-agent-simulation", "tag": "local", "pullPolicy": "Never"},
+    "extraArgs": [
+        "--source=gluon_localcluster.fakes.simulated:SimulatedSource",
+        "--source-arg=/opt/simulation/agent/node.json",
+    ],
+    "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, REAL_NODE_TOLERATION],
+}
+SERVING_METRICS_PORT = 30000  # fleet.serving_deployment's `metrics` port
+
+
+def real_serving_deployment(name: str, node: SimNode) -> dict[str, Any]:
+    """A serving Deployment pinned to a real node: the SIMULATION serving image, whose serve.py prints the
+    flag its process sees and serves SGLang's metrics with this node's decode-speed model."""
+    from .images import SERVING_IMAGE as IMAGE
+
+    deployment = fleet.serving_deployment(name, node=node.name, image=IMAGE)
+    spec = deployment["spec"]["template"]["spec"]
+    spec["tolerations"].append(REAL_NODE_TOLERATION)
+    container = spec["containers"][0]
+    container.update(imagePullPolicy="Never", command=["python3", "/opt/simulation/serve.py"])
+    container["env"] += [
+        {"name": "SIM_NODE", "value": node.name},
+        {"name": "SIM_FLAG_EFFECT", "value": str(node.flag_effect)},
+        {"name": "SIM_METRICS_PORT", "value": str(SERVING_METRICS_PORT)},
+    ]
+    return deployment
+
+
+def real_preflight(pod: dict[str, Any], real_nodes: frozenset[str]) -> InitOutcome | None:
+    """A running pod's preflight verdict on a real node (its init container's termination message), or None."""
+    meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
+    if spec.get("nodeName") not in real_nodes or status.get("phase") != "Running" or meta.get("deletionTimestamp"):
+        return None
+    for init in status.get("initContainerStatuses") or []:
+        terminated = (init.get("state") or {}).get("terminated") or {}
+        if init["name"] == PREFLIGHT_CONTAINER and terminated.get("message"):
+            try:
+                flag = str(json.loads(terminated["message"]).get("flag", "0"))
+            except ValueError:
+                flag = "0"
+            return InitOutcome(meta["name"], meta["namespace"], spec["nodeName"], flag, terminated["message"], 0.0)
+    return None
 
 
 def fake_stacks() -> tuple[Path, dict[str, str]]:
@@ -101,10 +153,11 @@ class Running:
     exporter: FakeSglang | None = None
     flag: str = "0"  # the flag the node's serving pod really runs with (its flag file)
     history: list[tuple[float, str]] = field(default_factory=list)  # (time, flag) changes
+    real: RealNode | None = None  # a real kubelet and runtime (realnode.py); None: a kwok node (SIMULATION)
 
     @property
     def ip(self) -> str:
-        return fleet.node_ip(self.index)
+        return self.real.ip if self.real is not None else fleet.node_ip(self.index)
 
     @property
     def agent_url(self) -> str:
@@ -121,11 +174,19 @@ class SimCluster:
         seed: int = 0,
         operator_monitoring: bool = False,
         first_index: int = 1,
+        real_nodes: tuple[str, ...] = (),
     ) -> None:
         """`operator_monitoring`: the chart's monitors through a real Prometheus Operator (monitoring.py)
         instead of a Prometheus with static targets. `first_index`: the first node's index, hence its
         loopback address (fleet.node_ip): a test may keep clear of the demo's fixed addresses (1..8)."""
         self.operator_monitoring = operator_monitoring
+        unknown = sorted(set(real_nodes) - {n.name for n in fleet_nodes})
+        if unknown or (real_nodes and not operator_monitoring):
+            raise ValueError(
+                f"real_nodes {unknown or list(real_nodes)}: each must name a node of the fleet, and real nodes' "
+                "pods are scraped only through the Prometheus Operator path (operator_monitoring)"
+            )
+        self.real_names = frozenset(real_nodes)
         self.fleet = fleet_nodes
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="gluon-sim-")).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +204,7 @@ class SimCluster:
         self.netns: NetNamespace | None = None
         self.metrics_port = free_port()
         self.pod_flags: dict[str, str] = {}  # serving pod name -> the flag its preflight gave it
+        self.real_outcomes: list[InitOutcome] = []  # the preflights that real nodes' kubelets ran
         self.node_events: list[tuple[float, str, dict[str, str]]] = []  # (time, node, our labels) from a watch
         self.operator_starts = 0
         self.started = time.time()
@@ -167,6 +229,9 @@ class SimCluster:
             stage("setup: the Prometheus Operator v0.93.1, its CRDs and a Prometheus object")
             self.monitoring = MonitoringStack(self.cp, MONITORING_RELEASE).start()
             values = monitoring_values(MONITORING_RELEASE, serving_labels=dict(fleet.SERVING_LABELS))
+            if self.real_names:
+                values["agent"] = REAL_NODE_AGENT
+                self._start_real_nodes(stage)
             stage("setup: helm install of the chart, its ServiceMonitor, PodMonitors and rules on")
             self.installed = install(self.cp, values=values)
         else:
@@ -177,6 +242,8 @@ class SimCluster:
         self.core.create_namespace({"metadata": {"name": SERVING_NS}})
         stage(f"setup: {len(self.nodes)} kwok GPU nodes (SIMULATION) and the simulated kubelets")
         for running in self.nodes.values():
+            if running.real is not None:
+                continue
             self.core.create_node(
                 fleet.kwok_node(
                     running.node.name,
@@ -192,9 +259,14 @@ class SimCluster:
             self._on_init,
             workdir=self.dir / "kubelet",
             readiness={"app.kubernetes.io/name=gluon-rollout-agent": "/readyz"},
+            real_nodes=self.real_names,
         ).__enter__()
+        if self.real_names:
+            self._spawn(self._watch_real_preflights, "real-preflights")
         stage(f"setup: {len(self.nodes)} gluon-agent daemons and SGLang-shaped exporters (SIMULATION)")
         for running in self.nodes.values():
+            if running.real is not None:  # the chart's agent DaemonSet and the serving image's own exporter
+                continue
             self._start_agent(running)
             running.exporter = FakeSglang(
                 NodeModel(running.node.name, flag_effect=running.node.flag_effect, noise=0.02),
@@ -235,6 +307,9 @@ class SimCluster:
         if running is None:
             return {}
         ports = {p.get("name"): p["containerPort"] for c in spec["containers"] for p in c.get("ports") or []}
+        if running.real is not None:  # the pod itself, at its address inside the node's network namespace
+            inside = NetNamespace.at(running.real.netns_path)
+            return {port: (pod["status"]["podIP"], port, inside) for port in ports.values()}
         name, ns = (meta.get("labels") or {}).get("app.kubernetes.io/name"), meta["namespace"]
         if ns == self.installed.namespace and name == AGENT_NAME and "http" in ports:
             return {ports["http"]: (running.ip, contract.AGENT_PORT)}
@@ -244,6 +319,43 @@ class SimCluster:
         if ns != self.installed.namespace and serving and "metrics" in ports and running.exporter is not None:
             return {ports["metrics"]: ("127.0.0.1", running.exporter.port)}
         return {}
+
+    def _start_real_nodes(self, stage: Callable[[str], None]) -> None:
+        """The fleet's real nodes, side by side: each a kubelet and containerd in a network namespace of its
+        own, with 8 GPUs' device files (SIMULATION), the serving and agent images imported."""
+        from .images import agent_image, agent_simulation_image, serving_image
+
+        names = ", ".join(sorted(self.real_names))
+        stage(f"setup: REAL nodes {names}: the kubelet, containerd and runc, images imported (about a minute)")
+        images = [serving_image(), agent_image(), agent_simulation_image()]
+        for running in self.nodes.values():
+            if running.node.name in self.real_names:
+                running.real = RealNode(
+                    self.cp,
+                    running.node.name,
+                    images=images,
+                    labels={"gluonrollout.io/demo": "true", **fleet.GPU_NODE_LABEL},
+                    gpus=8,
+                    pod_network=fleet.pod_cidr(running.index),
+                )
+        with ThreadPoolExecutor(len(self.real_names)) as pool:
+            list(pool.map(lambda r: r.start(), [r.real for r in self.nodes.values() if r.real is not None]))
+
+    def _watch_real_preflights(self) -> None:
+        """What kubelet_sim reports for kwok's nodes, read from real nodes' pods: each serving pod's preflight
+        verdict (its termination message) once the pod runs, and so the flag its process got."""
+        seen: set[str] = set()
+        while not self.stop_event.wait(0.5):
+            try:
+                pods = json.loads(self.core.list_namespaced_pod(SERVING_NS, _preload_content=False).data)["items"]
+            except Exception:
+                continue
+            for pod in pods:
+                outcome = real_preflight(pod, self.real_names)
+                if outcome is not None and pod["metadata"]["uid"] not in seen:
+                    seen.add(pod["metadata"]["uid"])
+                    self.real_outcomes.append(outcome)
+                    self._on_init(outcome)
 
     def images(self) -> dict[str, Image]:
         aiter, torch_files = fake_stacks()
@@ -258,6 +370,7 @@ class SimCluster:
         venv_bin = str(Path(sys.executable).parent)
         return {
             processes.AGENT_IMAGE: Image(path=(venv_bin,)),
+            REAL_AGENT_IMAGE: Image(path=(venv_bin,)),  # the webhook's, once real nodes need it pullable
             # SIMULATION: the serving image's python3 with a fake aiter and a gfx950 torch on its PYTHONPATH
             # (its own ENV), and the real Triton of our environment (Gluon with cga_layout).
             SERVING_IMAGE: Image(
@@ -295,7 +408,11 @@ class SimCluster:
         assert self.installed is not None
         self.operator_starts += 1
         self.operator = processes.operator(
-            self.installed, self.reconcile_seconds, server=self._server(), metrics_port=self.metrics_port
+            self.installed,
+            self.reconcile_seconds,
+            server=self._server(),
+            metrics_port=self.metrics_port,
+            agent_image=REAL_AGENT_IMAGE if self.real_names else None,
         )
 
     def kill_operator(self) -> None:
@@ -310,9 +427,12 @@ class SimCluster:
     def _serving_workloads(self) -> None:
         """One serving Deployment per node (pinned), and a PodDisruptionBudget over them all."""
         for running in self.nodes.values():
+            name = f"sglang-{running.node.name}"
             self.apps.create_namespaced_deployment(
                 SERVING_NS,
-                fleet.serving_deployment(f"sglang-{running.node.name}", node=running.node.name, image=SERVING_IMAGE),
+                real_serving_deployment(name, running.node)
+                if running.real is not None
+                else fleet.serving_deployment(name, node=running.node.name, image=SERVING_IMAGE),
             )
         from kubernetes import client
 
@@ -438,7 +558,8 @@ class SimCluster:
         return value
 
     def pod_node(self, pod: str) -> str | None:
-        outcome = next((o for o in (self.kubelet.outcomes if self.kubelet else []) if o.pod == pod), None)
+        outcomes = [*(self.kubelet.outcomes if self.kubelet else []), *self.real_outcomes]
+        outcome = next((o for o in outcomes if o.pod == pod), None)
         return outcome.node if outcome else None
 
     # ------------------------------------------------------------ stop
@@ -466,5 +587,8 @@ class SimCluster:
             self.prometheus.stop()
         if self.netns is not None:
             self.netns.stop()
+        for running in self.nodes.values():
+            if running.real is not None:
+                running.real.stop()
         if self.cp:
             self.cp.stop()
