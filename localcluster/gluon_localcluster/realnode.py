@@ -50,6 +50,7 @@ SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service (controlplane.SERVICE_CIDR'
 REAL_NODE_TAINT = "gluon-rollout.local/real-node"  # keeps the scheduler's other pods off a real node
 CLONE_NEWNET = 0x40000000
 MOUNT_NS_DIR = Path("/run/gluon-mntns")  # the nodes' mount namespaces, kept open by a bind mount each
+NUMBERING = threading.Lock()  # free_index() until the number's address is taken
 GPU_STAND_IN = (10, 229)  # /dev/fuse's major and minor (see the module's docstring)
 
 
@@ -185,6 +186,11 @@ def sweep_stale_nodes() -> None:
         stale.mount_ns = MOUNT_NS_DIR / name if (MOUNT_NS_DIR / name).exists() else None
         stale._release_mount_namespace()
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+    # A pod sandbox's namespace file (containerd's CNI) outlives a node stopped under it: unmounted, it is an
+    # empty file that `ip netns` lists with errors. Live ones are mounts.
+    for entry in Path("/run/netns").glob("cni-*"):
+        if not os.path.ismount(entry):
+            entry.unlink(missing_ok=True)
 
 
 @dataclass
@@ -281,17 +287,18 @@ class RealNode:
     # ------------------------------------------------------------ network
 
     def _network(self) -> None:
-        sweep_stale_nodes()
-        self.index = free_index()
-        self.netns = f"gluon-{self.index}-{os.getpid()}"
-        self.cgroup = self.netns
-        host_end = f"gh{self.index}-{os.getpid() % 100000}"[:15]
-        _run("ip", "netns", "add", self.netns)
+        with NUMBERING:  # nodes started side by side must not take the same number
+            sweep_stale_nodes()
+            self.index = free_index()
+            self.netns = f"gluon-{self.index}-{os.getpid()}"
+            self.cgroup = self.netns
+            host_end = f"gh{self.index}-{os.getpid() % 100000}"[:15]
+            _run("ip", "netns", "add", self.netns)
+            _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
+            _run("ip", "addr", "add", f"10.201.{self.index}.1/24", "dev", host_end)
         ns = ("ip", "-n", self.netns)
         _run(*ns, "link", "set", "lo", "up")
         _run(*ns, "addr", "add", f"{SERVICE_IP}/32", "dev", "lo")
-        _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
-        _run("ip", "addr", "add", f"10.201.{self.index}.1/24", "dev", host_end)
         _run("ip", "link", "set", host_end, "up")
         _run(*ns, "addr", "add", f"{self.ip}/24", "dev", "eth0")
         _run(*ns, "link", "set", "eth0", "up")
