@@ -240,7 +240,8 @@ class SimCluster:
         if self.want_proxy:
             self.proxy = FaultProxy(self.cp.url, str(self.cp.pki.ca.cert), seed=self.seed).start()
         self.core.create_namespace({"metadata": {"name": SERVING_NS}})
-        stage(f"setup: {len(self.nodes)} kwok GPU nodes (SIMULATION) and the simulated kubelets")
+        kwok_count = len(self.nodes) - len(self.real_names)
+        stage(f"setup: {kwok_count} kwok GPU nodes (SIMULATION) and the simulated kubelets")
         for running in self.nodes.values():
             if running.real is not None:
                 continue
@@ -263,7 +264,7 @@ class SimCluster:
         ).__enter__()
         if self.real_names:
             self._spawn(self._watch_real_preflights, "real-preflights")
-        stage(f"setup: {len(self.nodes)} gluon-agent daemons and SGLang-shaped exporters (SIMULATION)")
+        stage(f"setup: {kwok_count} gluon-agent daemons and SGLang-shaped exporters (SIMULATION) for them")
         for running in self.nodes.values():
             if running.real is not None:  # the chart's agent DaemonSet and the serving image's own exporter
                 continue
@@ -321,7 +322,7 @@ class SimCluster:
         return {}
 
     def _start_real_nodes(self, stage: Callable[[str], None]) -> None:
-        """The fleet's real nodes, side by side: each a kubelet and containerd in a network namespace of its
+        """The fleet's real nodes: each a kubelet and containerd in a network namespace of its
         own, with 8 GPUs' device files (SIMULATION), the serving and agent images imported."""
         from .images import agent_image, agent_simulation_image, serving_image
 
@@ -338,8 +339,9 @@ class SimCluster:
                     gpus=8,
                     pod_network=fleet.pod_cidr(running.index),
                 )
-        with ThreadPoolExecutor(len(self.real_names)) as pool:
-            list(pool.map(lambda r: r.start(), [r.real for r in self.nodes.values() if r.real is not None]))
+        for running in self.nodes.values():  # from this thread: each node's daemons die with their parent thread
+            if running.real is not None:
+                running.real.start()
 
     def _watch_real_preflights(self) -> None:
         """What kubelet_sim reports for kwok's nodes, read from real nodes' pods: each serving pod's preflight
