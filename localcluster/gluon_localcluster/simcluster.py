@@ -485,11 +485,18 @@ class SimCluster:
             if all(
                 self.node(n)["metadata"].get("labels", {}).get(contract.LABEL_SELFTEST) in ("pass", "fail", "error")
                 for n in self.nodes
-            ):
+            ) and all(self._agent_pod_ready(n) for n in self.real_names):
                 return
             time.sleep(0.5)
         logs = {n: r.agent.tail(5) if r.agent else "" for n, r in self.nodes.items()}
         raise TimeoutError(f"not every agent published within {timeout} s: {logs}")
+
+    def _agent_pod_ready(self, node: str) -> bool:
+        """A real node's agent pod is Ready (the kubelet's readiness probe; the operator waits for it too)."""
+        assert self.installed is not None
+        pod = self.installed.agent_pod(node)
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def create_rollout(self, name: str = "kimi-k3", analysis: dict | None = None, strategy: dict | None = None) -> None:
         assert self.prometheus is not None
