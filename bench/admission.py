@@ -54,7 +54,7 @@ from gluon_localcluster.kubelet_sim import Image, KubeletSim  # noqa: E402
 from gluon_operator.spec import GROUP, PLURAL, VERSION  # noqa: E402
 
 NAMESPACE, UNSEEN = "serving", "kube-system"
-NODE, NODE_INDEX = "gpu-start", 3
+NODE, NODE_INDEX = "gpu-start", 252  # an address apart from the demo's (1..8) and the tests'
 SERVING_IMAGE = "lmsysorg/sglang:rocm-demo"  # fleet.serving_deployment's image: simulated below
 ARMS = {
     "injected": (NAMESPACE, fleet.SERVING_LABELS),

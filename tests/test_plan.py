@@ -452,7 +452,7 @@ class DemoView:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet, self.started = fleet, 0.0
-        self.nodes = {n: type("Running", (), {"flag": "1"})() for n in fleet.nodes}
+        self.nodes = {n: type("Running", (), {"flag": "1", "real": None})() for n in fleet.nodes}
 
     def status(self) -> dict:
         return self.fleet.rollout["status"]
@@ -469,7 +469,7 @@ def shown_effects(fleet: Fleet, node: str) -> set[str]:
     row = {r["node"]: r for r in plugin_views.status_rows(fleet.rollout, nodes, pods)}[node]
     status_text = plugin_views.render_status(plugin_views.status_view(fleet.rollout, nodes, pods))
     explained = plugin_views.explain(fleet.rollout, fleet.nodes[node], pods, fleet.agents, fleet.now)
-    table_line = next(line for line in demo.table(DemoView(fleet)).splitlines() if f"  {node}  " in line)
+    table_line = next(line for line in demo.table(DemoView(fleet)).splitlines() if f"  {node} " in line)
     promoted = {p["node"]: p for p in demo.summary(DemoView(fleet))["promoted"]}
     texts = {plugin_views.effect_text({"effect": row["effect"]}), gating.effect_text(explained["analysis"])}
     texts |= {gating.effect_text(promoted[node])} if node in promoted else set()
