@@ -75,7 +75,7 @@ def main() -> int:
     cluster = SimCluster(
         (SimNode("fs-a"), SimNode("fs-b")),
         workdir=Path(tempfile.mkdtemp(prefix="first-sample-")),
-        operator_monitoring=True,
+        first_index=230,
     )
     try:
         cluster.start()

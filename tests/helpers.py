@@ -1,4 +1,4 @@
-"""Small shared test helpers: bounded waiting, free ports, a real Prometheus process (localcluster), a running agent."""
+"""Small shared test helpers: bounded waiting, free ports, HTTP JSON, a running agent."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from gluon_localcluster.prometheus import Prometheus
 from gluon_localcluster.waiting import wait_for
 
 NODES = ("", "v1", "nodes")
@@ -29,20 +28,6 @@ def http_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"null")
-
-
-def http_text(url: str, timeout: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read().decode()
-
-
-@contextmanager
-def prometheus(targets: dict[str, list[Any]]) -> Iterator[Prometheus]:
-    server = Prometheus(targets)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @contextmanager

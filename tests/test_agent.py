@@ -1,7 +1,8 @@
 """The agent daemon on the real control plane: its own ServiceAccount's token bound to its DaemonSet pod on
 its node (so the API server's admission policy holds it to its own node's keys), talking through the fault
-proxy that counts its writes and injects faults, and a real Prometheus scraping it. The self-test results
-come from a SIMULATION file (no AMD GPU exists here)."""
+proxy that counts its writes and injects faults. The self-test results come from a SIMULATION file (no
+AMD GPU exists here). A real Prometheus scrapes real agents through the chart's PodMonitor in
+tests/test_cluster_monitoring.py."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from gluon_localcluster.faultproxy import FaultProxy, Rule, path_is
 from gluon_localcluster.install import Installed
 from gluon_localcluster.processes import python_env
 from tests.clusterkit import MERGE, Nodes, api_for, proxy_for
-from tests.helpers import http_json, http_text, prometheus, running_agent, wait_for
+from tests.helpers import http_json, running_agent, wait_for
 
 OTHER_LABEL = "kubernetes.io/hostname"
 N1, N2 = "agt-n1", "agt-n2"
@@ -318,23 +319,3 @@ def test_run_needs_a_node_name():
         [sys.executable, "-m", "gluon_agent", "run"], env=env, capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 2 and "no node name" in done.stderr
-
-
-def test_prometheus_scrapes_the_agent(api, sim):
-    with running_agent(api.kubeconfig, N1, sim) as agent:
-        wait_for(lambda: labels(api).get(contract.LABEL_SELFTEST) == "pass")
-        text = http_text(agent.url + "/metrics")
-        assert contract.M_AGENT_CAPABLE in text
-        target = agent.url.removeprefix("http://")
-        with prometheus({"gluon-agent": [target]}) as prom:
-            capable = wait_for(lambda: prom.query(contract.M_AGENT_CAPABLE), timeout=30, what="scraped series")
-            assert capable[0]["value"][1] == "1"
-            results = prom.query(f'{contract.M_AGENT_SELFTEST_RESULT}{{result="pass"}} == 1')
-            assert {(r["metric"]["gpu"], r["metric"]["path"]) for r in results} == {
-                (str(i), p) for i in range(8) for p in ("accelerated", "fallback")
-            }
-            speedup = prom.query(f'{contract.M_AGENT_SPEEDUP}{{gpu="0",case="long-b1-128k"}}')
-            assert float(speedup[0]["value"][1]) == pytest.approx(2.3)
-            info = prom.query(f"{contract.M_AGENT_INFO}_info")
-            assert info[0]["metric"]["arch"] == "gfx950" and info[0]["metric"]["fingerprint"] == agent.fingerprint
-            assert prom.query(f'{contract.M_AGENT_RUNS}_total{{result="pass"}}')[0]["value"][1] == "1"

@@ -383,9 +383,11 @@ def test_malformed_answers_name_what_is_wrong(result, where):
 
 
 def test_prometheus_client_errors_quote_query_and_message(tmp_path):
-    from tests.helpers import prometheus
+    from gluon_localcluster.prometheus import Prometheus
 
-    with prometheus({"self": []}) as prom:
+    (tmp_path / "prometheus.yml").write_text("{}\n")  # nothing to scrape: PromQL over constants is enough
+    prom = Prometheus(tmp_path / "prometheus.yml", directory=tmp_path / "prometheus")
+    try:
         client = PrometheusClient(prom.url)
         assert asyncio.run(client.query("vector(1)"))[0]["value"][1] == "1"
         with pytest.raises(PrometheusError) as bad:
@@ -394,6 +396,8 @@ def test_prometheus_client_errors_quote_query_and_message(tmp_path):
             "sum(rate(x[5m])" in str(bad.value) and bad.value.kind == "bad_data" and "parse error" in bad.value.message
         )
         assert str(bad.value).index("parse error") < str(bad.value).index("sum(rate")  # the reason first
+    finally:
+        prom.stop()
     down = PrometheusClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.01)
     with pytest.raises(PrometheusError) as gone:
         asyncio.run(down.query_range("up", 0, 10, 1))

@@ -40,7 +40,7 @@ STEP = 2
 def cluster(tmp_path_factory):
     nodes = tuple(SimNode(n) for n in NODES)
     # Node indexes 240..242: clear of the demo's and the end-to-end tests' fixed node addresses (1..8).
-    sim = SimCluster(nodes, workdir=tmp_path_factory.mktemp("monitoring"), operator_monitoring=True, first_index=240)
+    sim = SimCluster(nodes, workdir=tmp_path_factory.mktemp("monitoring"), first_index=240)
     try:
         sim.start()
         sim.wait_for_agents()
@@ -119,6 +119,30 @@ def test_agents_and_operator_found_by_service_discovery(cluster):
     # The operator's Service has endpoints (pod IPs outside 127/8): its ServiceMonitor's job finds it.
     operator = wait_for(lambda: up("gluon-rollout-operator"), 90, what="the operator's target up")
     assert operator[0]["metric"]["namespace"] == cluster.installed.namespace
+
+
+def test_the_agents_own_metrics_through_their_podmonitor(cluster):
+    """What each agent serves on /metrics (its SIMULATION self-test: 8 GPUs, both paths pass, x2.3), as
+    Prometheus scraped it through the agents' PodMonitor, labelled with the agent's node."""
+    prom = cluster.prometheus
+    capable = wait_for(
+        lambda: len(prom.query(contract.M_AGENT_CAPABLE)) == len(NODES) and prom.query(contract.M_AGENT_CAPABLE),
+        60,
+        interval=0.5,
+        what="every agent's capable gauge",
+    )
+    assert {(c["metric"]["node"], c["value"][1]) for c in capable} == {(n, "1") for n in NODES}
+    node = NODES[0]
+    results = prom.query(f'{contract.M_AGENT_SELFTEST_RESULT}{{node="{node}",result="pass"}} == 1')
+    assert {(r["metric"]["gpu"], r["metric"]["path"]) for r in results} == {
+        (str(i), p) for i in range(8) for p in ("accelerated", "fallback")
+    }
+    speedup = prom.query(f'{contract.M_AGENT_SPEEDUP}{{node="{node}",gpu="0",case="long-b1-128k"}}')
+    assert float(speedup[0]["value"][1]) == pytest.approx(2.3)
+    report = json.loads(cluster.node(node)["metadata"]["annotations"][contract.ANNOTATION_REPORT])
+    info = prom.query(f'{contract.M_AGENT_INFO}_info{{node="{node}"}}')
+    assert info[0]["metric"]["arch"] == "gfx950" and info[0]["metric"]["fingerprint"] == report["fingerprint"]
+    assert prom.query(f'{contract.M_AGENT_RUNS}_total{{node="{node}",result="pass"}}')[0]["value"][1] == "1"
 
 
 def test_the_judge_query_gives_one_series_per_node_with_node_and_flag(cluster):

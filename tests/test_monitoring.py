@@ -1,6 +1,6 @@
 """The harness's monitoring pieces that need no cluster: the config-reloader's rewrite of the Prometheus
 Operator's generated config (monitoring.py), the pod network's relays (podnet.py), the loopback pod CIDRs
-and the SGLang exporter's labels when the chart's relabelings supply node and flag."""
+and the SGLang exporter's labels (the chart's relabelings supply node and flag)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_the_prometheus_object_selects_the_chart_release_label():
 def test_pod_cidrs_are_distinct_in_the_pod_network():
     cidrs = [fleet.pod_cidr(i) for i in range(256)]
     assert len(set(cidrs)) == 256 and all(c.startswith("10.244.") and c.endswith(".0/24") for c in cidrs)
-    assert fleet.kwok_node("n", 3, pod_network=True)["spec"] == {"podCIDR": "10.244.3.0/24"}
+    assert fleet.kwok_node("n", 440, pod_index=3)["spec"] == {"podCIDR": "10.244.3.0/24"}
     assert fleet.kwok_node("n", 3)["spec"] == {}
     with pytest.raises(ValueError, match="0..255"):
         fleet.pod_cidr(256)
@@ -126,22 +126,25 @@ def test_a_forwarder_relays_both_ways_and_refuses_when_the_backend_is_gone():
         relay.stop()
 
 
-def test_a_relabelled_exporter_leaves_node_and_flag_to_the_scrape():
+def test_the_exporter_leaves_node_and_flag_to_the_scrape():
+    """SGLang's own labels only: node, flag, namespace and app come from the serving PodMonitor's relabelings
+    (tests/test_cluster_monitoring.py checks them on the scraped series)."""
     flag = {"value": "0"}
-    exporter = FakeSglang(NodeModel("gpu-01", noise=0.0), lambda: flag["value"], relabelled=True)
-    exporter.count, exporter.seconds, exporter.flag = {"0": 10.0, "1": 5.0}, {"0": 1.0, "1": 0.25}, "1"
-    families = {f.name: f for f in exporter.collect()}
-    itl = families["sglang:inter_token_latency_seconds"].samples
-    count = [s for s in itl if s.name.endswith("_count")]
-    assert len(count) == 1 and count[0].value == 15.0  # one counter across the pod's life, summed over flags
-    assert set(count[0].labels) == {"model_name", "engine_type", "tp_rank"}
-    static = FakeSglang(NodeModel("gpu-01", noise=0.0), lambda: "0")
-    static.count, static.seconds = {"0": 10.0, "1": 5.0}, {"0": 1.0, "1": 0.25}
-    counts = [s for f in static.collect() for s in f.samples if s.name == "sglang:inter_token_latency_seconds_count"]
-    assert sorted((s.labels["node"], s.labels["flag"], s.value) for s in counts) == [
-        ("gpu-01", "0", 10.0),
-        ("gpu-01", "1", 5.0),
-    ]
+    exporter = FakeSglang(NodeModel("gpu-01", noise=0.0), lambda: flag["value"])
+    exporter.count, exporter.seconds, exporter.flag = 15.0, 1.25, "1"
+    families = list(exporter.collect())
+    assert {f.name for f in families} == {
+        "sglang:inter_token_latency_seconds",
+        "sglang:generation_tokens",
+        "sglang:gen_throughput",
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+    }
+    samples = [s for f in families for s in f.samples]
+    assert all(set(s.labels) <= {"model_name", "engine_type", "tp_rank", "le"} for s in samples)
+    count = [s for s in samples if s.name == "sglang:inter_token_latency_seconds_count"]
+    assert len(count) == 1 and count[0].value == 15.0  # one counter across the node's pods, whatever their flag
 
 
 def test_dashboard_queries_replace_the_variables_of_every_panel():

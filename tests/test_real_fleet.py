@@ -62,4 +62,4 @@ def test_a_real_nodes_serving_pod_runs_the_simulation_image_with_its_nodes_speed
 
 def test_real_nodes_must_name_fleet_nodes():
     with pytest.raises(ValueError, match="gpu-99"):
-        SimCluster(real_nodes=("gpu-99",), operator_monitoring=True)
+        SimCluster(real_nodes=("gpu-99",))

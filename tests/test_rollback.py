@@ -1,10 +1,12 @@
-"""Analysis and rollback end to end on the real control plane: a real Prometheus scrapes fake SGLang
-exporters (real metric names, node and flag labels) for 6 kwok nodes, a real agent (its token bound to its
-DaemonSet pod) and the operator's own metrics; the operator under KopfRunner (its own ServiceAccount's
-token) judges them and restarts serving Deployments' pods, whose preflight verdicts PreflightReporter
-reports (SIMULATION of the kubelet). One node regresses 15% when its flag flips, one speeds up 2x;
-Prometheus goes down mid-analysis and comes back. Then every PromQL expression of the chart's dashboard
-and alerts runs against that Prometheus (a metric name that drifted from the contract returns nothing)."""
+"""Analysis and rollback through the chart's monitors, with Prometheus down mid-analysis: the harness's
+SimCluster (real control plane, agent and operator processes, the webhook and preflight; Prometheus on the
+config the real Prometheus Operator generated from the chart's ServiceMonitor and PodMonitors; SIMULATION
+of the kubelet, self-test results and decode speeds). Two canaries: one regresses 15% when its flag flips,
+one speeds up 2x. Prometheus stops while both are analysed: neither is promoted nor rolled back until it is
+back. Then every series selector of the chart's alerts matches what really ran.
+
+tests/test_e2e.py proves the rest on the same path (the demo's fleet): the rollback's numbers (confidence
+interval, p, sample counts) and that every dashboard panel returns data."""
 
 from __future__ import annotations
 
@@ -14,181 +16,101 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gluon_common import contract
-from gluon_localcluster import fleet
-from gluon_localcluster.fake_sglang import FakeSglang, NodeModel
-from gluon_localcluster.fakes.simulated import simulated_node
-from tests.clusterkit import Nodes, PreflightReporter, create_rollout, events, kopf_operator, rollout_status, serve
-from tests.helpers import free_port, prometheus, running_agent, wait_for
+from gluon_localcluster.simcluster import SimCluster, SimNode
+from gluon_localcluster.waiting import wait_for
 
-EFFECTS = {"rb-n1": 0.85, "rb-n2": 2.0, "rb-n3": 2.2, "rb-n4": 2.2, "rb-n5": 2.2, "rb-n6": 2.2}
-CHART = Path(__file__).resolve().parent.parent / "charts/gluon-rollout"
+EFFECTS = {"rb-n1": 0.85, "rb-n2": 2.0, "rb-n3": 2.2, "rb-n4": 2.2}  # n1, n2: the canaries (first by name)
+CANARIES = ("rb-n1", "rb-n2")
+FIRST_INDEX = 320  # node addresses (127.10.1.71...) apart from the demo's and the other cluster tests'
+ALERTS = Path(__file__).resolve().parent.parent / "charts/gluon-rollout/files/alerts.yaml"
+ANALYSIS = {"intervalSeconds": 4}  # the rest as the demo judges (DEMO_ANALYSIS): 2 consecutive failures, 5%
+STRATEGY = {"canaryNodes": 2, "maxParallel": 2, "holdoutNodes": 0}
 
 
 @pytest.fixture(scope="module")
-def nodes(installed):
-    made = Nodes(installed, "rb")
+def cluster(tmp_path_factory):
+    nodes = tuple(SimNode(name, flag_effect=effect) for name, effect in EFFECTS.items())
+    sim = SimCluster(nodes, workdir=tmp_path_factory.mktemp("rollback"), first_index=FIRST_INDEX)
     try:
-        for index, name in enumerate(EFFECTS, start=320):
-            made.create(name.removeprefix("rb-"), index, published={})
-        made.wait_for_agents()
-        yield made
+        sim.start()
+        sim.wait_for_agents()
+        sim.wait_for_serving_series()
+        time.sleep(8)  # pre-enable history: the baseline every node is compared with
+        yield sim
     finally:
-        made.delete()
+        sim.stop()
 
 
-@pytest.fixture
-def stack(nodes, installed, namespace, admin, tmp_path):
-    nodes.reset()
-    serve(admin, namespace, list(EFFECTS), replicas=1)
-    with PreflightReporter(admin, namespace) as reporter:
-        exporters = [
-            FakeSglang(
-                NodeModel(node, flag_effect=effect, noise=0.02),
-                lambda node=node: reporter.flags.get(node, "0"),
-                namespace=namespace,
-            ).start()
-            for node, effect in EFFECTS.items()
-        ]
-        sim = tmp_path / "sim.json"
-        sim.write_text(json.dumps(simulated_node()))
-        metrics_port = free_port()
-        try:
-            with (
-                running_agent(installed.agent_kubeconfig("rb-n6"), "rb-n6", sim) as agent,
-                prometheus(
-                    {
-                        "sglang": [f"127.0.0.1:{e.port}" for e in exporters],
-                        "gluon-rollout-agent": [
-                            {"targets": [agent.url.removeprefix("http://")], "labels": {"node": "rb-n6"}}
-                        ],
-                        "gluon-rollout-operator": [f"127.0.0.1:{metrics_port}"],
-                    }
-                ) as prom,
-            ):
-                wait_for(
-                    lambda: len(prom.query('{__name__=~"sglang[:_]inter_token_latency_seconds_count"}')) == 6,
-                    timeout=30,
-                    what="scrapes",
-                )
-                time.sleep(8)  # pre-enable history: the baseline every node is compared with
-                yield prom, metrics_port
-        finally:
-            for exporter in exporters:
-                exporter.stop()
+def test_regression_rolled_back_speedup_promoted_and_prometheus_outage(cluster):
+    prom = cluster.prometheus
+    cluster.create_rollout("kimi", analysis=ANALYSIS, strategy=STRATEGY)
 
+    def canaries() -> dict[str, dict]:
+        nodes = cluster.status().get("nodes", {})
+        return {n: nodes.get(n, {}) for n in CANARIES}
 
-def test_regression_rolled_back_speedup_promoted_and_prometheus_outage(
-    stack, monkeypatch, installed, namespace, admin, nodes
-):
-    prom, metrics_port = stack
-    analysis = {
-        "prometheusUrl": prom.url,
-        "intervalSeconds": 4,
-        "stepSeconds": 2,
-        "windowSeconds": 16,
-        "warmupSeconds": 2,
-        "minSamples": 5,
-        "consecutiveFailures": 2,
-        "tolerance": 0.05,
-    }
-
-    def status():
-        return rollout_status(admin, namespace)
-
-    with kopf_operator(
-        monkeypatch,
-        installed,
-        namespace,
-        webhook=True,
-        GLUON_METRICS_PORT=str(metrics_port),
-        GLUON_METRICS_ADDR="127.0.0.1",
-    ):
-        create_rollout(
-            admin,
-            fleet.rollout(
-                "kimi",
-                namespace,
-                nodeSelector=nodes.selector,
-                strategy={"canaryNodes": 2, "maxParallel": 2},
-                analysis=analysis,
-            ),
-        )
-        wait_for(
-            lambda: (
-                {n: s["state"] for n, s in status().get("nodes", {}).items() if n in ("rb-n1", "rb-n2")}
-                == {"rb-n1": "Analyzing", "rb-n2": "Analyzing"}
-            ),
-            timeout=45,
-            what="canaries analyzing",
+    def analysing_at_flag_1() -> bool:
+        """Both canaries Analyzing with their restarted pods serving flag 1: the judge reads their samples,
+        too few yet for a verdict (minSamples 5 at a 2 s step)."""
+        return all(s.get("state") == "Analyzing" for s in canaries().values()) and all(
+            cluster.nodes[n].flag == "1" for n in CANARIES
         )
 
-        prom.halt()  # an outage during the analysis: neither promotion nor rollback
-        wait_for(
-            lambda: "unreachable" in str(status().get("analysis", {}).get("error")), timeout=20, what="analysis error"
-        )
-        time.sleep(6)
-        states = status()["nodes"]
-        assert states["rb-n1"]["state"] == states["rb-n2"]["state"] == "Analyzing"
-        assert (
-            "Prometheus error" in states["rb-n1"]["reason"] and states["rb-n1"]["numbers"]["result"] == "inconclusive"
-        )
+    wait_for(analysing_at_flag_1, timeout=90, interval=0.5, what="canaries analysing their pods' flag-1 samples")
 
-        prom.start()  # back: the analysis resumes
-        wait_for(
-            lambda: (
-                status()["nodes"]["rb-n1"]["state"] == "RolledBack"
-                and status()["nodes"]["rb-n2"]["state"] == "Promoted"
-            ),
-            timeout=60,
-            what="verdicts after the outage",
-        )
-        time.sleep(1)
-        final = status()
-        n1, n2 = final["nodes"]["rb-n1"], final["nodes"]["rb-n2"]
-        assert (
-            0.78 < n1["numbers"]["effect"] < 0.92
-            and n1["numbers"]["p_worse"] < 0.05
-            and n1["numbers"]["threshold"] == 0.95
-        )
-        assert n1["numbers"]["failStreak"] >= 2 and "consecutive failing evaluations" in n1["reason"]
-        assert 1.7 < n2["numbers"]["effect"] < 2.3 and n2["numbers"]["ci_low"] > 0.95
-        node = nodes.read("rb-n1")
-        record = json.loads(node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK])
-        assert record["numbers"]["effect"] == n1["numbers"]["effect"] and "decode speed worse" in record["reason"]
-        assert node["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
-        assert nodes.labels("rb-n2")[contract.LABEL_ENABLED] == "true"
-        assert final["analysis"]["controls"] >= 1 and "inter_token_latency_seconds_count" in final["analysis"]["query"]
-        assert any("node rb-n1: Analyzing -> RolledBack" in m and "effect x0.8" in m for m in events(admin, namespace))
+    prom.halt()  # an outage during the analysis: neither promotion nor rollback
+    analysis = wait_for(
+        lambda: (a := cluster.status().get("analysis", {})) and "unreachable" in str(a.get("error")) and a,
+        timeout=20,
+        interval=0.5,
+        what="analysis error",
+    )
+    assert analysis["errorKind"] == "unreachable"
+    time.sleep(6)
+    states = canaries()
+    assert states["rb-n1"]["state"] == states["rb-n2"]["state"] == "Analyzing"
+    assert {s["numbers"]["result"] for s in states.values()} == {"inconclusive"}
 
-        # ---- every expression the chart ships, against what really ran
-        wait_for(
-            lambda: (
-                prom.query('up{job="gluon-rollout-operator"} == 1')
-                and prom.query(f"{contract.M_ROLLOUT_ROLLBACKS}_total")
-            ),
-            timeout=30,
-            what="operator metrics scraped",
-        )
-        for title, expr in dashboard_expressions():
-            assert prom.query(expr), f"dashboard panel {title!r} returns nothing: {expr}"
-        for alert, expr in alert_expressions():
-            for selector in vector_selectors(expr):
-                assert prom.query(selector), f"alert {alert}: selector {selector} matches no series"
+    prom.start()  # back, on the same port, data and generated config: the analysis resumes
+    wait_for(
+        lambda: {n: s.get("state") for n, s in canaries().items()} == {"rb-n1": "RolledBack", "rb-n2": "Promoted"},
+        timeout=60,
+        interval=0.5,
+        what="verdicts after the outage",
+    )
+    final = cluster.status()
+    n1, n2 = final["nodes"]["rb-n1"], final["nodes"]["rb-n2"]
+    assert 0.78 < n1["numbers"]["effect"] < 0.92 and n1["numbers"]["failStreak"] >= 2
+    assert 1.7 < n2["numbers"]["effect"] < 2.3 and n2["numbers"]["ci_low"] > 0.95
+    node = cluster.node("rb-n1")
+    record = json.loads(node["metadata"]["annotations"][contract.ANNOTATION_ROLLBACK])
+    assert record["numbers"]["effect"] == n1["numbers"]["effect"] and "decode speed worse" in record["reason"]
+    assert node["metadata"]["labels"][contract.LABEL_ENABLED] == "false"
+    assert cluster.node("rb-n2")["metadata"]["labels"][contract.LABEL_ENABLED] == "true"
+    assert final["analysis"]["controls"] >= 1 and "inter_token_latency_seconds_count" in final["analysis"]["query"]
+    messages = [e.get("message") or "" for e in cluster.events()]
+    assert any("node rb-n1: Analyzing -> RolledBack" in m and "effect x0.8" in m for m in messages)
 
-
-def dashboard_expressions():
-    board = json.loads((CHART / "files/dashboard.json").read_text())
-    for panel in board["panels"]:
-        for target in panel["targets"]:
-            yield panel["title"], target["expr"].replace("$namespace", ".*")
+    # ---- every series selector of the chart's alerts, against what really ran (a drifted name matches nothing)
+    wait_for(
+        lambda: (
+            prom.query('{__name__=~"sglang[:_]num_running_reqs", flag="1"}')
+            and prom.query(f"{contract.M_ROLLOUT_ROLLBACKS}_total")
+        ),
+        timeout=30,
+        interval=0.5,
+        what="the promoted pod's and the operator's series scraped",
+    )
+    for alert, expr in alert_expressions():
+        for selector in vector_selectors(expr):
+            assert prom.query(selector), f"alert {alert}: selector {selector} matches no series"
 
 
 def alert_expressions():
-    import yaml
-
-    for group in yaml.safe_load((CHART / "files/alerts.yaml").read_text())["groups"]:
+    for group in yaml.safe_load(ALERTS.read_text())["groups"]:
         for rule in group["rules"]:
             yield rule["alert"], rule["expr"]
 

@@ -14,7 +14,7 @@ regressing node.
 Prints each setup stage as it starts and a line at least every few seconds (progress.py), a live table, a
 summary, and writes a PNG timeline (timeline.py).
 
-    python -m gluon_localcluster.demo [--out out/demo] [--timeout 240] [--static-prometheus]
+    python -m gluon_localcluster.demo [--out out/demo] [--timeout 240]
 """
 
 from __future__ import annotations
@@ -166,28 +166,8 @@ def draw_timeline(cluster: SimCluster, path: Path) -> None:
     title = (
         "gluon-rollout demo: decode speed, state and flag per node\n"
         "SIMULATION of the GPU nodes and SGLang; real control plane, operator, Prometheus Operator and Prometheus"
-        if cluster.monitoring is not None
-        else "gluon-rollout demo: decode speed, state and flag per node\n"
-        "SIMULATION of the GPU nodes and SGLang; real control plane, operator and Prometheus (static targets)"
     )
     timeline.draw(the_plan, speeds, path, title)
-
-
-def wait_for_serving_series(cluster: SimCluster, timeout: float = 90) -> None:
-    """Until Prometheus has the judge's series of every node (found by service discovery on the operator path)."""
-    from gluon_operator import analysis
-
-    from . import fleet
-
-    assert cluster.prometheus is not None
-    query = analysis.render(analysis.DEFAULT_QUERY, SERVING_NS, fleet.SERVING_LABELS, DEMO_ANALYSIS["stepSeconds"])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen = {item["metric"].get("node") for item in cluster.prometheus.query(query)}
-        if seen >= set(cluster.nodes):
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"Prometheus has no serving series for {sorted(set(cluster.nodes) - seen)} after {timeout} s")
 
 
 def run(
@@ -195,7 +175,6 @@ def run(
     timeout: float,
     emit: Callable[[str], None] = print,
     plugin: bool = True,
-    operator_monitoring: bool = True,
     before_stop: Callable[[dict], None] = lambda _: None,
 ) -> dict:
     """The whole demo; every line goes through `emit` with its elapsed seconds (progress.py), at least one
@@ -204,11 +183,7 @@ def run(
     with Progress(emit) as progress:
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(out / "work", ignore_errors=True)  # every demo starts from an empty cluster (etcd's data)
-        cluster = SimCluster(
-            workdir=out / "work",
-            operator_monitoring=operator_monitoring,
-            real_nodes=DEMO_REAL_NODES if operator_monitoring else (),
-        )
+        cluster = SimCluster(workdir=out / "work", real_nodes=DEMO_REAL_NODES)
         try:
             result = _run(cluster, out, timeout, progress, plugin)
             before_stop(result)
@@ -227,7 +202,7 @@ def _run(cluster: SimCluster, out: Path, timeout: float, progress: Progress, plu
     progress.stage("waiting for every agent's self-test result (SIMULATION) on its node's labels")
     cluster.wait_for_agents()
     progress.stage("waiting for Prometheus to scrape every node's serving pod")
-    wait_for_serving_series(cluster)
+    cluster.wait_for_serving_series()
     progress.stage("baseline: 8 s of serving metrics at flag 0 before any flag flips")
     time.sleep(8)
     progress.stage("creating the GluonRollout (canary 1, maxParallel 2, holdout 1)")
@@ -244,7 +219,6 @@ def _run(cluster: SimCluster, out: Path, timeout: float, progress: Progress, plu
     result = summary(cluster)
     result["settled"] = cluster.settled()
     result["apiserver_version"] = version
-    result["monitoring"] = "prometheus-operator" if cluster.monitoring is not None else "static"
     draw_timeline(cluster, out / "timeline.png")
     result["timeline"] = str(out / "timeline.png")
     result["events"] = [e.get("message") for e in cluster.events()]
@@ -255,8 +229,7 @@ def _run(cluster: SimCluster, out: Path, timeout: float, progress: Progress, plu
     result["pod_flags"] = {
         p["spec"]["nodeName"]: p["metadata"].get("labels", {}).get(contract.LABEL_POD_FLAG) for p in cluster.pods()
     }
-    if cluster.monitoring is not None:
-        result["dashboard"] = dashboard_series(cluster)
+    result["dashboard"] = dashboard_series(cluster)
     if plugin:
         progress.stage("what a person types next: kubectl gluon")
         plugin_pass(cluster, result)
@@ -315,18 +288,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="out/demo")
     parser.add_argument("--timeout", type=float, default=240)
-    parser.add_argument(
-        "--static-prometheus",
-        action="store_true",
-        help="scrape static targets (the exporters add node and flag themselves) instead of the Prometheus "
-        "Operator's service discovery and the chart's monitors",
-    )
     args = parser.parse_args()
     out = Path(args.out)
     result = run(
         out,
         args.timeout,
-        operator_monitoring=not args.static_prometheus,
         before_stop=lambda result: print_summary(result, out),
     )
     return 0 if result["settled"] and result["rolled_back"] else 1

@@ -3,10 +3,10 @@ labels, values integrated from a decode speed that follows the flag each node's 
 
 Metrics (as `--enable-metrics` serves them): histogram sglang:inter_token_latency_seconds, counter
 sglang:generation_tokens_total, gauges sglang:gen_throughput, sglang:num_running_reqs,
-sglang:num_queue_reqs, sglang:token_usage; labels model_name, engine_type, tp_rank. With `relabelled`
-False it also adds node, flag, namespace and the pod's app label itself (for static scrape configs); with
-True those come from the chart's PodMonitor relabelings, as on a cluster (the harness's Prometheus runs the
-Prometheus Operator's config: monitoring.py), and each pod's series carries its own pod's flag label."""
+sglang:num_queue_reqs, sglang:token_usage; labels model_name, engine_type, tp_rank, and no others: node,
+flag, namespace and the pod's labels come from the chart's serving PodMonitor's relabelings, as on a cluster
+(the harness's Prometheus runs the Prometheus Operator's config: monitoring.py), so each pod's series
+carries its own pod's flag label."""
 
 from __future__ import annotations
 
@@ -44,19 +44,12 @@ class NodeModel:
 class FakeSglang:
     """One node's serving metrics on 127.0.0.1:port; `flag_of()` says which flag the node serves with."""
 
-    def __init__(
-        self,
-        model: NodeModel,
-        flag_of: Callable[[], str],
-        namespace: str = "serving",
-        app: str = "sglang",
-        tick: float = 0.05,
-        relabelled: bool = False,
-    ) -> None:
-        self.model, self.flag_of, self.namespace, self.app, self.tick = model, flag_of, namespace, app, tick
-        self.relabelled = relabelled
-        self.count: dict[str, float] = {}  # per flag value: tokens
-        self.seconds: dict[str, float] = {}  # per flag value: seconds spent per token, summed
+    LABELS = {"model_name": "kimi-k3", "engine_type": "unified", "tp_rank": "0"}  # SGLang's own, no others
+
+    def __init__(self, model: NodeModel, flag_of: Callable[[], str], tick: float = 0.05) -> None:
+        self.model, self.flag_of, self.tick = model, flag_of, tick
+        self.count = 0.0  # tokens generated
+        self.seconds = 0.0  # seconds spent per token, summed
         self.speed = BASE_TOKENS_PER_SECOND
         self.flag = "0"
         self._lock = threading.Lock()
@@ -65,50 +58,27 @@ class FakeSglang:
         self.registry.register(self)
         self.port = 0
 
-    def labels(self, flag: str) -> dict[str, str]:
-        own = {"model_name": "kimi-k3", "engine_type": "unified", "tp_rank": "0"}
-        if self.relabelled:
-            return own
-        return {
-            **own,
-            "node": self.model.node,
-            "flag": flag,
-            "namespace": self.namespace,
-            "app": self.app,
-        }
-
     def collect(self):
         with self._lock:
+            names, values = list(self.LABELS), list(self.LABELS.values())
             families = {
-                "itl": HistogramMetricFamily(
-                    "sglang:inter_token_latency_seconds", "Inter-token latency", labels=list(self.labels("0"))
-                ),
-                "tokens": CounterMetricFamily(
-                    "sglang:generation_tokens", "Generated tokens", labels=list(self.labels("0"))
-                ),
+                "itl": HistogramMetricFamily("sglang:inter_token_latency_seconds", "Inter-token latency", labels=names),
+                "tokens": CounterMetricFamily("sglang:generation_tokens", "Generated tokens", labels=names),
                 "throughput": GaugeMetricFamily(
-                    "sglang:gen_throughput", "Generation throughput (tokens/s)", labels=list(self.labels("0"))
+                    "sglang:gen_throughput", "Generation throughput (tokens/s)", labels=names
                 ),
-                "running": GaugeMetricFamily(
-                    "sglang:num_running_reqs", "Running requests", labels=list(self.labels("0"))
-                ),
-                "queued": GaugeMetricFamily("sglang:num_queue_reqs", "Queued requests", labels=list(self.labels("0"))),
-                "usage": GaugeMetricFamily("sglang:token_usage", "KV cache usage", labels=list(self.labels("0"))),
+                "running": GaugeMetricFamily("sglang:num_running_reqs", "Running requests", labels=names),
+                "queued": GaugeMetricFamily("sglang:num_queue_reqs", "Queued requests", labels=names),
+                "usage": GaugeMetricFamily("sglang:token_usage", "KV cache usage", labels=names),
             }
-            series: dict[tuple[str, ...], tuple[float, float]] = {}  # one per flag, or one in all when relabelled
-            for flag, count in self.count.items():
-                values = tuple(self.labels(flag).values())
-                before = series.get(values, (0.0, 0.0))
-                series[values] = (before[0] + count, before[1] + self.seconds[flag])
-            for values, (count, seconds) in series.items():
-                families["itl"].add_metric(list(values), buckets=[("+Inf", count)], sum_value=seconds)
-                families["tokens"].add_metric(list(values), count)
-            current = list(self.labels(self.flag).values())
+            # One counter across the node's pods: a restarted pod is a new series (its pod and flag labels).
+            families["itl"].add_metric(values, buckets=[("+Inf", self.count)], sum_value=self.seconds)
+            families["tokens"].add_metric(values, self.count)
             running = RUNNING_REQUESTS * self.model.traffic
-            families["throughput"].add_metric(current, self.speed * running)
-            families["running"].add_metric(current, running)
-            families["queued"].add_metric(current, 0.0)
-            families["usage"].add_metric(current, 0.6 if running else 0.0)
+            families["throughput"].add_metric(values, self.speed * running)
+            families["running"].add_metric(values, running)
+            families["queued"].add_metric(values, 0.0)
+            families["usage"].add_metric(values, 0.6 if running else 0.0)
         yield from families.values()
 
     def _run(self) -> None:
@@ -121,8 +91,8 @@ class FakeSglang:
             tokens = speed * RUNNING_REQUESTS * self.model.traffic * (now - last)
             with self._lock:
                 self.flag, self.speed = flag, speed
-                self.count[flag] = self.count.get(flag, 0.0) + tokens
-                self.seconds[flag] = self.seconds.get(flag, 0.0) + tokens / speed
+                self.count += tokens
+                self.seconds += tokens / speed
             last = now
 
     def start(self, port: int = 0, addr: str = "127.0.0.1") -> "FakeSglang":

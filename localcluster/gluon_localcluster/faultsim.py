@@ -121,6 +121,10 @@ def kill_repeatedly(
 
 
 def prometheus_outage(cluster: SimCluster, done: threading.Event, record: dict[str, Any]) -> None:
+    """The Prometheus process (on the Prometheus Operator's generated config) stopped for OUTAGE_SECONDS once a
+    node is being analysed, then started again on the same port, data and config (the harness's reloader keeps
+    running: a config change while it is down is applied once it answers)."""
+    assert cluster.prometheus is not None
     wait_for(lambda: analysing(cluster, done), timeout=120, interval=0.2, what="a node in Analyzing")
     record["down_at"] = time.time()
     cluster.prometheus.halt()
@@ -192,6 +196,7 @@ def run_rollout(
     try:
         cluster.start()
         cluster.wait_for_agents()
+        cluster.wait_for_serving_series()  # service discovery found every serving pod: each node has a baseline
         if inject_api_faults:
             api_faults(cluster, WATCH_DROP_SECONDS)
         cluster.create_rollout()

@@ -47,10 +47,12 @@ def kwok_node(
     index: int,
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
-    pod_network: bool = False,
+    pod_index: int | None = None,
 ) -> dict[str, Any]:
     """A node kwok keeps Ready (SIMULATION of its kubelet), with room for a serving pod and an agent.
-    `pod_network`: its pods get IPs of their own (pod_cidr), reachable through podnet.py."""
+    `pod_index`: its pods get IPs of their own (pod_cidr(pod_index)), reachable through podnet.py. Apart
+    from `index` (its address on the host's loopback, up to 62,500): each cluster's pod network is a
+    namespace of its own with 256 /24s (SimCluster passes index % 256)."""
     capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "amd.com/gpu": "8"}
     return {
         "apiVersion": "v1",
@@ -66,7 +68,7 @@ def kwok_node(
                 **(labels or {}),
             },
         },
-        "spec": {"podCIDR": pod_cidr(index)} if pod_network else {},
+        "spec": {"podCIDR": pod_cidr(pod_index)} if pod_index is not None else {},
         "status": {
             "allocatable": capacity,
             "capacity": capacity,

@@ -1,4 +1,5 @@
-"""A real Prometheus server (Debian package) on 127.0.0.1, for tests, benches and the demo."""
+"""A real Prometheus server process on 127.0.0.1, running a given config file (the harness's: the Prometheus
+Operator's generated config, monitoring.py), for tests, benches and the demo."""
 
 from __future__ import annotations
 
@@ -24,40 +25,24 @@ def _get(url: str, timeout: float) -> tuple[int, Any]:
 
 
 class Prometheus:
-    """A real Prometheus server (Debian package) on 127.0.0.1: scraping the given static targets every
-    second, or running `config_file` (the Prometheus Operator's generated config: monitoring.py)."""
+    """A real Prometheus server on 127.0.0.1 running `config_file`; halt() and start() make an outage."""
 
     def __init__(
         self,
-        targets: dict[str, list[Any]] | None = None,
-        scrape_interval: str = "1s",
+        config_file: Path,
         directory: Path | None = None,
-        config_file: Path | None = None,
         binary: str | None = None,
         netns: Any = None,
     ) -> None:
-        """targets: job -> ["host:port", ...] or [{"targets": [...], "labels": {...}}, ...]. `binary`: another
-        Prometheus than Debian's on PATH (monitoring.py's, built with Kubernetes service discovery). `netns`: a
-        podnet.NetNamespace to run in, its port relayed to the same port on the host's 127.0.0.1."""
+        """`binary`: another Prometheus than Debian's on PATH (monitoring.py's, built with Kubernetes service
+        discovery). `netns`: a podnet.NetNamespace to run in, its port relayed to the same port on the host's
+        127.0.0.1."""
         binary = binary or shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus is not installed: `make test` installs it (.ci/install-tools)")
-        if (targets is None) == (config_file is None):
-            raise ValueError("Prometheus takes either static targets or a config_file, not both or neither")
         self.dir = Path(directory or tempfile.mkdtemp(prefix="prom-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        if config_file is None:
-            config_file = self.dir / "prometheus.yml"
-            jobs = [
-                {
-                    "job_name": job,
-                    "scrape_interval": scrape_interval,
-                    "static_configs": [h if isinstance(h, dict) else {"targets": [h]} for h in hosts],
-                }
-                for job, hosts in (targets or {}).items()
-            ]
-            config_file.write_text(json.dumps({"global": {"scrape_interval": scrape_interval}, "scrape_configs": jobs}))
         self.argv = [
             binary,
             f"--config.file={config_file}",

@@ -7,11 +7,10 @@ the chart installed by helm, one `gluon-agent run` process per node with a token
 pod, the operator process with its own token and its TLS webhook called by the API server, the preflight
 (run from the injected init containers' own commands), Prometheus, the analysis.
 SIMULATION (named so everywhere): kwok's nodes and pod lifecycle (no kubelet), the kubelet's part for
-injected pods and the agents' readiness probes (kubelet_sim.py), with `operator_monitoring` the pods'
-network (podnet.py: each pod's port at its loopback pod IP relays to the local process standing in for its
-container; Prometheus, run by the harness on the Prometheus Operator's generated config, finds them by
-Kubernetes service discovery and labels their series through the chart's monitors: monitoring.py; without
-it, Prometheus scrapes static targets), each agent's self-test results (no AMD
+injected pods and the agents' readiness probes (kubelet_sim.py), the pods' network (podnet.py: each
+pod's port at its pod IP relays to the local process standing in for its container; Prometheus, run by the
+harness on the Prometheus Operator's generated config, finds them by Kubernetes service discovery and
+labels their series through the chart's monitors: monitoring.py), each agent's self-test results (no AMD
 GPU here), the serving image's stack (a fake aiter and a gfx950 torch on its PYTHONPATH), and SGLang's
 decode speed (fake_sglang.FakeSglang).
 """
@@ -172,20 +171,14 @@ class SimCluster:
         reconcile_seconds: float = 1.0,
         proxy: bool = False,
         seed: int = 0,
-        operator_monitoring: bool = False,
         first_index: int = 1,
         real_nodes: tuple[str, ...] = (),
     ) -> None:
-        """`operator_monitoring`: the chart's monitors through a real Prometheus Operator (monitoring.py)
-        instead of a Prometheus with static targets. `first_index`: the first node's index, hence its
-        loopback address (fleet.node_ip): a test may keep clear of the demo's fixed addresses (1..8)."""
-        self.operator_monitoring = operator_monitoring
+        """`first_index`: the first node's index, hence its loopback address (fleet.node_ip): a test may keep
+        clear of the demo's fixed addresses (1..8)."""
         unknown = sorted(set(real_nodes) - {n.name for n in fleet_nodes})
-        if unknown or (real_nodes and not operator_monitoring):
-            raise ValueError(
-                f"real_nodes {unknown or list(real_nodes)}: each must name a node of the fleet, and real nodes' "
-                "pods are scraped only through the Prometheus Operator path (operator_monitoring)"
-            )
+        if unknown:
+            raise ValueError(f"real_nodes {unknown}: each must name a node of the fleet")
         self.real_names = frozenset(real_nodes)
         self.fleet = fleet_nodes
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="gluon-sim-")).resolve()
@@ -225,18 +218,14 @@ class SimCluster:
             client.AppsV1Api(self.admin),
             client.CustomObjectsApi(self.admin),
         )
-        if self.operator_monitoring:
-            stage("setup: the Prometheus Operator v0.93.1, its CRDs and a Prometheus object")
-            self.monitoring = MonitoringStack(self.cp, MONITORING_RELEASE).start()
-            values = monitoring_values(MONITORING_RELEASE, serving_labels=dict(fleet.SERVING_LABELS))
-            if self.real_names:
-                values["agent"] = REAL_NODE_AGENT
-                self._start_real_nodes(stage)
-            stage("setup: helm install of the chart, its ServiceMonitor, PodMonitors and rules on")
-            self.installed = install(self.cp, values=values)
-        else:
-            stage("setup: helm install of the chart")
-            self.installed = install(self.cp)
+        stage("setup: the Prometheus Operator v0.93.1, its CRDs and a Prometheus object")
+        self.monitoring = MonitoringStack(self.cp, MONITORING_RELEASE).start()
+        values = monitoring_values(MONITORING_RELEASE, serving_labels=dict(fleet.SERVING_LABELS))
+        if self.real_names:
+            values["agent"] = REAL_NODE_AGENT
+            self._start_real_nodes(stage)
+        stage("setup: helm install of the chart, its ServiceMonitor, PodMonitors and rules on")
+        self.installed = install(self.cp, values=values)
         if self.want_proxy:
             self.proxy = FaultProxy(self.cp.url, str(self.cp.pki.ca.cert), seed=self.seed).start()
         self.core.create_namespace({"metadata": {"name": SERVING_NS}})
@@ -250,7 +239,7 @@ class SimCluster:
                     running.node.name,
                     running.index,
                     labels={"gluonrollout.io/demo": "true"},
-                    pod_network=self.operator_monitoring,
+                    pod_index=running.index % 256,  # in this cluster's own pod network namespace
                 )
             )
         self._spawn(self._watch_nodes, "node-watch")
@@ -272,29 +261,13 @@ class SimCluster:
             running.exporter = FakeSglang(
                 NodeModel(running.node.name, flag_effect=running.node.flag_effect, noise=0.02),
                 lambda r=running: r.flag,
-                namespace=SERVING_NS,
-                relabelled=self.operator_monitoring,
             ).start()
         stage("setup: the operator and its admission webhook")
         self.start_operator()
-        if self.monitoring is not None:
-            stage("setup: the pod network, and Prometheus on the config the Prometheus Operator generated")
-            self.netns = NetNamespace()
-            self.podnet = PodNetwork(self.admin, self.pod_routes, netns=self.netns).start()
-            self.prometheus = self.monitoring.prometheus(netns=self.netns)
-        else:
-            stage("setup: Prometheus with static scrape targets")
-            self.prometheus = Prometheus(
-                {
-                    "sglang": [f"127.0.0.1:{r.exporter.port}" for r in self.nodes.values() if r.exporter],
-                    "gluon-rollout-agent": [
-                        {"targets": [f"{r.ip}:{contract.AGENT_PORT}"], "labels": {"node": r.node.name}}
-                        for r in self.nodes.values()
-                    ],
-                    "gluon-rollout-operator": [f"127.0.0.1:{self.metrics_port}"],
-                },
-                directory=self.dir / "prometheus",
-            )
+        stage("setup: the pod network, and Prometheus on the config the Prometheus Operator generated")
+        self.netns = NetNamespace()
+        self.podnet = PodNetwork(self.admin, self.pod_routes, netns=self.netns).start()
+        self.prometheus = self.monitoring.prometheus(netns=self.netns)
         stage("setup: the serving Deployments (their pods through the webhook)")
         self._serving_workloads()
         return self
@@ -498,6 +471,22 @@ class SimCluster:
         conditions = (pod.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
+    def wait_for_serving_series(self, timeout: float = 90) -> None:
+        """Until Prometheus has the judge's series of every node: service discovery found each serving pod,
+        the chart's PodMonitor labelled it, and a scrape landed."""
+        from gluon_operator import analysis
+
+        assert self.prometheus is not None
+        query = analysis.render(analysis.DEFAULT_QUERY, SERVING_NS, fleet.SERVING_LABELS, DEMO_ANALYSIS["stepSeconds"])
+        seen: set[str] = set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = {item["metric"].get("node") for item in self.prometheus.query(query)}
+            if seen >= set(self.nodes):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"Prometheus has no serving series for {sorted(set(self.nodes) - seen)} after {timeout} s")
+
     def create_rollout(self, name: str = "kimi-k3", analysis: dict | None = None, strategy: dict | None = None) -> None:
         assert self.prometheus is not None
         body = fleet.rollout(
@@ -592,8 +581,6 @@ class SimCluster:
             self.podnet.stop()
         if self.monitoring is not None:
             self.monitoring.stop()  # Prometheus with it
-        elif self.prometheus is not None:
-            self.prometheus.stop()
         if self.netns is not None:
             self.netns.stop()
         for running in self.nodes.values():

@@ -17,6 +17,6 @@ if os.environ.get("SIM_METRICS_PORT"):
 
     serving = "1" if (flag or "").strip().lower() in ("1", "true", "yes", "y") else "0"  # SGLang's EnvBool
     model = NodeModel(os.environ["SIM_NODE"], flag_effect=float(os.environ.get("SIM_FLAG_EFFECT", "1")), noise=0.02)
-    FakeSglang(model, lambda: serving, relabelled=True).start(int(os.environ["SIM_METRICS_PORT"]), "0.0.0.0")
+    FakeSglang(model, lambda: serving).start(int(os.environ["SIM_METRICS_PORT"]), "0.0.0.0")
 while True:
     time.sleep(3600)
