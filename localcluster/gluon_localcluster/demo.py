@@ -176,14 +176,16 @@ def run(
     emit: Callable[[str], None] = print,
     plugin: bool = True,
     before_stop: Callable[[dict], None] = lambda _: None,
+    real_nodes: tuple[str, ...] = DEMO_REAL_NODES,
 ) -> dict:
     """The whole demo; every line goes through `emit` with its elapsed seconds (progress.py), at least one
     every few seconds. `plugin`: end with `kubectl gluon status` and `explain` (printed to stdout).
+    `real_nodes`: the fleet's nodes that run as real nodes (the others are kwok's).
     `before_stop`: given the result before the cluster stops (stopping takes about 15 s), e.g. to print it."""
     with Progress(emit) as progress:
         out.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(out / "work", ignore_errors=True)  # every demo starts from an empty cluster (etcd's data)
-        cluster = SimCluster(workdir=out / "work", real_nodes=DEMO_REAL_NODES)
+        cluster = SimCluster(workdir=out / "work", real_nodes=real_nodes)
         try:
             result = _run(cluster, out, timeout, progress, plugin)
             before_stop(result)
@@ -218,6 +220,7 @@ def _run(cluster: SimCluster, out: Path, timeout: float, progress: Progress, plu
     progress.stage("settled: writing the summary and the timeline")
     result = summary(cluster)
     result["settled"] = cluster.settled()
+    result["real_nodes"] = sorted(name for name, running in cluster.nodes.items() if running.real is not None)
     result["apiserver_version"] = version
     draw_timeline(cluster, out / "timeline.png")
     result["timeline"] = str(out / "timeline.png")
@@ -268,6 +271,9 @@ def plugin_pass(cluster: SimCluster, result: dict) -> None:
 
 def print_summary(result: dict, out: Path) -> None:
     print("\nSUMMARY", flush=True)
+    if result.get("real_nodes"):
+        real = ", ".join(result["real_nodes"])
+        print(f"  real nodes:  {real} (a kubelet, containerd and runc each); the others are kwok's SIMULATION")
     promoted = ", ".join(f"{p['node']} ({gating.effect_text(p)})" for p in result["promoted"])
     print(f"  promoted:    {promoted}")
     print(f"  holdout:     {', '.join(result['holdout'])} (kept at flag 0 as the control group)")

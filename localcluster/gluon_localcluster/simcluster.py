@@ -310,7 +310,7 @@ class SimCluster:
                     images=images,
                     labels={"gluonrollout.io/demo": "true", **fleet.GPU_NODE_LABEL},
                     gpus=8,
-                    pod_network=fleet.pod_cidr(running.index),
+                    pod_network=fleet.pod_cidr(running.index % 256),  # the range kwok would give it
                 )
         for running in self.nodes.values():  # from this thread: each node's daemons die with their parent thread
             if running.real is not None:
