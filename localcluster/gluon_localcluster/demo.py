@@ -49,6 +49,12 @@ STATE_MARK = {
 }
 
 
+# The canary may flip at once: its own baseline needs minSamples (5) judged steps of 2 s before that, and the
+# real nodes' serving pods, created last, have their first rate point only a few seconds after their series
+# appears (with 8 s, a real canary once had 0 samples before its flip).
+BASELINE_SECONDS = 14
+
+
 def table(cluster: SimCluster) -> str:
     status = cluster.status()
     lines = [
@@ -205,8 +211,8 @@ def _run(cluster: SimCluster, out: Path, timeout: float, progress: Progress, plu
     cluster.wait_for_agents()
     progress.stage("waiting for Prometheus to scrape every node's serving pod")
     cluster.wait_for_serving_series()
-    progress.stage("baseline: 8 s of serving metrics at flag 0 before any flag flips")
-    time.sleep(8)
+    progress.stage(f"baseline: {BASELINE_SECONDS} s of serving metrics at flag 0 before any flag flips")
+    time.sleep(BASELINE_SECONDS)
     progress.stage("creating the GluonRollout (canary 1, maxParallel 2, holdout 1)")
     cluster.create_rollout()
     deadline, last = time.time() + timeout, 0.0

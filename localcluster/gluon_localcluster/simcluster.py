@@ -268,9 +268,19 @@ class SimCluster:
         self.netns = NetNamespace()
         self.podnet = PodNetwork(self.admin, self.pod_routes, netns=self.netns).start()
         self.prometheus = self.monitoring.prometheus(netns=self.netns)
+        if self.real_names:  # as on kwok's nodes, whose agents run first: each preflight finds its agent
+            stage("setup: waiting for the real nodes' agent pods to be Ready (the kubelet's readiness probe)")
+            self._wait_until(lambda: all(self._agent_pod_ready(n) for n in self.real_names), 180, "agent pods Ready")
         stage("setup: the serving Deployments (their pods through the webhook)")
         self._serving_workloads()
         return self
+
+    def _wait_until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} after {timeout} s")
+            time.sleep(0.5)
 
     def pod_routes(self, pod: dict[str, Any]) -> dict[int, tuple[str, int]]:
         """Where a pod's named ports lead (podnet.py): an agent's to its process on the node's address, the
