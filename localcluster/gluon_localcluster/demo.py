@@ -49,10 +49,8 @@ STATE_MARK = {
 }
 
 
-# The canary may flip at once: its own baseline needs minSamples (5) judged steps of 2 s before that, and the
-# real nodes' serving pods, created last, have their first rate point only a few seconds after their series
-# appears (with 8 s, a real canary once had 0 samples before its flip).
-BASELINE_SECONDS = 14
+# Serving history at flag 0 before the rollout begins: the first nodes enabled judge their baseline on it.
+BASELINE_SECONDS = 8
 
 
 def table(cluster: SimCluster) -> str:
