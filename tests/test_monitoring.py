@@ -156,3 +156,12 @@ def test_dashboard_queries_replace_the_variables_of_every_panel():
     assert all("$" not in q for _, q in queries) and any('namespace=~"serving"' in q for _, q in queries)
     with pytest.raises(ValueError, match=r"panel 'p': a variable is not replaced"):
         dashboard_queries({"panels": [{"title": "p", "targets": [{"expr": 'up{x=~"$other"}'}]}]}, {"namespace": "s"})
+
+
+def test_a_route_into_a_real_nodes_namespace_is_the_same_route_when_named_again():
+    """The pod network compares each sync's routes with its forwarders' (podnet.PodNetwork.sync): a real node's
+    pod is routed through NetNamespace.at(its path) anew every sync, and must not be torn down and rebuilt."""
+    first = ("10.244.1.5", 30000, NetNamespace.at("/run/netns/gluon-1-42"))
+    again = ("10.244.1.5", 30000, NetNamespace.at("/run/netns/gluon-1-42"))
+    assert first == again and hash(first) == hash(again)
+    assert first != ("10.244.1.5", 30000, NetNamespace.at("/run/netns/gluon-2-42"))

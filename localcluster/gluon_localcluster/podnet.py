@@ -61,6 +61,14 @@ class NetNamespace:
         existing.holder, existing.path = None, path
         return existing
 
+    def __eq__(self, other: object) -> bool:
+        """The same namespace when the same path names it: a route that names it again (NetNamespace.at on
+        every sync) is the same route, and its forwarder stays."""
+        return isinstance(other, NetNamespace) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
     def wrap(self, argv: list[str]) -> list[str]:
         """A command run inside the namespace."""
         return ["nsenter", f"--net={self.path}", *argv]
