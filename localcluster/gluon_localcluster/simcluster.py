@@ -30,19 +30,22 @@ from typing import Any, Callable
 
 from gluon_common import contract
 from gluon_operator.spec import GROUP, PLURAL, VERSION
+from gluon_operator.world import preflight_verdict
 
-from . import fleet, processes
+from . import fleet, images, processes
 from .controlplane import ControlPlane, free_port
 from .fake_sglang import FakeSglang, NodeModel
 from .fakes.simulated import simulated_node
 from .faultproxy import FaultProxy
-from .install import Installed, install
+from .images import AGENT_SIMULATION_ARGS, AGENT_SIMULATION_IMAGE
+from .install import Installed, image_values, install
 from .kubelet_sim import Image, InitOutcome, KubeletSim
 from .monitoring import MonitoringStack, monitoring_values
 from .podnet import NetNamespace, PodNetwork
 from .prometheus import Prometheus
 from .realnode import REAL_NODE_TAINT, RealNode
 from .stages import PREFLIGHT_CONTAINER
+from .waiting import wait_for
 
 SERVING_NS = "serving"
 SERVING_IMAGE = "lmsysorg/sglang:rocm-demo"
@@ -88,16 +91,12 @@ DEMO_ANALYSIS = {
 DEMO_STRATEGY = {"canaryNodes": 1, "maxParallel": 2, "holdoutNodes": 1, "restart": "Evict", "restartDelaySeconds": 1}
 
 
-REAL_AGENT_IMAGE = "localhost/gluon-rollout-agent:local"  # images.AGENT_IMAGE: imported into real nodes
 REAL_NODE_TOLERATION = {"key": REAL_NODE_TAINT, "operator": "Exists", "effect": "NoSchedule"}
 # The chart's agent on real nodes: the SIMULATION agent image (the agent's own probe of the node's device files,
 # a simulated self-test outcome), imported there, never pulled. kwok's nodes run local agent processes instead.
 REAL_NODE_AGENT = {
-    "image": {"repository": "localhost/gluon-rollout-agent-simulation", "tag": "local", "pullPolicy": "Never"},
-    "extraArgs": [
-        "--source=gluon_localcluster.fakes.simulated:SimulatedSource",
-        "--source-arg=/opt/simulation/agent/node.json",
-    ],
+    "image": {**image_values(AGENT_SIMULATION_IMAGE), "pullPolicy": "Never"},
+    "extraArgs": list(AGENT_SIMULATION_ARGS),
     "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, REAL_NODE_TOLERATION],
 }
 SERVING_METRICS_PORT = 30000  # fleet.serving_deployment's `metrics` port
@@ -106,9 +105,7 @@ SERVING_METRICS_PORT = 30000  # fleet.serving_deployment's `metrics` port
 def real_serving_deployment(name: str, node: SimNode) -> dict[str, Any]:
     """A serving Deployment pinned to a real node: the SIMULATION serving image, whose serve.py prints the
     flag its process sees and serves SGLang's metrics with this node's decode-speed model."""
-    from .images import SERVING_IMAGE as IMAGE
-
-    deployment = fleet.serving_deployment(name, node=node.name, image=IMAGE)
+    deployment = fleet.serving_deployment(name, node=node.name, image=images.SERVING_IMAGE)
     spec = deployment["spec"]["template"]["spec"]
     spec["tolerations"].append(REAL_NODE_TOLERATION)
     container = spec["containers"][0]
@@ -126,15 +123,14 @@ def real_preflight(pod: dict[str, Any], real_nodes: frozenset[str]) -> InitOutco
     meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
     if spec.get("nodeName") not in real_nodes or status.get("phase") != "Running" or meta.get("deletionTimestamp"):
         return None
-    for init in status.get("initContainerStatuses") or []:
-        terminated = (init.get("state") or {}).get("terminated") or {}
-        if init["name"] == PREFLIGHT_CONTAINER and terminated.get("message"):
-            try:
-                flag = str(json.loads(terminated["message"]).get("flag", "0"))
-            except ValueError:
-                flag = "0"
-            return InitOutcome(meta["name"], meta["namespace"], spec["nodeName"], flag, terminated["message"], 0.0)
-    return None
+    verdict, problem = preflight_verdict(status)  # the operator's own reading of it
+    if verdict is None and problem is None:
+        return None  # no verdict yet
+    message = next(
+        c["state"]["terminated"]["message"] for c in status["initContainerStatuses"] if c["name"] == PREFLIGHT_CONTAINER
+    )
+    flag = (verdict.flag if verdict is not None else None) or "0"  # unreadable: the safe flag
+    return InitOutcome(meta["name"], meta["namespace"], spec["nodeName"], flag, message, 0.0)
 
 
 def fake_stacks() -> tuple[Path, dict[str, str]]:
@@ -270,17 +266,16 @@ class SimCluster:
         self.prometheus = self.monitoring.prometheus(netns=self.netns)
         if self.real_names:  # as on kwok's nodes, whose agents run first: each preflight finds its agent
             stage("setup: waiting for the real nodes' agent pods to be Ready (the kubelet's readiness probe)")
-            self._wait_until(lambda: all(self._agent_pod_ready(n) for n in self.real_names), 180, "agent pods Ready")
+            wait_for(
+                lambda: all(self._agent_pod_ready(n) for n in self.real_names),
+                timeout=180,
+                interval=0.5,
+                what="the real nodes' agent pods Ready",
+                error=TimeoutError,
+            )
         stage("setup: the serving Deployments (their pods through the webhook)")
         self._serving_workloads()
         return self
-
-    def _wait_until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no {what} after {timeout} s")
-            time.sleep(0.5)
 
     def pod_routes(self, pod: dict[str, Any]) -> dict[int, tuple[str, int]]:
         """Where a pod's named ports lead (podnet.py): an agent's to its process on the node's address, the
@@ -307,23 +302,19 @@ class SimCluster:
     def _start_real_nodes(self, stage: Callable[[str], None]) -> None:
         """The fleet's real nodes: each a kubelet and containerd in a network namespace of its
         own, with 8 GPUs' device files (SIMULATION), the serving and agent images imported."""
-        from .images import agent_image, agent_simulation_image, serving_image
-
         names = ", ".join(sorted(self.real_names))
         stage(f"setup: REAL nodes {names}: the kubelet, containerd and runc, images imported (about a minute)")
-        images = [serving_image(), agent_image(), agent_simulation_image()]
-        for running in self.nodes.values():
+        built = [images.serving_image(), images.agent_image(), images.agent_simulation_image()]
+        for running in self.nodes.values():  # from this thread: each node's daemons die with their parent thread
             if running.node.name in self.real_names:
                 running.real = RealNode(
                     self.cp,
                     running.node.name,
-                    images=images,
+                    images=built,
                     labels={"gluonrollout.io/demo": "true", **fleet.GPU_NODE_LABEL},
                     gpus=8,
                     pod_network=fleet.pod_cidr(running.index % 256),  # the range kwok would give it
                 )
-        for running in self.nodes.values():  # from this thread: each node's daemons die with their parent thread
-            if running.real is not None:
                 running.real.start()
 
     def _watch_real_preflights(self) -> None:
@@ -355,7 +346,7 @@ class SimCluster:
         venv_bin = str(Path(sys.executable).parent)
         return {
             processes.AGENT_IMAGE: Image(path=(venv_bin,)),
-            REAL_AGENT_IMAGE: Image(path=(venv_bin,)),  # the webhook's, once real nodes need it pullable
+            images.AGENT_IMAGE: Image(path=(venv_bin,)),  # the webhook's, once real nodes need it pullable
             # SIMULATION: the serving image's python3 with a fake aiter and a gfx950 torch on its PYTHONPATH
             # (its own ENV), and the real Triton of our environment (Gluon with cga_layout).
             SERVING_IMAGE: Image(
@@ -397,7 +388,7 @@ class SimCluster:
             self.reconcile_seconds,
             server=self._server(),
             metrics_port=self.metrics_port,
-            agent_image=REAL_AGENT_IMAGE if self.real_names else None,
+            agent_image=images.AGENT_IMAGE if self.real_names else None,
         )
 
     def kill_operator(self) -> None:
