@@ -9,6 +9,9 @@ import json
 import uuid
 from typing import Any
 
+from gluon_agent import delivery
+from gluon_common import contract
+from gluon_common.delivery import DeliveryReport, ObservedContainer
 from gluon_localcluster import fleet
 from gluon_operator.webhook import PREFLIGHT_CONTAINER
 
@@ -61,10 +64,82 @@ def serving_pod(
             "name": f"sglang-{node}-{index}-{uuid.uuid4().hex[:5]}",
             "namespace": SERVING_NS,
             "labels": dict(SERVING_LABELS),
+            "uid": str(uuid.uuid4()),
         },
-        "spec": {"nodeName": node, "containers": [{"name": "sglang", "image": "lmsysorg/sglang:rocm"}]},
+        "spec": {"nodeName": node, "containers": [serving_container()]},
         "status": status,
     }
+
+
+def serving_container(mode: str = "fileKeyRef") -> dict[str, Any]:
+    """The serving container as the webhook wires it (webhook.wire_container: fileKeyRef, or shell)."""
+    from gluon_operator import webhook
+
+    container: dict[str, Any] = {
+        "name": "sglang",
+        "image": "lmsysorg/sglang:rocm",
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "env": [],
+        "volumeMounts": [],
+    }
+    webhook.wire_container(container, mode)
+    return container
+
+
+def preflight_flag(pod: dict[str, Any]) -> str | None:
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        message = ((status.get("state") or {}).get("terminated") or {}).get("message")
+        if status.get("name") == PREFLIGHT_CONTAINER and message:
+            return json.loads(message).get("flag")
+    return None
+
+
+def observed(node: str, pods: list[dict[str, Any]], runs: dict[str, str] | None = None, available: bool = True) -> str:
+    """The delivery annotation an agent publishes on `node` when each injected pod's serving process there
+    runs the flag its preflight chose (SIMULATION of what gluon_agent.observe reads off /proc), or, for the
+    pods named in `runs`, the raw value given there."""
+    if not available:
+        return delivery.annotation(DeliveryReport(available=False, problem="simulated: no observer"))
+    containers = []
+    for pod in pods:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        flag = preflight_flag(pod)
+        if spec.get("nodeName") != node or flag is None or not meta.get("uid"):
+            continue
+        for container in spec.get("containers") or []:
+            if not any(e.get("name") == contract.ENV_FLAG_CONTAINER for e in container.get("env") or []):
+                continue
+            raw = (runs or {}).get(meta["name"], flag)
+            seen = ObservedContainer(
+                pod_uid=meta["uid"],
+                container=container["name"],
+                container_id=meta["uid"].replace("-", "")[:12],
+                intended=flag,
+                delivered=raw,
+                runs=[sglang_runs(raw)],
+                values=[raw],
+                processes=1,
+                since=0.0,
+            )
+            containers.append(seen)
+    return delivery.annotation(DeliveryReport(available=True, containers=containers))
+
+
+def sglang_runs(raw: str) -> str:
+    from gluon_common.sglang_env import flag_runs
+
+    return flag_runs(None if raw == "<unset>" else raw)
+
+
+def with_observations(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The nodes, each with the delivery annotation its agent would publish for these pods (observed())."""
+    out = []
+    for node in nodes:
+        node = copy.deepcopy(node)
+        annotations = node["metadata"].setdefault("annotations", {})
+        annotations.setdefault(contract.ANNOTATION_DELIVERY, observed(node["metadata"]["name"], pods))
+        out.append(node)
+    return out
 
 
 def rollout(name: str = "kimi", **spec: Any) -> dict[str, Any]:

@@ -76,6 +76,9 @@ EXPECTED_RBAC = {
     "t-gluon-rollout-agent": [("", "nodes", "get list watch patch")],
     "t-gluon-rollout-cleanup": [("", "nodes", "list patch"), ("gluonrollout.io", "gluonrollouts", "list patch")],
 }
+# Namespaced: apiserver.check's dry-run PodTemplate (whether the API server accepts fileKeyRef), in the release's
+# namespace alone.
+EXPECTED_ROLES = {"t-gluon-rollout-operator-filekeyref-check": [("", "podtemplates", "create")]}
 
 
 def helm(*args: str) -> subprocess.CompletedProcess:
@@ -129,9 +132,20 @@ def test_rbac_is_exactly_the_listed_rules():
         for r in by_kind(docs, "ClusterRole")
     }
     assert roles == EXPECTED_RBAC
-    assert not by_kind(docs, "Role") and all(
-        b["roleRef"]["kind"] == "ClusterRole" for b in by_kind(docs, "ClusterRoleBinding")
-    )
+    namespaced = {
+        r["metadata"]["name"]: [
+            (g, res, " ".join(rule["verbs"]))
+            for rule in r["rules"]
+            for g in rule["apiGroups"]
+            for res in rule["resources"]
+        ]
+        for r in by_kind(docs, "Role")
+    }
+    assert namespaced == EXPECTED_ROLES and all(r["metadata"]["namespace"] == NAMESPACE for r in by_kind(docs, "Role"))
+    assert all(b["roleRef"]["kind"] == "ClusterRole" for b in by_kind(docs, "ClusterRoleBinding"))
+    assert [(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in by_kind(docs, "RoleBinding")] == [
+        ("Role", "t-gluon-rollout-operator-filekeyref-check")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -172,20 +186,51 @@ def test_agent_gpu_access_modes(mode):
     assert {e["name"] for e in container["env"]} >= {"NODE_NAME", "HOST_IP"}
     assert container["ports"][0]["hostPort"] == contract.AGENT_PORT  # the preflight calls HOST_IP:9477
     host_paths = {v["name"]: (v["hostPath"]["path"], v["hostPath"]["type"]) for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths.pop("host-proc") == ("/proc", "Directory")  # the observer's alone (test_the_observer_...)
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    ours = {"/tmp", "/run/gluon-observer", "/var/run/secrets/kubernetes.io/serviceaccount"}
     if mode == "resource":
         assert container["securityContext"] == LEAST
         assert container["resources"]["limits"]["amd.com/gpu"] == 8
-        assert host_paths == {} and mounts == {"/tmp"}
+        assert host_paths == {} and mounts == ours
     else:
         # the GPUs alone, never /dev or /sys
         assert host_paths == {"kfd": ("/dev/kfd", "CharDevice"), "dri": ("/dev/dri", "Directory")}
-        assert mounts == {"/tmp", "/dev/kfd", "/dev/dri"}
+        assert mounts == ours | {"/dev/kfd", "/dev/dri"}
         assert "amd.com/gpu" not in container["resources"]["limits"]
         if mode == "unprivileged":  # the knowing opt-in
             assert container["securityContext"] == LEAST
         else:  # the default: what containerd and CRI-O need before a container may open the hostPath /dev/kfd
             assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True}
+
+
+@pytest.mark.parametrize("mode", GPU_MODES)
+def test_the_observer_is_the_only_root_and_has_only_sys_ptrace_and_the_host_proc_read_only(mode):
+    """Reading another user's /proc/PID/environ needs CAP_SYS_PTRACE: one small container of the agent's pod has
+    it, as root, and nothing else (no token, no port, no other capability); the agent keeps UID 65532."""
+    pod = agent_pod_spec(GPU_MODES[mode])
+    agent, observer = pod["containers"]
+    assert observer["name"] == "observer" and observer["args"][0] == "observe"
+    assert observer["securityContext"] == {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
+    }
+    assert {m["name"]: m.get("readOnly", False) for m in observer["volumeMounts"]} == {
+        "host-proc": True,
+        "observed": False,
+    }
+    assert "ports" not in observer and "env" not in observer
+    # no API token for the observer: the pod automounts none, the agent container mounts its own projected one
+    assert pod["automountServiceAccountToken"] is False
+    token = next(v for v in pod["volumes"] if v["name"] == "api-token")["projected"]["sources"]
+    assert token[0] == {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}
+    assert "--delivery-file=/run/gluon-observer/delivery.json" in agent["args"]
+    assert {m["name"]: m.get("readOnly", False) for m in agent["volumeMounts"]}["observed"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532 and "hostPID" not in pod
 
 
 def test_agent_is_privileged_by_default_in_host_devices_mode_only():
@@ -213,7 +258,7 @@ def test_the_agent_port_reaches_the_agent_and_the_preflight(port):
 def test_the_agents_extra_args_follow_the_charts_own():
     args = agent_pod_spec(["--set", "agent.extraArgs={--tick=0.5,--source-arg=/a b}"])["containers"][0]["args"]
     assert args[0] == "run" and args[-2:] == ["--tick=0.5", "--source-arg=/a b"]
-    assert agent_pod_spec([])["containers"][0]["args"][-1].startswith("--log-level=")
+    assert agent_pod_spec([])["containers"][0]["args"][-1].startswith("--observe-interval=")
 
 
 def test_the_cleanup_job_lands_where_the_operator_may():

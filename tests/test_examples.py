@@ -61,7 +61,8 @@ def test_the_deployment_is_what_the_rollout_expects():
 @pytest.mark.parametrize("mode", ["fileKeyRef", "shell"])
 def test_the_webhook_injects_into_its_template(mode):
     template = load(DEPLOYMENT)["spec"]["template"]
-    spec = webhook.mutated_spec({"spec": template["spec"]}, webhook.Injection("agent:test", mode))
+    spec, warnings = webhook.mutated_spec({"spec": template["spec"]}, webhook.Injection("agent:test", mode), mode)
+    assert warnings == []
     serving = spec["containers"][0]
     flags = [e for e in serving["env"] if e["name"] == contract.FLAG_ENV]
     assert len(flags) == 1  # the template's "0" is replaced, not duplicated

@@ -209,12 +209,14 @@ def test_enable_and_labels():
 def test_summarize_pods():
     pods_ = [
         PodFacts("a", 10, None, None, True, False),
-        PodFacts("b", 30, "1", "ok", True, False),
-        PodFacts("c", 31, "0", "not capable", True, False),
+        PodFacts("b", 30, "1", "ok", True, False, delivered="1"),
+        PodFacts("c", 31, "0", "not capable", True, False, delivered="0"),
         PodFacts("d", 5, None, None, True, True),
+        PodFacts("e", 32, "1", "ok", True, False),  # its preflight chose 1; not yet seen in its processes
     ]
     s = gating.summarize_pods(pods_, 20)
-    assert s.old == ["a"] and s.new_flags == {"b": "1", "c": "0"} and s.refused == ["c: not capable"]
+    # new_flags: what their processes were seen to run, never what the preflight chose
+    assert s.old == ["a"] and s.new_flags == {"b": "1", "c": "0", "e": None} and s.refused == ["c: not capable"]
     assert gating.summarize_pods(pods_, None).old == []
     # creationTimestamp is whole seconds: a pod stamped 20 may predate a change at 20.4, so it is old
     same_second = [PodFacts("x", 20, None, None, True, False), PodFacts("y", 21, "1", "ok", True, False)]
@@ -337,6 +339,9 @@ def test_a_node_whose_pods_are_evicted_and_not_yet_replaced_is_not_analyzing():
     ).status  # evicted, not yet replaced
     assert gone.state == ENABLING and "replacements of 2 restarted" in gone.reason
     back = [gating.PodFacts("p9", NOW + 4, "1", None, True, False)]
+    unseen = gating.advance(gone, el, gating.summarize_pods(back, NOW), None, NOW + 5, True).status
+    assert unseen.state == ENABLING and "waiting for the agent to see flag 1 in the processes of p9" in unseen.reason
+    back = [replace(back[0], delivered="1")]
     analyzing = gating.advance(gone, el, gating.summarize_pods(back, NOW), None, NOW + 5, True).status
     assert analyzing.state == ANALYZING and gating.RESTARTED_PODS not in analyzing.numbers
     # a node without serving pods has nothing to wait for
@@ -363,7 +368,7 @@ def test_stray_pods_are_restarted_not_waited_for_nor_a_refusal(pod):
     el = gating.Eligibility(True, "ok", "fp")
     step = gating.advance(NodeStatus(ENABLING, since=1.0, changed_at=NOW), el, summary, None, NOW + 3, True)
     assert step.status.state == ENABLING and "stale agent view" in step.status.reason
-    injected = gating.summarize_pods([gating.PodFacts("p2", NOW + 9, "1", None, True, False)], NOW)
+    injected = gating.summarize_pods([gating.PodFacts("p2", NOW + 9, "1", None, True, False, delivered="1")], NOW)
     assert gating.advance(step.status, el, injected, None, NOW + 10, True).status.state == ANALYZING
     # a '0' from the serving image's own stack is a refusal: rolled back, sticky
     refused = gating.summarize_pods([gating.PodFacts("p3", NOW + 9, "0", "not capable", True, False)], NOW)
@@ -373,7 +378,7 @@ def test_stray_pods_are_restarted_not_waited_for_nor_a_refusal(pod):
 
     # not ready yet: not restarted yet either, but never taken for a node whose pods run flag 1
     starting = gating.summarize_pods(
-        [replace(pod, ready=False), gating.PodFacts("p4", NOW + 9, "1", None, True, False)], NOW
+        [replace(pod, ready=False), gating.PodFacts("p4", NOW + 9, "1", None, True, False, delivered="1")], NOW
     )
     assert starting.retry == [] and starting.starting == ["p1"] and starting.new_flags == {"p4": "1"}
     waiting = gating.advance(step.status, el, starting, None, NOW + 10, True).status
@@ -430,3 +435,22 @@ def test_a_rollback_records_non_finite_time_is_never_copied():
     assert step.status.state == ROLLED_BACK and step.status.changed_at == NOW
     _, why = gating.parse_rollback({contract.ANNOTATION_ROLLBACK: '{"fingerprint": "fp", "at": NaN, "reason": "x"}'})
     assert why == "the rollback record annotation is unreadable: it holds NaN, which is not a finite number"
+
+
+@pytest.mark.parametrize("state", [ENABLING, ANALYZING, PROMOTED])
+@pytest.mark.parametrize("chosen,runs", [("1", "0"), ("0", "1")])
+def test_a_flag_on_node_whose_processes_run_another_flag_is_rolled_back_and_says_so(state, chosen, runs):
+    """What runs, not what was meant: a serving process seen running another flag than its preflight chose
+    (an empty value from a kubelet that ignores fileKeyRef, a command that sets its own) rolls its flag-on
+    node back, sticky for its fingerprint, with the pod and what was seen in the record."""
+    el = gating.Eligibility(True, "ok", "fp")
+    seen = f"container sglang runs {runs} where its preflight chose {chosen}"
+    pod = gating.PodFacts("p1", NOW + 1, chosen, None, True, False, delivered=runs, mismatch=seen)
+    prev = NodeStatus(state, since=1.0, changed_at=NOW, fingerprint="fp")
+    step = gating.advance(prev, el, gating.summarize_pods([pod], NOW), None, NOW + 5, True)
+    assert step.action == "rollback" and step.status.state == ROLLED_BACK
+    assert step.status.reason == f"flag delivery mismatch: p1: {seen}"
+    assert step.status.numbers[gating.MISMATCH] == [f"p1: {seen}"]
+    # the same pod on a node that is not on is the eligibility's matter (plan.delivery_eligibility), not a rollback
+    off = gating.advance(NodeStatus(ELIGIBLE, since=1.0), el, gating.summarize_pods([pod], NOW), None, NOW + 5, True)
+    assert off.action is None and off.status.state == ELIGIBLE

@@ -32,7 +32,16 @@ from gluon_operator.gating import (
 from gluon_operator.kubectl_plugin import controls as plugin_controls
 from gluon_operator.kubectl_plugin import views as plugin_views
 from gluon_operator.spec import parse_spec, resolve
-from tests.objects import SERVING_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
+from tests.objects import (
+    SERVING_LABELS,
+    SERVING_NS,
+    agent_pod,
+    gpu_node,
+    rollout,
+    serving_container,
+    serving_pod,
+    with_observations,
+)
 
 T0 = 1_796_000_000.0
 SELECTOR = {"matchLabels": dict(SERVING_LABELS)}
@@ -75,17 +84,19 @@ class Fleet:
                 "creationTimestamp": planner.iso(created),
                 "ownerReferences": [{"kind": "ReplicaSet", "name": "sglang", "controller": True}],
             },
-            "spec": {"nodeName": node},
+            "spec": {"nodeName": node, "containers": [serving_container()]},
             "status": status,
         }
+        self.pods[name]["metadata"]["uid"] = f"uid-{name}"
 
     def label(self, node: str, key: str, value: str | None) -> None:
         labels = self.nodes[node]["metadata"]["labels"]
         labels.pop(key, None) if value is None else labels.__setitem__(key, value)
 
     def world(self) -> world_types.World:
+        """What the caches see, each node's agent having observed its pods run the flag their preflight chose."""
         return world.world_from_objects(
-            list(self.nodes.values()),
+            with_observations(list(self.nodes.values()), list(self.pods.values())),
             self.agents + list(self.pods.values()),
             [planner.claim_of(planner.rollout_view(self.rollout))],
         )
@@ -236,9 +247,8 @@ def test_a_state_change_costs_one_node_write_and_reasons_alone_none():
 
 def test_preview_is_json_and_matches_the_plan():
     fleet = Fleet(3)
-    out = plugin_views.preview(
-        fleet.rollout, list(fleet.nodes.values()), fleet.agents + list(fleet.pods.values()), fleet.now
-    )
+    nodes = with_observations(list(fleet.nodes.values()), list(fleet.pods.values()))
+    out = plugin_views.preview(fleet.rollout, nodes, fleet.agents + list(fleet.pods.values()), fleet.now)
     assert json.loads(json.dumps(out)) == out
     assert [w["node"] for w in out["nodeWrites"] if w["labels"][contract.LABEL_ENABLED] == "true"] == ["n0"]
     assert out["status"]["nodes"]["n0"]["state"] == ENABLING and out["status"]["counts"][ELIGIBLE] == 2

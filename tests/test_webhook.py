@@ -17,7 +17,20 @@ from tests.objects import REVIEW
 
 CONFIG = webhook.Injection(agent_image="registry.example/gluon-agent:1.0")
 SERVING_NS = "serving"
-ROLLOUTS_HERE = {SERVING_NS: [{"name": "kimi", "podSelector": {"matchLabels": {"app": "sglang"}}}]}
+# A rollout whose pods the operator resolved to fileKeyRef (status.delivery.mode), on an API server that accepts it.
+ROLLOUTS_HERE = {
+    SERVING_NS: [{"name": "kimi", "podSelector": {"matchLabels": {"app": "sglang"}}, "delivery": webhook.FILEKEYREF}]
+}
+FILE_KEY_REF = {
+    "valueFrom": {
+        "fileKeyRef": {"volumeName": webhook.VOLUME, "path": "flag.env", "key": contract.FLAG_ENV, "optional": False}
+    }
+}
+
+
+def mutate(pod: dict, config: webhook.Injection = CONFIG, mode: str = webhook.FILEKEYREF) -> dict | None:
+    changes, _ = webhook.mutation(pod, "kimi", config, mode)
+    return changes
 
 
 def sglang_pod(labels=None, env=None, command=None) -> dict:
@@ -55,7 +68,7 @@ def apply(pod: dict, changes: dict | None) -> dict:
 
 def test_mutation_injects_and_is_idempotent():
     pod = sglang_pod(env=[{"name": contract.FLAG_ENV, "value": "1"}, {"name": "HF_HOME", "value": "/m"}])
-    mutated = apply(pod, webhook.mutation(pod, "kimi", CONFIG))
+    mutated = apply(pod, mutate(pod))
     spec = mutated["spec"]
     assert [v["name"] for v in spec["volumes"]] == ["models", webhook.VOLUME]
     install, preflight = spec["initContainers"]
@@ -66,28 +79,31 @@ def test_mutation_injects_and_is_idempotent():
         "/gluon",
     ]
     assert preflight["image"] == "lmsysorg/sglang:v0.5-rocm"  # the serving container's own image
-    assert preflight["command"] == ["/bin/sh", "-c", webhook.preflight_script(CONFIG.deadline_s)]
-    # the serving container's env reaches the preflight (less the flag); ours comes last
-    assert [e["name"] for e in preflight["env"]] == ["HF_HOME", "HOST_IP", "NODE_NAME"]
-    serving, sidecar = spec["containers"]
-    flags = [e for e in serving["env"] if e["name"] == contract.FLAG_ENV]
-    assert flags == [
-        {
-            "name": contract.FLAG_ENV,
-            "valueFrom": {
-                "fileKeyRef": {
-                    "volumeName": webhook.VOLUME,
-                    "path": "flag.env",
-                    "key": contract.FLAG_ENV,
-                    "optional": False,
-                }
-            },
-        }
+    assert preflight["command"] == [
+        "/bin/sh",
+        "-c",
+        webhook.preflight_script(CONFIG.deadline_s, check_file_key_ref=True),
     ]
+    # the serving container's env reaches the preflight (less the flag); ours comes last, with the kubelet's own
+    # reading of the flag file (the preflight holds the pod where it is not '0')
+    assert [e["name"] for e in preflight["env"]] == ["HF_HOME", "HOST_IP", "NODE_NAME", contract.ENV_FILEKEYREF_CHECK]
+    assert preflight["env"][-1] == {"name": contract.ENV_FILEKEYREF_CHECK, **FILE_KEY_REF}
+    serving, sidecar = spec["containers"]
+    ours = [e for e in serving["env"] if e["name"] in (contract.FLAG_ENV, contract.ENV_FLAG_CONTAINER)]
+    assert ours == [
+        {"name": contract.ENV_FLAG_CONTAINER, "value": "sglang"},  # the agent finds its processes by it
+        {"name": contract.FLAG_ENV, **FILE_KEY_REF},
+    ]
+    # the agent reads the flag its preflight chose there, through the process's own root
+    assert serving["volumeMounts"] == [{"name": webhook.VOLUME, "mountPath": "/gluon", "readOnly": True}]
     assert sidecar == pod["spec"]["containers"][1]  # another image: the preflight did not check it
     assert {"name": "HF_HOME", "value": "/m"} in spec["containers"][0]["env"]  # the user's other env stays
     assert mutated["metadata"]["annotations"][contract.ANNOTATION_POD_INJECTED] == "kimi"
-    assert webhook.mutation(mutated, "kimi", CONFIG) is None  # re-invocation changes nothing
+    assert mutate(mutated) is None  # re-invocation changes nothing
+    assert (
+        mutate(mutated, mode=webhook.SHELL) is not None
+        and mutate(apply(mutated, mutate(mutated, mode=webhook.SHELL)), mode=webhook.SHELL) is None
+    )
 
 
 def test_the_agent_port_is_passed_to_the_preflight_only_when_not_the_default():
@@ -96,10 +112,10 @@ def test_the_agent_port_is_passed_to_the_preflight_only_when_not_the_default():
 
     pod = sglang_pod()
     moved = webhook.Injection(agent_image=CONFIG.agent_image, agent_port=9555)
-    preflight = apply(pod, webhook.mutation(pod, "kimi", moved))["spec"]["initContainers"][1]
+    preflight = apply(pod, mutate(pod, moved, webhook.SHELL))["spec"]["initContainers"][1]
     assert preflight["command"] == ["/bin/sh", "-c", webhook.preflight_script(moved.deadline_s, agent_port=9555)]
     assert " --agent-port 9555 &\n" in preflight["command"][2]
-    default = apply(pod, webhook.mutation(pod, "kimi", CONFIG))["spec"]["initContainers"][1]
+    default = apply(pod, mutate(pod))["spec"]["initContainers"][1]
     assert (
         "--agent-port" not in default["command"][2]
     )  # an agent image older than the option still serves a default install
@@ -113,19 +129,35 @@ def test_shell_mode_wraps_the_command_and_round_trips():
     shell = webhook.Injection(agent_image="a", mode="shell")
     pod = sglang_pod(command=["python3", "-m", "sglang.launch_server"])
     pod["spec"]["containers"] = pod["spec"]["containers"][:1]
-    mutated = apply(pod, webhook.mutation(pod, "kimi", shell))
+    mutated = apply(pod, mutate(pod, shell, webhook.SHELL))
     container = mutated["spec"]["containers"][0]
     assert container["command"][:3] == ["/bin/sh", "-c", webhook.SHELL_WRAPPER]
     assert container["command"][4:] == ["python3", "-m", "sglang.launch_server"]
     assert {"name": webhook.VOLUME, "mountPath": "/gluon", "readOnly": True} in container["volumeMounts"]
-    assert webhook.mutation(mutated, "kimi", shell) is None
-    without_command = sglang_pod()
-    with pytest.raises(webhook.NotInjectable, match="has no command"):
-        webhook.mutation(without_command, "kimi", shell)
+    assert container["env"][-2:] == [
+        {"name": contract.ENV_FLAG_CONTAINER, "value": "sglang"},
+        {"name": contract.FLAG_ENV, "value": "0"},  # what a wrapper that never ran leaves: the safe path
+    ]
+    assert all(e["name"] != contract.ENV_FILEKEYREF_CHECK for e in mutated["spec"]["initContainers"][1]["env"])
+    assert mutate(mutated, shell, webhook.SHELL) is None
+    back = apply(mutated, mutate(mutated, CONFIG, webhook.FILEKEYREF))["spec"]["containers"][0]
+    assert back["command"] == ["python3", "-m", "sglang.launch_server"]  # the mode changed: unwrapped again
 
 
-def admit(pod: dict, config: webhook.Injection = CONFIG) -> webhook.Admission:
-    return webhook.admit(pod, SERVING_NS, ROLLOUTS_HERE, config)
+def test_shell_mode_runs_a_container_without_a_command_at_0_and_says_why():
+    """Its image's entrypoint is unknown to the webhook, which cannot wrap it: a plain '0', no marker."""
+    pod = sglang_pod(env=[{"name": contract.FLAG_ENV, "value": "1"}])
+    changes, warnings = webhook.mutation(pod, "kimi", CONFIG, webhook.SHELL)
+    container = apply(pod, changes)["spec"]["containers"][0]
+    assert container["env"] == [{"name": contract.FLAG_ENV, "value": "0"}]
+    assert "command" not in container and not container.get("volumeMounts")
+    assert "has no command" in warnings[0] and "runs at SGLANG_AITER_MLA_GLUON=0" in warnings[0]
+    answer = webhook.admit(pod, SERVING_NS, ROLLOUTS_HERE, webhook.Injection("a", mode="shell"))
+    assert answer.outcome == "injected" and answer.warnings[0].startswith("gluon-rollout: container 'sglang'")
+
+
+def admit(pod: dict, config: webhook.Injection = CONFIG, api_accepts: bool | None = True) -> webhook.Admission:
+    return webhook.admit(pod, SERVING_NS, ROLLOUTS_HERE, config, api_accepts)
 
 
 def test_env_null_is_read_as_empty_and_injected():
@@ -135,7 +167,69 @@ def test_env_null_is_read_as_empty_and_injected():
     answer = admit(pod)
     assert answer.outcome == "injected" and answer.warnings == ()
     serving = apply(pod, answer.changes)["spec"]["containers"][0]
-    assert [e["name"] for e in serving["env"]] == [contract.FLAG_ENV]
+    assert [e["name"] for e in serving["env"]] == [contract.ENV_FLAG_CONTAINER, contract.FLAG_ENV]
+
+
+@pytest.mark.parametrize(
+    "configured,api,resolved,mode",
+    [
+        ("shell", True, "fileKeyRef", "shell"),
+        ("fileKeyRef", None, None, "fileKeyRef"),  # admit refuses to inject it while not known to be accepted
+        ("auto", True, "fileKeyRef", "fileKeyRef"),
+        ("auto", True, "shell", "shell"),
+        ("auto", True, None, "shell"),  # the operator has not resolved this rollout yet
+        ("auto", False, "fileKeyRef", "shell"),  # this replica found the API server refusing it meanwhile
+        ("auto", None, "fileKeyRef", "shell"),
+        ("auto", True, "bogus", "shell"),
+    ],
+)
+def test_the_mode_for_a_pod(configured, api, resolved, mode):
+    assert webhook.mode_for(configured, api, resolved) == mode
+
+
+@pytest.mark.parametrize("api_accepts", [False, None])
+def test_forced_file_key_ref_where_the_api_server_may_refuse_it_admits_the_pod_uninjected(api_accepts):
+    """An API server without EnvFiles drops the field and fails the pod's validation: never refuse a pod."""
+    forced = webhook.Injection("a", mode="fileKeyRef")
+    answer = admit(sglang_pod(), forced, api_accepts)
+    assert answer.outcome == "not-injected" and answer.changes is None
+    assert "injectionMode fileKeyRef" in answer.warnings[0] and "at its template's flag" in answer.warnings[0]
+
+
+def test_auto_turns_to_shell_where_the_api_server_refuses_file_key_ref():
+    pod = sglang_pod(command=["python3", "-m", "sglang.launch_server"])
+    answer = admit(pod, webhook.Injection("a", mode="auto"), api_accepts=False)
+    container = apply(pod, answer.changes)["spec"]["containers"][0]
+    assert answer.outcome == "injected" and container["command"][2] == webhook.SHELL_WRAPPER
+    assert all("fileKeyRef" not in json.dumps(c) for c in apply(pod, answer.changes)["spec"]["initContainers"])
+
+
+def test_an_unknown_injection_mode_stops_the_start_named():
+    with pytest.raises(ValueError, match="GLUON_INJECTION_MODE='fileRef' is not one of auto, fileKeyRef, shell"):
+        webhook.injection_from_env({"GLUON_INJECTION_MODE": "fileRef"})
+    assert webhook.injection_from_env({}).mode == "auto"
+
+
+@pytest.mark.parametrize("check,held", [(None, True), ("", True), ("'0'", True), ("1", True), ("0", False)])
+def test_the_preflight_holds_its_pod_unless_the_kubelet_read_the_flag_file(tmp_path, check, held):
+    """fileKeyRef mode: a kubelet that ignores fileKeyRef hands the preflight's own check variable an empty
+    value, and would hand the serving container one: the script exits HOLD_EXIT before anything else runs."""
+    import os
+    import subprocess
+
+    script = webhook.preflight_script(
+        90, mount=str(tmp_path), termination_log=str(tmp_path / "t"), check_file_key_ref=True
+    )
+    head = script.split("\npy=")[0] + "\necho went-on\n"  # the check, and then where Python would start
+    env = {k: v for k, v in os.environ.items() if k != contract.ENV_FILEKEYREF_CHECK}
+    if check is not None:
+        env[contract.ENV_FILEKEYREF_CHECK] = check
+    done = subprocess.run(["/bin/sh", "-c", head], env=env, capture_output=True, text=True)
+    assert done.returncode == (webhook.HOLD_EXIT if held else 0), done.stderr
+    assert ("went-on" in done.stdout) is not held
+    if held:
+        verdict = json.loads((tmp_path / "t").read_text())
+        assert verdict["held"] is True and verdict["flag"] == "0" and "ignores fileKeyRef" in verdict["reason"]
 
 
 @pytest.mark.parametrize(
@@ -220,11 +314,11 @@ def test_admit_never_raises_and_never_denies(pod, shell):
     answer = admit(pod, config)
     assert answer.outcome in webhook.OUTCOMES
     assert (answer.changes is None) == (answer.outcome != "injected")
-    assert all(w.startswith("gluon-rollout did not inject") for w in answer.warnings)
+    assert all(w.startswith("gluon-rollout") for w in answer.warnings)
     if answer.outcome == "error":  # a shape admit() does not check is a bug to find here, not in a cluster
         pytest.fail(answer.warnings[0])
     if answer.outcome == "injected":
-        assert webhook.mutation(apply(pod, answer.changes), "kimi", config) is None  # idempotent
+        assert mutate(apply(pod, answer.changes), config, webhook.SHELL if shell else webhook.FILEKEYREF) is None
 
 
 @pytest.mark.parametrize("where", ["initContainers", "volumes"])
@@ -326,7 +420,12 @@ def test_the_preflight_sees_the_serving_containers_env_and_mounts():
     pod = pod_with([serving])
     preflight = apply(pod, admit(pod).changes)["spec"]["initContainers"][1]
     assert preflight["env"][0] == {"name": "PYTHONPATH", "value": "/models/code"}
-    assert [e["name"] for e in preflight["env"]] == ["PYTHONPATH", "HOST_IP", "NODE_NAME"]
+    assert [e["name"] for e in preflight["env"]] == [
+        "PYTHONPATH",
+        "HOST_IP",
+        "NODE_NAME",
+        contract.ENV_FILEKEYREF_CHECK,
+    ]
     assert preflight["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"  # ours, not the spoof
     assert preflight["envFrom"] == serving["envFrom"]
     assert preflight["volumeMounts"] == [

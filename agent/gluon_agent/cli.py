@@ -7,13 +7,17 @@ import json
 import logging
 import os
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 from gluon_common.sglang_routes import ServingConfig
 
 from . import __version__
 from .probe import DEFAULT_TIMEOUT_S, format_table, probe
 from .selftest import runner
+
+if TYPE_CHECKING:
+    from . import delivery
 
 
 def positive_float(text: str) -> float:
@@ -61,6 +65,35 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return 0 if result["result"] == "pass" else 1
 
 
+def observation(args: argparse.Namespace) -> "delivery.Observation":
+    """Where `run` reads its node's delivery observation: the observer container's file, or /proc itself."""
+    from . import delivery
+
+    if args.delivery_file:
+        return delivery.FileObservation(Path(args.delivery_file), args.observe_interval)
+    if args.observe_proc:
+        root = delivery.resolve_root(args.observe_cgroup_root, lambda: Path("/proc/self/cgroup").read_text())
+        return delivery.InlineObservation(Path(args.observe_proc), root, args.observe_interval)
+    return delivery.NoObservation()
+
+
+def cmd_observe(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from . import delivery
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    root = delivery.resolve_root(args.cgroup_root, lambda: Path("/proc/self/cgroup").read_text())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    delivery.run_observer(Path(args.proc), out, args.interval, root, stop)
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from gluon_common.kube import NodeApi, make_api_client
 
@@ -96,8 +129,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_view_age=args.max_view_age,
         watch_timeout=args.watch_timeout,
         tick=args.tick,
+        observe_interval=args.observe_interval,
     )
-    agent = Agent(config, NodeApi(make_api_client(args.api_url, args.kubeconfig), args.node_name), source)
+    api = NodeApi(make_api_client(args.api_url, args.kubeconfig), args.node_name)
+    agent = Agent(config, api, source, observation=observation(args))
     install_signal_handlers(agent)
     agent.run()
     return 0
@@ -169,8 +204,35 @@ def build_parser() -> argparse.ArgumentParser:
         "(the local-cluster harness's SIMULATION: gluon_localcluster.fakes.simulated:SimulatedSource)",
     )
     r.add_argument("--source-arg", metavar="TEXT", help="the argument --source's factory is called with")
+    r.add_argument(
+        "--delivery-file",
+        metavar="PATH",
+        help="read the flag each serving process runs from the report `gluon-agent observe` writes there",
+    )
+    r.add_argument(
+        "--observe-proc",
+        metavar="PATH",
+        help="read it from this /proc directly (needs CAP_SYS_PTRACE; the chart uses --delivery-file)",
+    )
+    r.add_argument("--observe-cgroup-root", default="auto", help="with --observe-proc: auto | any | a cgroup path")
+    r.add_argument("--observe-interval", type=positive_float, default=5.0, help="seconds between observations")
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=cmd_run)
+
+    o = sub.add_parser(
+        "observe",
+        help="the observer: write the flag each injected serving process on this node runs (needs CAP_SYS_PTRACE)",
+    )
+    o.add_argument("--proc", default="/proc", help="the host's /proc (the chart mounts it at /host/proc)")
+    o.add_argument("--out", required=True, help="where to write the report (the agent's --delivery-file)")
+    o.add_argument("--interval", type=positive_float, default=5.0)
+    o.add_argument(
+        "--cgroup-root",
+        default="auto",
+        help="only pods under this kubelet cgroup root: auto (read off this process's own cgroup), any, or a path",
+    )
+    o.add_argument("--log-level", default="INFO")
+    o.set_defaults(func=cmd_observe)
 
     # Listed for --help; main() hands `preflight ...` to preflight.main (its own options).
     sub.add_parser(

@@ -20,11 +20,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gluon_common import contract
 from gluon_common.backoff import backoff
+from gluon_common.delivery import DeliveryReport
 from gluon_common.kube import ApiFailure, NodeApi
 from gluon_common.report import REPORT_SCHEMA_VERSION, AgentReport, GpuResult, LastAttempt, Probe, SelfTest
 from gluon_common.sglang_routes import DEFAULT_SERVING, ServingConfig
 
-from . import __version__, decisions, isolation
+from . import __version__, decisions, delivery, isolation
 from .fingerprint import fingerprint, fingerprint_parts
 from .metrics import AgentMetrics
 from .sources import ResultSource
@@ -49,6 +50,7 @@ class AgentConfig:
     publish_attempts: int = 8
     api_backoff_base: float = 0.5
     api_backoff_cap: float = 30.0
+    observe_interval: float = delivery.DEFAULT_INTERVAL  # how often the delivery observation is read
 
 
 # ---------------------------------------------------------------- report building (pure)
@@ -215,8 +217,12 @@ class Agent:
         metrics: AgentMetrics | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
+        observation: delivery.Observation | None = None,
     ) -> None:
         self.config, self.api, self.source = config, api, source
+        self.observation = observation or delivery.NoObservation()
+        self.delivery: DeliveryReport | None = None
+        self.delivery_read_at = -float("inf")
         self.metrics = metrics or AgentMetrics()
         self.rng = rng or random.Random()
         self.clock = clock
@@ -279,7 +285,29 @@ class Agent:
         report = node_report(
             self.config.node_name, self.probe_report, self.fingerprint, self.selftest, self.verdict, self.last_attempt
         )
-        return decisions.desired_state(self.probe_report, self.verdict, report.annotation_value())
+        observed = delivery.annotation(self.delivery) if self.delivery is not None else None
+        return decisions.desired_state(self.probe_report, self.verdict, report.annotation_value(), observed)
+
+    def refresh_delivery(self, now: float) -> None:
+        """The flag each injected serving container of this node runs (delivery.py), every observe_interval;
+        a mismatch with what its preflight wrote is logged once per container."""
+        if now - self.delivery_read_at < self.config.observe_interval and now >= self.delivery_read_at:
+            return
+        self.delivery_read_at = now
+        fresh, unreadable = self.observation.read(now)
+        before = {(c.key, c.container_id) for c in delivery.mismatched(self.delivery)} if self.delivery else set()
+        self.delivery = delivery.with_since(self.delivery, fresh, now)
+        self.metrics.observe_delivery(self.delivery, unreadable, delivery.counts(self.delivery))
+        for container in delivery.mismatched(self.delivery):
+            if (container.key, container.container_id) not in before:
+                log.warning(
+                    "flag delivery mismatch: pod %s container %s runs %s (value %r) where its preflight wrote %r",
+                    container.pod_uid,
+                    container.container,
+                    "/".join(container.runs),
+                    container.delivered,
+                    container.intended,
+                )
 
     # ------------------------------------------------------------ self-test
 
@@ -387,6 +415,7 @@ class Agent:
     def tick(self) -> None:
         now = self.clock()
         self.refresh_probe(now)
+        self.refresh_delivery(now)
         assert self.fingerprint is not None
         if self.running is not None and self.running.done():
             self.collect_selftest(now)

@@ -43,13 +43,18 @@ def capable_label(probe_report: Mapping[str, Any]) -> str:
     return "true" if probe_report.get("capable") else "false"
 
 
-def desired_state(probe_report: Mapping[str, Any], verdict: str, report: Mapping[str, Any]) -> Desired:
+def desired_state(
+    probe_report: Mapping[str, Any], verdict: str, report: Mapping[str, Any], delivery: str | None = None
+) -> Desired:
+    """Our labels and annotations on the node; `delivery`: the delivery observation's JSON, once there is one."""
     labels = {
         contract.LABEL_CAPABLE: capable_label(probe_report),
         contract.LABEL_SELFTEST: verdict,
         contract.LABEL_GPU_ARCH: gpu_arch_label(probe_report.get("gpus", [])),
     }
     annotations = {contract.ANNOTATION_REPORT: json.dumps(report, sort_keys=True, separators=(",", ":"))}
+    if delivery is not None:
+        annotations[contract.ANNOTATION_DELIVERY] = delivery
     owned = sorted(set(labels) | set(annotations))
     annotations[contract.ANNOTATION_OWNED_KEYS] = ",".join(owned)
     return Desired(labels, annotations)

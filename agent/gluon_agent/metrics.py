@@ -64,6 +64,30 @@ class AgentMetrics:
             contract.M_AGENT_MALFORMED, "Malformed labels or annotations written by others, by key", ["key"], registry=r
         )
 
+        self.delivery_containers = Gauge(
+            contract.M_AGENT_DELIVERY_CONTAINERS,
+            "Injected serving containers on this node by what their processes run against what their preflight "
+            "wrote: match, mismatch, unknown (the flag file unreadable)",
+            ["state"],
+            registry=r,
+        )
+        self.delivery_observable = Gauge(
+            contract.M_AGENT_DELIVERY_AVAILABLE,
+            "1 while the agent can read its node's serving processes' flag (0: see the delivery annotation's problem)",
+            registry=r,
+        )
+        self.delivery_unreadable = Gauge(
+            contract.M_AGENT_DELIVERY_UNREADABLE,
+            "Pod processes on this node whose environment the last observation could not read",
+            registry=r,
+        )
+
+    def observe_delivery(self, report: Any, unreadable: int, counts: Mapping[str, int]) -> None:
+        self.delivery_observable.set(1 if report.available else 0)
+        self.delivery_unreadable.set(unreadable)
+        for state, count in counts.items():
+            self.delivery_containers.labels(state).set(count)
+
     def observe_probe(self, probe: Mapping[str, Any], fingerprint: str) -> None:
         gpus = probe.get("gpus", [])
         self.info.info(

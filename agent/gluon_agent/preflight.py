@@ -27,7 +27,7 @@ from gluon_common import contract
 
 from .probe import REQUIRED_ARCH, Facts, missing_for_capable, probe
 
-FLAG_FILE_NAME = "flag.env"
+FLAG_FILE_NAME = contract.FLAG_FILE
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LIMIT = 4096  # the kubelet keeps at most this much of a termination message
 DEFAULT_DEADLINE_S = 80.0  # the webhook passes its own (its shell's deadline less a grace)
@@ -36,7 +36,7 @@ ANSWER_LIMIT = 64 * 1024  # the agent's decision is a few hundred bytes
 # The modules the preflight needs in a foreign image, by package: all stdlib-only.
 PORTABLE_MODULES = {
     "gluon_agent": ("__init__.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py"),
-    "gluon_common": ("__init__.py", "contract.py", "sglang_routes.py"),
+    "gluon_common": ("__init__.py", "contract.py", "sglang_env.py", "sglang_routes.py"),
 }
 
 
@@ -244,7 +244,7 @@ def port_number(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gluon-agent preflight", description=__doc__)
     parser.add_argument("--install", metavar="DIR", help="copy the preflight into DIR and write the default flag")
-    parser.add_argument("--flag-dir", default="/gluon", help="the shared emptyDir")
+    parser.add_argument("--flag-dir", default=contract.FLAG_MOUNT, help="the shared emptyDir")
     parser.add_argument("--agent-url", default=None, help="default: http://$HOST_IP:PORT" + contract.DECISION_PATH)
     parser.add_argument("--agent-port", type=port_number, default=contract.AGENT_PORT, help="the node's agent's port")
     parser.add_argument("--agent-timeout", type=float, default=3.0)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from gluon_common import sglang_env
 from gluon_common.contract import FLAG_ENV
 from gluon_common.sglang_routes import decode_routes
 
@@ -29,11 +30,6 @@ CGA_MIN_TRITON = "3.7"
 DEFAULT_TIMEOUT_S = 120.0  # aiter's first import can JIT-build for a while
 CHILD_SOURCE = Path(__file__).with_name("probe_child.py").read_text()
 
-# SGLang's EnvBool parsing (python/sglang/srt/environ.py): case-insensitive; anything else warns
-# and falls back to the default, which for SGLANG_AITER_MLA_GLUON is on.
-SGLANG_TRUE = ("true", "1", "yes", "y")
-SGLANG_FALSE = ("false", "0", "no", "n")
-SGLANG_FLAG_DEFAULT = True
 
 # Wording of SGLang's MlaGluonCapability.missing_for_ready(), then ours.
 MISSING_ENV = f"{FLAG_ENV}=0"
@@ -48,14 +44,10 @@ class EnvFlag:
 
 
 def parse_sglang_flag(raw: str | None) -> EnvFlag:
-    if raw is None:
-        return EnvFlag(None, SGLANG_FLAG_DEFAULT, True)
-    value = raw.lower()
-    if value in SGLANG_TRUE:
-        return EnvFlag(raw, True, True)
-    if value in SGLANG_FALSE:
-        return EnvFlag(raw, False, True)
-    return EnvFlag(raw, SGLANG_FLAG_DEFAULT, False)
+    """SGLang's reading of the flag (gluon_common.sglang_env): an unset or unreadable value is its default, on."""
+    return EnvFlag(
+        raw, sglang_env.env_bool(raw, sglang_env.FLAG_DEFAULT), raw is None or sglang_env.parsed(raw) is not None
+    )
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,25 @@ METRIC_LABEL_FLAG: Final = "flag"
 # webhook.namespaceOptIn only namespaces labelled "true" do.
 LABEL_INJECT: Final = PREFIX + "inject"
 
+# ---------------------------------------------------------------- serving pod environment, webhook-owned
+# How the flag reaches a serving container (operator.injectionMode): `fileKeyRef` (the kubelet reads the flag
+# file, EnvFiles: beta and on from Kubernetes 1.35), `shell` (a wrapper sources it before exec-ing the command)
+# or `auto` (fileKeyRef where the API server and every kubelet of the rollout's nodes honour it, else shell).
+INJECTION_MODES: Final = ("auto", "fileKeyRef", "shell")
+# Set (a plain value, which every kubelet delivers) on each container the webhook gives the flag: that
+# container's own name. The agent finds the processes of injected serving containers by it.
+ENV_FLAG_CONTAINER: Final = "GLUON_FLAG_CONTAINER"
+# fileKeyRef only: the preflight container's own fileKeyRef copy of the flag file's value, which the install
+# container has already set to '0'. Anything else means this kubelet ignores fileKeyRef and would hand the
+# serving container an empty SGLANG_AITER_MLA_GLUON (SGLang: on): the preflight then holds the pod.
+ENV_FILEKEYREF_CHECK: Final = "GLUON_FILEKEYREF_CHECK"
+
+# Where the injected emptyDir is mounted (the preflight's copy, the flag file) and the flag file's name there:
+# the install container writes '0', the preflight its verdict, as SGLANG_AITER_MLA_GLUON='0'|'1' (the
+# single-quoted KEY='value' lines the kubelet's fileKeyRef reads). Wired containers mount it read-only.
+FLAG_MOUNT: Final = "/gluon"
+FLAG_FILE: Final = "flag.env"
+
 # ---------------------------------------------------------------- pod annotation, webhook-owned
 # Set by the mutating webhook on pods it injected: the GluonRollout whose selector matched.
 ANNOTATION_POD_INJECTED: Final = PREFIX + "injected"
@@ -106,9 +125,13 @@ ANNOTATION_ROLLOUT_ABORT: Final = PREFIX + "abort"
 # exactly its routes and q_lens, again whenever its digest changes, and reports the digest it proved.
 ANNOTATION_SERVING_CONFIG: Final = PREFIX + "serving-config"
 
+# Agent-owned. JSON (gluon_common.delivery.DeliveryReport): the flag each injected serving container on this
+# node really runs, read from its processes' own environment, beside the flag its preflight wrote for it.
+ANNOTATION_DELIVERY: Final = PREFIX + "delivery"
+
 # Keys the agent may write and remove; it never touches the operator's or a person's keys.
 AGENT_LABELS: Final = (LABEL_CAPABLE, LABEL_SELFTEST, LABEL_GPU_ARCH)
-AGENT_ANNOTATIONS: Final = (ANNOTATION_REPORT, ANNOTATION_OWNED_KEYS)
+AGENT_ANNOTATIONS: Final = (ANNOTATION_REPORT, ANNOTATION_OWNED_KEYS, ANNOTATION_DELIVERY)
 # Keys the operator writes on nodes (the agent reads LABEL_ENABLED and LABEL_STATE for its decision).
 OPERATOR_NODE_KEYS: Final = (
     LABEL_ENABLED,
@@ -135,6 +158,11 @@ M_AGENT_RUNS: Final = AGENT_METRIC_PREFIX + "selftest_runs"  # counter, _total a
 M_AGENT_API_ERRORS: Final = AGENT_METRIC_PREFIX + "api_errors"  # counter
 M_AGENT_PUBLISH_SECONDS: Final = AGENT_METRIC_PREFIX + "publish_seconds"
 M_AGENT_MALFORMED: Final = AGENT_METRIC_PREFIX + "malformed_input"  # counter
+# Injected serving containers on this node by what their processes run against what their preflight wrote
+# (label state: match | mismatch | unknown), and the observation's own health.
+M_AGENT_DELIVERY_CONTAINERS: Final = AGENT_METRIC_PREFIX + "flag_delivery_containers"
+M_AGENT_DELIVERY_AVAILABLE: Final = AGENT_METRIC_PREFIX + "flag_delivery_observable"  # 1 while observed
+M_AGENT_DELIVERY_UNREADABLE: Final = AGENT_METRIC_PREFIX + "flag_delivery_unreadable_processes"
 
 # ---------------------------------------------------------------- operator metrics
 ROLLOUT_METRIC_PREFIX: Final = "gluon_rollout_"
@@ -169,6 +197,10 @@ M_ROLLOUT_JUDGE_SECONDS: Final = ROLLOUT_METRIC_PREFIX + "judge_cpu_seconds"  # 
 # (planned | waiting: caches not synced or its own status write not seen yet). bench/scale.py reads them.
 M_ROLLOUT_OPERATOR_CPU: Final = ROLLOUT_METRIC_PREFIX + "operator_cpu_seconds"  # counter
 M_ROLLOUT_RECONCILES: Final = ROLLOUT_METRIC_PREFIX + "reconciles"  # counter
+# A rollout's serving pods by the flag their processes were seen to run (label state: verified, mismatch,
+# unobserved, held), and the delivery each uses (an info gauge, labels mode and configured).
+M_ROLLOUT_DELIVERY_PODS: Final = ROLLOUT_METRIC_PREFIX + "flag_delivery_pods"
+M_ROLLOUT_DELIVERY_MODE: Final = ROLLOUT_METRIC_PREFIX + "injection_mode"
 
 # ---------------------------------------------------------------- operator environment
 # Bearer token and CA file for Prometheus (the chart sets them from operator.prometheusAuth).

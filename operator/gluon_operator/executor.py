@@ -345,5 +345,13 @@ async def execute(
     for pod in plan.pod_labels:
         await label_pod(runtime, pod.namespace, pod.name, pod.flag, logger)
     if plan.statuses:
-        METRICS.observe_rollout(namespace, name, plan.statuses, len(plan.no_safe_rollback))
+        mode = plan.delivery_mode
+        METRICS.observe_rollout(
+            namespace,
+            name,
+            plan.statuses,
+            len(plan.no_safe_rollback),
+            plan.delivery_counts,
+            (mode.mode, mode.configured) if mode else None,
+        )
     return after

@@ -183,6 +183,8 @@ class PodFacts:
     injected: bool = True  # the webhook added the preflight (False: admitted while it was unreachable)
     transient: bool = False  # a '0' from the agent's view, not the stack: unreachable, stale, not enabled yet
     controlled: bool = True  # a controller recreates it when it is restarted (a bare pod is just gone)
+    delivered: str | None = None  # the flag its serving processes were seen to run (delivery.py), None: not yet
+    mismatch: str | None = None  # how what they run differs from what its preflight chose, None: it does not
 
 
 JUDGE_STATE = ("sequential", "failStreak", "inconclusiveSince")  # the judge's working numbers, look to look
@@ -190,17 +192,20 @@ GUARD_KEYS = ("effect", "ci_low", "ci_high", "threshold", "p_worse", "looks", "a
 JUDGED_AT = "judgedAt"  # a Promoted node's numbers: when the look that promoted it ran
 UNJUDGED_STATES = (ELIGIBLE, INELIGIBLE, DISABLED)  # states whose record carries no judge's numbers
 RESTARTED_PODS = "restartedPods"  # an Enabling node's record: serving pods it will have again once restarted
+MISMATCH = "mismatch"  # a record's numbers: the pods whose processes ran another flag than chosen (a rollback)
+MISMATCH_CAP = 10
 
 
 @dataclass(frozen=True)
 class PodSummary:
     old: list[str]  # created before the node's change: still to restart
-    new_flags: dict[str, str | None]  # pods started after the change: the flag each really uses
+    new_flags: dict[str, str | None]  # pods started after the change: the flag each was seen to run (None: not yet)
     new_ready: bool
     refused: list[str]  # new pods whose preflight chose '0', with its reason
     retry: list[str] = field(default_factory=list)  # new, running pods to restart: not injected, or a transient '0'
     starting: list[str] = field(default_factory=list)  # such pods not ready yet: restarted once they run
     replaced: int = 0  # old pods a controller recreates once they are restarted
+    mismatched: list[str] = field(default_factory=list)  # pods whose processes run another flag than chosen
 
 
 def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSummary:
@@ -209,9 +214,12 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     it, so it counts as old. Restarts wait until that second is over (restart_due), so a replacement is
     always stamped later and counts as new: never evicted twice."""
     pods = [p for p in pods if not p.deleting]
+    mismatched = [f"{p.name}: {p.mismatch}" for p in pods if p.mismatch]
     changed_at = finite_number(changed_at)  # NodeStatus holds finite times; a guard, never a crash
     if changed_at is None:
-        return PodSummary([], {p.name: p.flag for p in pods}, all(p.ready for p in pods), [])
+        return PodSummary(
+            [], {p.name: p.delivered for p in pods}, all(p.ready for p in pods), [], mismatched=mismatched
+        )
     cutoff = math.ceil(changed_at)
     old = sorted(p.name for p in pods if p.created < cutoff)
     new = [p for p in pods if p.created >= cutoff]
@@ -222,7 +230,14 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     starting = sorted(p.name for p in stray if not p.ready)
     replaced = sum(1 for p in pods if p.created < cutoff and p.controlled)
     return PodSummary(
-        old, {p.name: p.flag for p in settled}, all(p.ready for p in settled), refused, retry, starting, replaced
+        old,
+        {p.name: p.delivered for p in settled},
+        all(p.ready for p in settled),
+        refused,
+        retry,
+        starting,
+        replaced,
+        mismatched,
     )
 
 
@@ -341,6 +356,18 @@ def advance(
             return Step(move(prev, ROLLED_BACK, prev.reason, now, fingerprint=el.fingerprint))
         s = INELIGIBLE  # cleared by a new fingerprint, retryAfter or a person: judge afresh below
         prev = move(prev, INELIGIBLE, "rollback cleared", now)
+    if s in FLAG_ON_STATES and pods.mismatched:
+        return Step(
+            move(
+                prev,
+                ROLLED_BACK,
+                "flag delivery mismatch: " + "; ".join(pods.mismatched),
+                now,
+                changed_at=now,
+                numbers={MISMATCH: pods.mismatched[:MISMATCH_CAP]},
+            ),
+            "rollback",
+        )
     if not el.eligible:
         if s in FLAG_ON_STATES:
             return Step(
@@ -406,8 +433,15 @@ def advance(
                     now,
                 )
             )
-        if not pods.new_ready or any(flag != "1" for flag in pods.new_flags.values()):
+        if not pods.new_ready or any(flag not in ("1", None) for flag in pods.new_flags.values()):
             return Step(move(prev, ENABLING, "waiting for restarted pods to be ready with flag 1", now))
+        unseen = sorted(name for name, flag in pods.new_flags.items() if flag is None)
+        if unseen:  # its preflight chose 1; the agent has not yet read it in the serving processes
+            return Step(
+                move(
+                    prev, ENABLING, f"waiting for the agent to see flag 1 in the processes of {', '.join(unseen)}", now
+                )
+            )
         restarted = whole_count(prev.numbers.get(RESTARTED_PODS))
         if restarted and not pods.new_flags:
             return Step(

@@ -16,7 +16,7 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import kopf
@@ -28,6 +28,7 @@ from gluon_common.kube import ApiFailure
 
 from . import gating, webhook
 from .admission import AdmissionServer
+from .apiserver import ApiServerFacts
 from .evaluation import analyse, analysis_due, deadline_seconds
 from .executor import (
     Runtime,
@@ -93,6 +94,7 @@ class OperatorState:
 
     runtime: Runtime  # the API client, the caches, our own writes (executor.py)
     injection: webhook.Injection  # what the admission webhook injects (read from the chart's env at start)
+    apiserver: ApiServerFacts  # whether the API server accepts fileKeyRef (checked now and then)
     analyses: Analyses = field(default_factory=Analyses)
     reconciles: Reconciles = field(default_factory=Reconciles)
 
@@ -157,7 +159,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     caches = Caches(
         client.CoreV1Api(api), int(env_float("GLUON_WATCH_TIMEOUT", 300)), count, (rollouts, rollout_entry)
     ).start()
-    memo.state = OperatorState(Runtime(api, caches), injection)
+    memo.state = OperatorState(Runtime(api, caches), injection, ApiServerFacts(api).start())
 
 
 @kopf.on.cleanup()
@@ -166,6 +168,7 @@ def stop_caches(memo: kopf.Memo, **_: Any) -> None:
     if state is None:
         return  # the startup failed before it built the state: nothing was started
     state.caches.close()
+    state.apiserver.stop.set()
     for task in state.analyses.tasks.values():
         task.cancel()
 
@@ -173,12 +176,14 @@ def stop_caches(memo: kopf.Memo, **_: Any) -> None:
 def rollout_entry(obj: Mapping[str, Any]) -> dict[str, Any]:
     """A rollout by its namespace: its pod selector (the webhook, the pod caches) and node claim (overlaps).
     A rollout being deleted claims nothing and injects nothing; an Invalid one claims no node."""
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     if meta.get("deletionTimestamp"):
         return {}
+    delivery = status.get("delivery") if isinstance(status.get("delivery"), Mapping) else {}
     return {
         meta.get("namespace") or "": {
             "name": meta.get("name") or "",
+            "delivery": delivery.get("mode"),  # the mode the operator resolved for its pods (delivery.py)
             "podSelector": dict(spec.get("podSelector") or {}),
             "nodeSelector": dict(spec.get("nodeSelector") or {}),
             "created": unix(meta.get("creationTimestamp")),
@@ -314,8 +319,11 @@ async def reconcile_once(
             logger.info("waiting for the node and pod caches to fill")
             return
         verdicts, summary = finished_analysis(state.analyses, uid, logger)
+        world = replace(
+            caches.world(claims(rollout_index), pods), api=state.apiserver.facts, injection_mode=state.injection.mode
+        )
         with METRICS.cpu("plan"):
-            planned = plan(view, caches.world(claims(rollout_index), pods), verdicts, summary, now)
+            planned = plan(view, world, verdicts, summary, now)
         METRICS.reconciles.labels("planned").inc()
     after = await execute(runtime, planned, namespace, name, uid, status, body, logger)
     if planned.spec is not None and uid not in state.analyses.tasks and analysis_due(planned.spec, after, now):
@@ -399,7 +407,13 @@ def inject(
     watches on a replica that waits in the peering, and a Service sends admissions to both replicas."""
     state = state_of(memo)
     rollouts = state.caches.live_rollouts()
-    admission = webhook.admit(dict(body), namespace, rollout_index if rollouts is None else rollouts, state.injection)
+    admission = webhook.admit(
+        dict(body),
+        namespace,
+        rollout_index if rollouts is None else rollouts,
+        state.injection,
+        state.apiserver.facts.file_key_ref,
+    )
     METRICS.webhook_reviews.labels(admission.outcome).inc()
     for warning in admission.warnings:
         logger.warning(warning)

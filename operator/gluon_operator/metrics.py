@@ -71,6 +71,19 @@ class OperatorMetrics:
         self.looks = Gauge(
             contract.M_ROLLOUT_ANALYSIS_LOOKS, "Evaluations of the node since its flag flipped", node, registry=r
         )
+        self.delivery_pods = Gauge(
+            contract.M_ROLLOUT_DELIVERY_PODS,
+            "A rollout's serving pods by the flag their processes were seen to run: verified (what their preflight "
+            "chose), mismatch (another), unobserved (not seen yet), held (at their preflight: fileKeyRef ignored)",
+            ["namespace", "rollout", "state"],
+            registry=r,
+        )
+        self.delivery_mode = Gauge(
+            contract.M_ROLLOUT_DELIVERY_MODE,
+            "1 for the way the flag reaches a rollout's pods now (mode) under the chart's setting (configured)",
+            ["namespace", "rollout", "mode", "configured"],
+            registry=r,
+        )
         self.no_safe_rollback = Gauge(
             contract.M_ROLLOUT_NO_SAFE_ROLLBACK,
             "Nodes where flag 0 has no working route for the "
@@ -141,9 +154,20 @@ class OperatorMetrics:
             self.looks.labels(*labels).set(judgement.looks)
 
     def observe_rollout(
-        self, namespace: str, rollout: str, statuses: Mapping[str, object], no_safe_rollback: int = 0
+        self,
+        namespace: str,
+        rollout: str,
+        statuses: Mapping[str, object],
+        no_safe_rollback: int = 0,
+        delivery: Mapping[str, int] | None = None,
+        mode: tuple[str, str] | None = None,
     ) -> None:
         self.no_safe_rollback.labels(namespace, rollout).set(no_safe_rollback)
+        for state in ("verified", "mismatch", "unobserved", "held"):
+            self.delivery_pods.labels(namespace, rollout, state).set((delivery or {}).get(state, 0))
+        if mode is not None:
+            for known in contract.INJECTION_MODES[1:]:
+                self.delivery_mode.labels(namespace, rollout, known, mode[1]).set(1 if known == mode[0] else 0)
         for result in VERDICT_RESULTS:
             self.verdicts.labels(namespace, rollout, result)
         counts = {state: 0 for state in contract.NODE_STATES}

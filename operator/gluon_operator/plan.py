@@ -38,8 +38,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from gluon_common import contract
+from gluon_common.delivery import DeliveryReport
 
-from . import gating
+from . import delivery, gating
 from .gating import (
     DISABLED,
     ELIGIBLE,
@@ -54,7 +55,7 @@ from .gating import (
 from .records import NodeRecord, dumps, finite, read_json
 from .serving import PodServing, Resolution, describe, resolve_serving
 from .spec import GluonRolloutSpec, parse_spec, resolve, selector_matches
-from .world_types import Claim, NodeView, PodView, World, unix
+from .world_types import ApiFacts, Claim, NodeView, PodView, World, unix
 
 FULL_STATUS_NODES = 500  # up to this many nodes, status.nodes lists every node (kubectl get -o yaml reads as before)
 ATTENTION_CAP = 200  # beyond it, at most this many nodes needing attention; the rest are counted, and on their Nodes
@@ -184,6 +185,8 @@ class Plan:
     transitions: list[Transition] = field(default_factory=list)
     spec: GluonRolloutSpec | None = None
     no_safe_rollback: list[str] = field(default_factory=list)  # nodes where flag 0 has no working route
+    delivery_mode: delivery.Mode | None = None  # how the flag reaches this rollout's pods now
+    delivery_counts: dict[str, int] = field(default_factory=dict)  # its serving pods by delivery state
     # rollout annotations to remove once the status is written, each only while it still has this value:
     # an approve annotation an abort revoked (else it would grant its gate again after the abort is lifted)
     spent_annotations: dict[str, str] = field(default_factory=dict)
@@ -224,6 +227,7 @@ class NodeWork:
     known: bool = True  # False: the node is new to this rollout (no record, no status entry)
     no_safe_rollback: bool = False  # flag 0 has no working route for the rollout's serving configuration here
     proof_pending: bool = False  # passing, but its agent still re-tests for the rollout's serving configuration
+    delivery: delivery.NodeDelivery = field(default_factory=lambda: delivery.NodeDelivery({}))
 
 
 def plan(
@@ -239,8 +243,24 @@ def plan(
     out = Plan(dry_run=spec.dryRun, spec=spec)
     owned, conflicts = claimed_nodes(rollout, spec, world)
     serving = rollout_serving(rollout, spec, world)
+    pods = {name: rollout_pods(rollout, spec, world, name) for name in owned}
+    deliveries = {name: delivery.node_delivery(pods[name], delivery_report(world.nodes[name])) for name in owned}
+    mode = delivery_mode(rollout, world, owned, pods, deliveries)
+    out.delivery_mode = mode
     work = {
-        name: node_work(rollout, spec, world, world.nodes[name], verdicts.get(name), now, serving) for name in owned
+        name: node_work(
+            rollout,
+            spec,
+            world,
+            world.nodes[name],
+            verdicts.get(name),
+            now,
+            serving,
+            pods[name],
+            deliveries[name],
+            mode,
+        )
+        for name in owned
     }
     out.no_safe_rollback = sorted(n for n, w in work.items() if w.no_safe_rollback)
 
@@ -274,6 +294,7 @@ def plan(
         node_plan(rollout, spec, w, now, out, serving)
     out.events[:0] = first_sight_events(out)
     out.events += serving_events(rollout, serving, out.no_safe_rollback)
+    out.events += delivery_events(rollout, mode, work)
     # Writes that free a slot before those that take one: an operator stopped between two writes, or a
     # write that fails, never leaves more nodes in progress than the strategy allows.
     out.node_writes.sort(key=lambda write: write.starts)
@@ -288,7 +309,7 @@ def plan(
     if aborted and not rollout.status.get("aborted"):
         out.events.append(Event("Warning", "Aborted", aborted["reason"][:1000]))
     out.status = finite(
-        rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now, serving)
+        rollout_status(rollout, spec, out, work, aborted, approval, conflicts, analysis, now, serving, world.api)
     )  # JSON has no NaN
     if spec.dryRun:
         dry_run_only(rollout, out)
@@ -377,6 +398,61 @@ def rollout_serving(rollout: RolloutView, spec: GluonRolloutSpec, world: World) 
     return resolve_serving(pods, spec.serving.model_dump())
 
 
+def rollout_pods(rollout: RolloutView, spec: GluonRolloutSpec, world: World, node: str) -> list[PodView]:
+    """The rollout's serving pods on this node."""
+    selector = spec.podSelector.model_dump()
+    return [p for p in world.pods.get((rollout.namespace, node), ()) if selector_matches(selector, p.labels)]
+
+
+def delivery_report(view: NodeView) -> DeliveryReport | None:
+    """The node's delivery observation (its agent's annotation); None when absent or unreadable."""
+    report, _ = read_json(DeliveryReport, view.annotations.get(contract.ANNOTATION_DELIVERY), "the delivery annotation")
+    return report
+
+
+def delivery_mode(
+    rollout: RolloutView,
+    world: World,
+    owned: list[str],
+    pods: Mapping[str, list[PodView]],
+    deliveries: Mapping[str, delivery.NodeDelivery],
+) -> delivery.Mode:
+    """How the flag reaches the rollout's pods now: the chart's mode, the API server's acceptance of fileKeyRef,
+    its nodes' kubelets, and the nodes seen ignoring fileKeyRef (remembered in status.delivery.ignoredBy while
+    their kubelet's version stays the same)."""
+    kubelets = {name: world.nodes[name].kubelet_version for name in owned}
+    before = (rollout.status.get("delivery") or {}).get("ignoredBy") or {}
+    ignored = (
+        {n: v for n, v in before.items() if isinstance(n, str) and isinstance(v, str)}
+        if isinstance(before, Mapping)
+        else {}
+    )
+    for name, found in deliveries.items():
+        if found.ignores_file_key_ref and kubelets.get(name):
+            ignored[name] = kubelets[name]  # type: ignore[assignment]
+    commandless = [p.name for name in owned for p in pods[name] if p.injected and not p.has_command and not p.deleting]
+    return delivery.resolve_mode(world.injection_mode, world.api, kubelets, ignored, commandless)
+
+
+def delivery_eligibility(
+    el: gating.Eligibility, view: NodeView, prior: NodeStatus, found: delivery.NodeDelivery, mode: delivery.Mode
+) -> gating.Eligibility:
+    """An eligible node is not, where its serving pods cannot get the flag or were seen running another one;
+    a flag-on node keeps its state while its agent merely cannot observe (a mismatch seen rolls it back)."""
+    if not el.eligible:
+        return el
+    flag_on = prior.state in FLAG_ON_STATES
+    refused = mode.undeliverable or mode.refuses(view.name, view.kubelet_version)
+    if refused:
+        return gating.Eligibility(False, f"flag delivery: {refused}", el.fingerprint)
+    if found.unavailable and not flag_on:
+        return gating.Eligibility(False, found.unavailable, el.fingerprint)
+    unsafe = found.unsafe()
+    if unsafe and not flag_on:
+        return gating.Eligibility(False, "flag delivery mismatch: " + "; ".join(unsafe), el.fingerprint)
+    return el
+
+
 def serving_expectation(serving: Resolution) -> Any:
     """What gating.eligibility checks a node against: the config, or why there is none."""
     return serving.config if serving.config is not None else serving.problem
@@ -390,6 +466,9 @@ def node_work(
     verdict: gating.Verdict | None,
     now: float,
     serving: Resolution | None = None,
+    pods: list[PodView] | None = None,
+    found: delivery.NodeDelivery | None = None,
+    mode: delivery.Mode | None = None,
 ) -> NodeWork:
     recorded, _ = recorded_status(rollout, view)
     fallback = (rollout.status.get("nodes") or {}).get(view.name)  # a status written before records were on nodes
@@ -428,15 +507,30 @@ def node_work(
         )  # type: ignore[union-attr]
     if el.eligible and held and prior.state not in FLAG_ON_STATES:
         el = gating.Eligibility(False, held, el.fingerprint)
-    selector = spec.podSelector.model_dump()
-    pods = [p for p in world.pods.get((rollout.namespace, view.name), ()) if selector_matches(selector, p.labels)]
-    summary = gating.summarize_pods([p.facts() for p in pods], prior.changed_at)
+    pods = rollout_pods(rollout, spec, world, view.name) if pods is None else pods
+    found = found if found is not None else delivery.node_delivery(pods, delivery_report(view))
+    mode = mode or delivery.resolve_mode(world.injection_mode, world.api, {view.name: view.kubelet_version}, {})
+    el = delivery_eligibility(el, view, prior, found, mode)
+    facts = [p.facts(found.delivered(p.name), found.mismatch(p.name)) for p in pods]
+    summary = gating.summarize_pods(facts, prior.changed_at)
     step = gating.advance(prior, el, summary, verdict, now, cleared, None if cleared else rollback)
     status = step.status
     if held and status.state in FLAG_ON_STATES:
         status = replace(status, reason=f"{status.reason} ({held.split(':')[0]}: its pods left alone)")
     return NodeWork(
-        view, batch, prior, recorded, pods, summary, held, status, step.action, known, no_safe_rollback, proof_pending
+        view,
+        batch,
+        prior,
+        recorded,
+        pods,
+        summary,
+        held,
+        status,
+        step.action,
+        known,
+        no_safe_rollback,
+        proof_pending,
+        found,
     )
 
 
@@ -614,18 +708,28 @@ def node_plan(
         out.restarts.append(Restart(rollout.namespace, name, tuple(w.summary.old), "old"))
     if restarting and new.state in FLAG_ON_STATES and w.summary.retry:
         out.restarts.append(Restart(rollout.namespace, name, tuple(w.summary.retry), "stray"))
+    fixable = delivery.to_restart(w.pods, w.delivery, out.delivery_mode) if out.delivery_mode else []
+    if fixable and not w.held and spec.strategy.restart != "None":
+        out.restarts.append(Restart(rollout.namespace, name, tuple(fixable), "delivery"))
     for pod in w.pods:
-        flag = pod.running_flag
+        flag = w.delivery.delivered(pod.name)  # what its processes were seen to run: what the judge splits by
         if flag is not None and pod.labels.get(contract.LABEL_POD_FLAG) != flag:
             out.pod_labels.append(PodLabel(pod.namespace, pod.name, flag))
 
     old = w.prior if w.known else None
     if old is None or old.state != new.state:
-        kind = ("preflight" if "refused" in new.numbers else "analysis") if w.action == "rollback" else None
+        kind = rollback_kind(new.numbers) if w.action == "rollback" else None
         out.transitions.append(Transition(name, old.state if old else None, new.state, kind))
         if old is None and new.state in (ELIGIBLE, INELIGIBLE):
             return  # first sight: first_sight_events tells of these
         out.events.append(node_event(name, old.state if old else "new", new))
+
+
+def rollback_kind(numbers: Mapping[str, Any]) -> str:
+    """What rolled a node back, for gluon_rollout_rollbacks_total: its preflight, its delivery, or the judge."""
+    if "refused" in numbers:
+        return "preflight"
+    return "delivery" if gating.MISMATCH in numbers else "analysis"
 
 
 def node_event(name: str, old: str, new: NodeStatus) -> Event:
@@ -684,6 +788,7 @@ def rollout_status(
     analysis: Mapping[str, Any] | None,
     now: float,
     serving: Resolution | None = None,
+    api: ApiFacts | None = None,
 ) -> dict[str, Any]:
     statuses = out.statuses
     phase = gating.phase(statuses, spec.paused, bool(aborted), False)
@@ -696,6 +801,9 @@ def rollout_status(
         fresh.append(conflict_condition(conflicts, iso(now)))  # present once a conflict was seen
     if serving is not None:
         fresh += serving_conditions(serving, out.no_safe_rollback, iso(now))
+    delivered = delivery_status(out, work, api or ApiFacts())
+    if out.delivery_mode is not None:
+        fresh += delivery_conditions(out.delivery_mode, delivered, iso(now))
     nodes, omitted = status_nodes(statuses, spec.dryRun)
     status = {
         "phase": phase,
@@ -713,12 +821,76 @@ def rollout_status(
         "dryRun": None,
         "serving": serving.status() if serving is not None else None,
         "noSafeRollback": no_safe_rollback_status(serving, out.no_safe_rollback),
+        "delivery": delivered,
         "conditions": gating.merge_conditions(rollout.status.get("conditions") or [], fresh),
     }
     return {**status, "message": gating.rollout_message(status)}
 
 
 NO_SAFE_ROLLBACK_NAMES = 20
+MISMATCH_NAMES = 20  # pods listed in status.delivery.mismatched
+
+
+def delivery_status(out: Plan, work: Mapping[str, NodeWork], api: ApiFacts) -> dict[str, Any] | None:
+    """status.delivery: the mode and why, the API server's facts, the pods by delivery state, and the pods whose
+    processes run another flag than their preflight chose (node/pod: what was seen)."""
+    if out.delivery_mode is None:
+        return None
+    counts: Counter[str] = Counter()
+    for w in work.values():
+        counts.update(w.delivery.counts())
+    out.delivery_counts = dict(counts)
+    mismatched = [f"{n}/{line}" for n, w in sorted(work.items()) for line in w.delivery.mismatched()]
+    return {
+        **out.delivery_mode.to_dict(api),
+        "pods": dict(sorted(counts.items())),
+        "mismatched": mismatched[:MISMATCH_NAMES] or None,
+        "mismatchedCount": len(mismatched) or None,
+    }
+
+
+def delivery_conditions(mode: delivery.Mode, status: Mapping[str, Any], now_iso: str) -> list[dict[str, Any]]:
+    """FlagDelivery (the mode, and whether the pods can get the flag at all) and FlagDeliveryMismatch (a serving
+    process runs another flag than its preflight chose)."""
+    mismatched = status.get("mismatched") or []
+    return [
+        {
+            "type": "FlagDelivery",
+            "status": "False" if mode.undeliverable else "True",
+            "reason": "Undeliverable"
+            if mode.undeliverable
+            else ("FileKeyRef" if mode.mode == "fileKeyRef" else "Shell"),
+            "message": (mode.undeliverable or mode.reason)[:1000],
+            "lastTransitionTime": now_iso,
+        },
+        {
+            "type": "FlagDeliveryMismatch",
+            "status": "True" if mismatched else "False",
+            "reason": "ProcessesRunAnotherFlag" if mismatched else "Verified",
+            "message": (
+                f"{status.get('mismatchedCount')} serving pod(s) run another flag than their preflight chose: "
+                + "; ".join(mismatched[:5])
+                if mismatched
+                else "every observed serving process runs the flag its preflight chose"
+            )[:1000],
+            "lastTransitionTime": now_iso,
+        },
+    ]
+
+
+def delivery_events(rollout: RolloutView, mode: delivery.Mode, work: Mapping[str, NodeWork]) -> list[Event]:
+    """One Event when the delivery mode changes, and one Warning per node whose mismatched pods change."""
+    events = []
+    before = rollout.status.get("delivery") or {}
+    if before.get("mode") not in (None, mode.mode):
+        events.append(Event("Normal", "FlagDelivery", f"flag delivery turns {mode.mode}: {mode.reason}"[:1000]))
+    seen = {line.split(":", 1)[0] for line in before.get("mismatched") or [] if isinstance(line, str)}
+    for name, w in sorted(work.items()):
+        lines = w.delivery.mismatched()
+        fresh = [line for line in lines if f"{name}/{line.split(':', 1)[0]}" not in seen]
+        if fresh:
+            events.append(Event("Warning", "FlagDeliveryMismatch", f"node {name}: {'; '.join(fresh)}"[:1000]))
+    return events
 
 
 def no_safe_rollback_status(serving: Resolution | None, nodes: list[str]) -> dict[str, Any] | None:

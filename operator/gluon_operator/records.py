@@ -153,6 +153,9 @@ class PreflightVerdict(Lenient):
     reason: StrictStr | None = None
     agent: AgentAnswer | None = None
     final: StrictBool | None = None  # a refusal no restart can change (e.g. the image's python is too old)
+    held: StrictBool | None = (
+        None  # it holds the pod: the kubelet ignores fileKeyRef (the serving process would get '')
+    )
     truncated: StrictBool | None = (
         None  # cut to the kubelet's 4096 bytes: the reason is cut, flag, final and agent kept
     )

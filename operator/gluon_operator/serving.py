@@ -14,7 +14,7 @@ Upstream facts (sgl-project/sglang, read 2026-12-02):
 - DCP: `--dcp-size N` (PR #34432's launch command); `SGLANG_AITER_MLA_DCP_DECODE_BACKEND=gluon|asm`
   (PR #40750, default gluon); `SGLANG_AITER_MLA_PERSIST` (a bool env, default on); `--page-size N`
   (default 1); `--enable-dp-attention` (store_true).
-- SGLang's bool env values: true/1/yes/y and false/0/no/n, any case (environ.py's EnvBool).
+- SGLang's bool env values: true/1/yes/y and false/0/no/n, any case, never stripped (gluon_common.sglang_env).
 
 Args may be separate tokens, `--flag=value`, or inside `sh -c "..."` (split as the shell would, shlex).
 Kubernetes expands `$(VAR)` in command and args from the container's env; so does this reader, for env
@@ -31,7 +31,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from gluon_common import contract
+from gluon_common import contract, sglang_env
 from gluon_common.sglang_routes import MAX_VERIFY_Q_LEN, ServingConfig, flag_routes, no_route
 
 ALGORITHM, DRAFT_TOKENS, STEPS, TOPK = (
@@ -45,7 +45,6 @@ DCP_SIZE, PAGE_SIZE, DP_ATTENTION = "--dcp-size", "--page-size", "--enable-dp-at
 ENV_PERSIST, ENV_DCP_BACKEND = "SGLANG_AITER_MLA_PERSIST", "SGLANG_AITER_MLA_DCP_DECODE_BACKEND"
 KIMI_K3_DSPARK_BLOCK = 7  # the block size of Kimi-K3's DSpark draft checkpoint
 SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh", "busybox"})
-TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
 K8S_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 FIELDS = tuple(ServingConfig().as_dict())
 
@@ -160,10 +159,10 @@ def env_bool(name: str, values: Mapping[str, str], elsewhere: set[str]) -> bool 
         return Unknown(f"env {name} comes from a reference (valueFrom)")
     if name not in values:
         return None
-    word = values[name].strip().lower()
-    if word in TRUE_WORDS or word in FALSE_WORDS:
-        return word in TRUE_WORDS
-    return Unknown(f"env {name}={values[name]!r} is not a boolean SGLang reads")
+    value = sglang_env.parsed(values[name])
+    if value is not None:
+        return value
+    return Unknown(f"env {name}={values[name]!r} is not a boolean SGLang reads (it warns and takes its default)")
 
 
 def container_serving(container: Mapping[str, Any]) -> PodServing:

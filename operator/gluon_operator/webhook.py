@@ -3,9 +3,16 @@
 For a pod matching a GluonRollout: an emptyDir, an init container in the agent image that installs the
 stdlib-only preflight and writes the safe default flag ('0'), an init container in the serving
 container's own image that decides the flag, and SGLANG_AITER_MLA_GLUON in the containers of that image,
-read from the flag file: `fileKeyRef` (Kubernetes >= 1.35) or, in `shell` mode, a shell wrapper that
-sources the file before exec-ing the original command. Idempotent: mutating a mutated pod changes nothing.
-Every review is allowed: a pod we cannot inject starts as its template says, with a warning (`admit`).
+read from the flag file: `fileKeyRef` (the kubelet reads it: Kubernetes >= 1.35) or `shell` (a wrapper
+sources it before exec-ing the original command). Each such container also gets its own name in
+contract.ENV_FLAG_CONTAINER (the agent finds its processes by it) and the flag volume read-only (the agent
+reads the flag its preflight chose there). Which of the two: the rollout's resolved mode (delivery.py, in its
+status), never fileKeyRef where the API server does not accept it. In fileKeyRef mode the preflight holds the
+pod (exits non-zero, so the kubelet retries it) where the kubelet ignores fileKeyRef: its serving container
+would get an empty value, which SGLang reads as on. In shell mode a container without a command (its image's
+entrypoint is unknown here) gets a plain SGLANG_AITER_MLA_GLUON=0 instead: it runs the safe path.
+Idempotent: mutating a mutated pod changes nothing. Every review is allowed: a pod we cannot inject starts
+as its template says, with a warning (`admit`).
 """
 
 from __future__ import annotations
@@ -20,17 +27,25 @@ from . import serving
 from .spec import selector_matches
 
 VOLUME = "gluon-flag"
-MOUNT = "/gluon"
+MOUNT = contract.FLAG_MOUNT
 INSTALL_CONTAINER = "gluon-install"
 PREFLIGHT_CONTAINER = "gluon-preflight"
-FLAG_FILE = "flag.env"
+FLAG_FILE = contract.FLAG_FILE
 TERMINATION_LOG = "/dev/termination-log"
 SMALL = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
 # Sidecars that mesh, secret and proxy injectors put into `containers` (Istio puts its proxy first under
 # holdApplicationUntilProxyStarts): never the serving container unless an annotation names one.
 KNOWN_SIDECARS = frozenset({"istio-proxy", "linkerd-proxy", "vault-agent", "cloud-sql-proxy", "oauth2-proxy", "envoy"})
 # Env the preflight container sets itself: the serving container's own values of these are not copied.
-PREFLIGHT_OWN_ENV = ("HOST_IP", "NODE_NAME", contract.FLAG_ENV)
+PREFLIGHT_OWN_ENV = (
+    "HOST_IP",
+    "NODE_NAME",
+    contract.FLAG_ENV,
+    contract.ENV_FILEKEYREF_CHECK,
+    contract.ENV_FLAG_CONTAINER,
+)
+AUTO, FILEKEYREF, SHELL = contract.INJECTION_MODES
+HOLD_EXIT = 3  # the preflight's exit status when it holds its pod (the kubelet ignores fileKeyRef)
 PYTHON_FLOOR = (3, 8)  # the oldest python3 the preflight runs on (SGLang's ROCm images ship 3.10 and 3.12)
 TOO_OLD_EXIT = 86  # the launcher's exit status for a python3 below PYTHON_FLOOR
 DEADLINE_GRACE_S = 10  # of the shell's deadline, kept back from Python's: interpreter start, the verdict
@@ -45,7 +60,7 @@ REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 @dataclass(frozen=True)
 class Injection:
     agent_image: str
-    mode: Literal["fileKeyRef", "shell"] = "fileKeyRef"
+    mode: Literal["auto", "fileKeyRef", "shell"] = "auto"  # as configured (operator.injectionMode)
     image_pull_policy: str = "IfNotPresent"
     deadline_s: int = 90  # the whole preflight, enforced by its shell (Python's own is DEADLINE_GRACE_S less)
     agent_port: int = contract.AGENT_PORT  # where the node's agent listens (the chart's agent.port)
@@ -56,12 +71,27 @@ DEFAULT_AGENT_IMAGE = "ghcr.io/gluon-rollout/agent:0.1.0"
 
 def injection_from_env(environ: Mapping[str, str]) -> Injection:
     """The injection as the chart configures it (read once, at operator start): GLUON_AGENT_IMAGE,
-    GLUON_INJECTION_MODE ("shell", else fileKeyRef) and GLUON_AGENT_PORT."""
+    GLUON_INJECTION_MODE (auto, the default, fileKeyRef or shell) and GLUON_AGENT_PORT."""
+    mode = environ.get("GLUON_INJECTION_MODE") or AUTO
+    if mode not in contract.INJECTION_MODES:
+        raise ValueError(
+            f"GLUON_INJECTION_MODE={mode!r} is not one of {', '.join(contract.INJECTION_MODES)}: set the chart's "
+            "operator.injectionMode to one"
+        )
     return Injection(
         agent_image=environ.get("GLUON_AGENT_IMAGE", DEFAULT_AGENT_IMAGE),
-        mode="shell" if environ.get("GLUON_INJECTION_MODE") == "shell" else "fileKeyRef",
+        mode=mode,  # type: ignore[arg-type]
         agent_port=agent_port(environ.get("GLUON_AGENT_PORT")),
     )
+
+
+def mode_for(configured: str, api_accepts: bool | None, resolved: Any) -> str:
+    """The mode for a pod of a rollout: shell when configured; fileKeyRef when configured (admit refuses it
+    where the API server does not accept it); in auto, the rollout's resolved mode (status.delivery.mode),
+    fileKeyRef only while the API server accepts it, and shell before the operator has resolved one."""
+    if configured != AUTO:
+        return configured
+    return FILEKEYREF if resolved == FILEKEYREF and api_accepts is True else SHELL
 
 
 def agent_port(value: str | None) -> int:
@@ -193,14 +223,25 @@ def strip(spec: dict[str, Any], image: str) -> dict[str, Any]:
     ]
     for container in spec["containers"]:
         container["volumeMounts"] = [m for m in container["volumeMounts"] if m.get("name") != VOLUME]
-        wrapped = container.pop("command", None)
-        if wrapped and wrapped[:2] == ["/bin/sh", "-c"] and len(wrapped) > 3 and wrapped[2] == SHELL_WRAPPER:
-            container["command"] = wrapped[4:]  # the original command after "$0" placeholder
-        elif wrapped is not None:
-            container["command"] = wrapped
+        command = container.pop("command", None)
+        if wrapped(command):
+            container["command"] = command[4:]  # the original command after "$0" placeholder
+        elif command is not None:
+            container["command"] = command
+        container["env"] = [e for e in container["env"] if e.get("name") != contract.ENV_FLAG_CONTAINER]
     for container in wired(spec["containers"], image):
         container["env"] = [e for e in container["env"] if e.get("name") != contract.FLAG_ENV]
     return spec
+
+
+def wrapped(command: Any) -> bool:
+    """Whether a container's command is our shell wrapper around its own."""
+    return (
+        isinstance(command, list)
+        and command[:2] == ["/bin/sh", "-c"]
+        and len(command) > 3
+        and command[2] == SHELL_WRAPPER
+    )
 
 
 SHELL_WRAPPER = f'. {MOUNT}/{FLAG_FILE} && export {contract.FLAG_ENV} && exec "$@"'
@@ -217,8 +258,25 @@ def python_deadline(deadline_s: int) -> int:
     return max(deadline_s * 2 // 3, deadline_s - DEADLINE_GRACE_S)
 
 
+HOLD_REASON = (
+    f"the kubelet of this node ignores fileKeyRef (older than 1.35, or its EnvFiles feature gate is off): the serving "
+    f"container would get an empty {contract.FLAG_ENV}, which SGLang reads as on. The pod is held here until "
+    "the operator delivers the flag another way (injectionMode auto turns the rollout to shell)"
+)
+
+
+def hold_line() -> str:
+    """fileKeyRef mode's first line: hold the pod unless the kubelet read the flag file's '0' into the check."""
+    verdict = f'{{"flag": "0", "held": true, "final": true, "agent": {{"asked": false}}, "reason": "{HOLD_REASON}"}}'
+    return f"[ \"${{{contract.ENV_FILEKEYREF_CHECK}-}}\" = 0 ] || {{ say '{verdict}'; exit {HOLD_EXIT}; }}"
+
+
 def preflight_script(
-    deadline_s: int, mount: str = MOUNT, termination_log: str = TERMINATION_LOG, agent_port: int = contract.AGENT_PORT
+    deadline_s: int,
+    mount: str = MOUNT,
+    termination_log: str = TERMINATION_LOG,
+    agent_port: int = contract.AGENT_PORT,
+    check_file_key_ref: bool = False,
 ) -> str:
     """The preflight container's POSIX sh program (dash, bash, busybox). It keeps the image's PYTHONPATH and
     adds ours in front (only the preflight's copy lives there), and bounds the whole run with a
@@ -226,7 +284,9 @@ def preflight_script(
     does (hangs, dies, refuses to start), the flag ends '0' unless Python wrote '1', and the termination
     message says why. `agent.asked: false` marks a stack refusal the agent had no part in: not transient.
     The agent's port is passed only when it is not the default, so an agent image older than the option
-    still runs the preflight of a default install."""
+    still runs the preflight of a default install. `check_file_key_ref` (fileKeyRef mode): first of all, hold
+    the pod (exit HOLD_EXIT with a `held` verdict; the kubelet retries it) unless the kubelet handed this
+    container the flag file's '0' through its own fileKeyRef (contract.ENV_FILEKEYREF_CHECK)."""
     port = "" if agent_port == contract.AGENT_PORT else f" --agent-port {int(agent_port)}"
     refusal = '"final": true, "agent": {"asked": false}, "reason": '
     lines = [
@@ -235,6 +295,7 @@ def preflight_script(
         f"say() {{ printf '%s' \"$1\" > {termination_log}; printf '%s\\n' \"$1\"; }}",
         f"refuse() {{ printf \"%s='0'\\n\" {contract.FLAG_ENV} > {mount}/{FLAG_FILE}; "
         f'say "{{\\"flag\\": \\"0\\", $1}}"; exit 0; }}',
+        *([hold_line()] if check_file_key_ref else []),
         f"py=$(command -v python3 || command -v python) || "
         f"refuse '{refusal}\"the serving image has no python3 on PATH\"'",
         f'"$py" -c "{LAUNCHER}" --flag-dir {mount} --termination-log {termination_log} '
@@ -278,8 +339,15 @@ def preflight_environment(serving: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def init_containers(serving: Mapping[str, Any], config: Injection) -> list[dict[str, Any]]:
+def file_key_ref(key: str = contract.FLAG_ENV) -> dict[str, Any]:
+    return {"valueFrom": {"fileKeyRef": {"volumeName": VOLUME, "path": FLAG_FILE, "key": key, "optional": False}}}
+
+
+def init_containers(serving: Mapping[str, Any], config: Injection, mode: str) -> list[dict[str, Any]]:
     security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    preflight_env = preflight_environment(serving)
+    if mode == FILEKEYREF:  # the kubelet's own reading of the flag file, which the install container wrote
+        preflight_env["env"] = preflight_env["env"] + [{"name": contract.ENV_FILEKEYREF_CHECK, **file_key_ref()}]
     return [
         {
             "name": INSTALL_CONTAINER,
@@ -293,8 +361,14 @@ def init_containers(serving: Mapping[str, Any], config: Injection) -> list[dict[
         {
             "name": PREFLIGHT_CONTAINER,
             "image": serving["image"],
-            "command": ["/bin/sh", "-c", preflight_script(config.deadline_s, agent_port=config.agent_port)],
-            **preflight_environment(serving),
+            "command": [
+                "/bin/sh",
+                "-c",
+                preflight_script(
+                    config.deadline_s, agent_port=config.agent_port, check_file_key_ref=mode == FILEKEYREF
+                ),
+            ],
+            **preflight_env,
             "resources": SMALL,
             "terminationMessagePolicy": "File",
             "securityContext": security,
@@ -302,23 +376,28 @@ def init_containers(serving: Mapping[str, Any], config: Injection) -> list[dict[
     ]
 
 
-def flag_env(config: Injection) -> dict[str, Any]:
-    if config.mode == "fileKeyRef":
-        ref = {"volumeName": VOLUME, "path": FLAG_FILE, "key": contract.FLAG_ENV, "optional": False}
-        return {"name": contract.FLAG_ENV, "valueFrom": {"fileKeyRef": ref}}
-    return {"name": contract.FLAG_ENV, "value": "0"}  # overwritten by the wrapper's `. flag.env`
+SAFE_FLAG = {"name": contract.FLAG_ENV, "value": "0"}  # what every kubelet delivers
 
 
-def wire_container(container: dict[str, Any], config: Injection) -> None:
-    container["env"] = container["env"] + [flag_env(config)]
-    if config.mode == "shell":
-        command = container.get("command")
-        if not command:
-            raise NotInjectable(
-                f"container {container['name']!r} has no command: shell mode needs it to wrap (use fileKeyRef)"
-            )
+def wire_container(container: dict[str, Any], mode: str) -> str | None:
+    """Give the container the flag file's value, its name as the marker the agent finds it by, and the flag
+    volume read-only. In shell mode a container without a command gets a plain '0' and is not wired: the
+    webhook cannot wrap its image's entrypoint, which it does not know. Returns a warning, or None."""
+    command = container.get("command")
+    if mode == SHELL and not command:
+        container["env"] = container["env"] + [SAFE_FLAG]
+        return (
+            f"container {container['name']!r} has no command: shell delivery wraps a container's command and its "
+            f"image's entrypoint is not known to the webhook, so it runs at {contract.FLAG_ENV}=0 (the rollout "
+            "will not enable nodes for it; give it a command, or use fileKeyRef where the cluster allows)"
+        )
+    flag = {"name": contract.FLAG_ENV, **file_key_ref()} if mode == FILEKEYREF else SAFE_FLAG  # shell: the wrapper
+    marker = {"name": contract.ENV_FLAG_CONTAINER, "value": container["name"]}  # sources the file over the '0'
+    container["env"] = container["env"] + [marker, flag]
+    container["volumeMounts"] = container["volumeMounts"] + [{"name": VOLUME, "mountPath": MOUNT, "readOnly": True}]
+    if mode == SHELL:
         container["command"] = ["/bin/sh", "-c", SHELL_WRAPPER, "sh"] + command
-        container["volumeMounts"] = container["volumeMounts"] + [{"name": VOLUME, "mountPath": MOUNT, "readOnly": True}]
+    return None
 
 
 def tidy(spec: dict[str, Any]) -> dict[str, Any]:
@@ -333,7 +412,8 @@ def tidy(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def mutated_spec(pod: Mapping[str, Any], config: Injection) -> dict[str, Any]:
+def mutated_spec(pod: Mapping[str, Any], config: Injection, mode: str) -> tuple[dict[str, Any], list[str]]:
+    """The injected spec and its warnings (containers that could not be wired)."""
     spec, annotations = checked_spec(pod), annotations_of(pod)
     clash = reserved_name_clash(spec, annotations)
     if clash:
@@ -344,15 +424,16 @@ def mutated_spec(pod: Mapping[str, Any], config: Injection) -> dict[str, Any]:
         raise NotInjectable(f"the serving container {serving['name']!r} has no image to run the preflight in")
     spec = strip(spec, image)
     spec["volumes"] = spec["volumes"] + [{"name": VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
-    spec["initContainers"] = spec["initContainers"] + init_containers(serving, config)
-    for container in wired(spec["containers"], image):
-        wire_container(container, config)
-    return tidy(spec)
+    spec["initContainers"] = spec["initContainers"] + init_containers(serving, config, mode)
+    warnings = [wire_container(container, mode) for container in wired(spec["containers"], image)]
+    return tidy(spec), [w for w in warnings if w]
 
 
-def mutation(pod: Mapping[str, Any], rollout: str, config: Injection) -> dict[str, Any] | None:
-    """Top-level fields to replace on the pod, or None when it already carries exactly this injection."""
-    spec = mutated_spec(pod, config)
+def mutation(
+    pod: Mapping[str, Any], rollout: str, config: Injection, mode: str
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """(top-level fields to replace on the pod, or None when it already carries exactly this injection; warnings)."""
+    spec, warnings = mutated_spec(pod, config, mode)
     original = pod.get("spec") or {}
     changes: dict[str, Any] = {}
     if spec != original:
@@ -361,7 +442,7 @@ def mutation(pod: Mapping[str, Any], rollout: str, config: Injection) -> dict[st
         }
     if annotations_of(pod).get(contract.ANNOTATION_POD_INJECTED) != rollout:
         changes["metadata"] = {"annotations": {contract.ANNOTATION_POD_INJECTED: rollout}}
-    return changes or None
+    return changes or None, warnings
 
 
 # ---------------------------------------------------------------- the admission decision
@@ -377,21 +458,44 @@ class Admission:
     warnings: tuple[str, ...] = field(default=())
 
 
-def admit(pod: Mapping[str, Any], namespace: str | None, rollouts: Mapping[Any, Any], config: Injection) -> Admission:
+def admit(
+    pod: Mapping[str, Any],
+    namespace: str | None,
+    rollouts: Mapping[Any, Any],
+    config: Injection,
+    api_accepts: bool | None = None,
+) -> Admission:
     """The webhook's whole decision for a pod CREATE. `rollouts`: namespace -> the indexed rollouts there
-    ({"name", "podSelector"}). Never raises: an admission handler's exception is a denial in kopf."""
+    ({"name", "podSelector", "delivery": its resolved mode}); `api_accepts`: whether the API server accepts
+    fileKeyRef (apiserver.py; None: not known). Never raises: an admission handler's exception is a denial in
+    kopf, and a pod is never refused because of the injection."""
     try:
         labels = metadata_map(pod, "labels")
         namespace = namespace or (pod.get("metadata") or {}).get("namespace")
-        matched = sorted(r["name"] for r in rollouts.get(namespace) or [] if selector_matches(r["podSelector"], labels))
-        if not matched:
+        entries = sorted(
+            (r for r in rollouts.get(namespace) or [] if selector_matches(r["podSelector"], labels)),
+            key=lambda r: r["name"],
+        )
+        if not entries:
             return Admission("unmatched")
         warned = no_rollback_warning(pod)
+        mode = mode_for(config.mode, api_accepts, entries[0].get("delivery"))
         try:
-            changes = mutation(pod, matched[0], config)
+            if mode == FILEKEYREF and api_accepts is not True:
+                raise NotInjectable(
+                    "injectionMode fileKeyRef, and the API server "
+                    + (
+                        "does not accept fileKeyRef"
+                        if api_accepts is False
+                        else "has not been checked for fileKeyRef yet"
+                    )
+                    + " (the pod would fail validation); it starts at its template's flag"
+                )
+            changes, unwired = mutation(pod, entries[0]["name"], config, mode)
         except NotInjectable as exc:
             return Admission("not-injected", None, (f"gluon-rollout did not inject: {exc}", *warned))
-        return Admission("injected" if changes else "unchanged", changes, warned)
+        notes = tuple(f"gluon-rollout: {w}" for w in unwired)
+        return Admission("injected" if changes else "unchanged", changes, (*notes, *warned))
     except NotInjectable as exc:
         return Admission("not-injected", None, (f"gluon-rollout did not inject: {exc}",))
     except Exception as exc:  # noqa: BLE001 - a pod shape nobody foresaw (or our bug) must not deny a pod

@@ -54,7 +54,15 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
         annotations,
         bool(spec.get("unschedulable")),
         condition_true(status, "Ready"),
+        kubelet_version(status),
     )
+
+
+def kubelet_version(status: Mapping[str, Any]) -> str | None:
+    version = (
+        (status.get("nodeInfo") or {}).get("kubeletVersion") if isinstance(status.get("nodeInfo"), Mapping) else None
+    )
+    return version if isinstance(version, str) else None
 
 
 def is_agent(obj: Mapping[str, Any]) -> bool:
@@ -79,12 +87,38 @@ def preflight_verdict(status: Mapping[str, Any]) -> tuple[PreflightVerdict | Non
     (None, None) while there is none, or (None, why) for a message of the wrong shape."""
     for container in status.get("initContainerStatuses") or []:
         if isinstance(container, Mapping) and container.get("name") == webhook.PREFLIGHT_CONTAINER:
-            message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+            # A preflight that holds its pod exits non-zero and is restarted by the kubelet: its verdict is
+            # then the last run's (lastState), while it waits to run again.
+            message = terminated_message(container.get("state")) or terminated_message(container.get("lastState"))
             if not message:
                 return None, None
             verdict, problem = read_json(PreflightVerdict, message, "the preflight message")
             return verdict, (f"{problem}: {message[:200]!r}" if problem else None)
     return None, None
+
+
+def terminated_message(state: Any) -> str | None:
+    terminated = state.get("terminated") if isinstance(state, Mapping) else None
+    message = terminated.get("message") if isinstance(terminated, Mapping) else None
+    return message if isinstance(message, str) and message else None
+
+
+def wiring(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], str | None]:
+    """(the containers the webhook gave the flag, how: fileKeyRef | shell), read from the pod's spec."""
+    names, modes = [], set()
+    for container in spec.get("containers") or []:
+        if not isinstance(container, Mapping) or not isinstance(container.get("name"), str):
+            continue
+        env = [e for e in container.get("env") or [] if isinstance(e, Mapping)]
+        if not any(e.get("name") == contract.ENV_FLAG_CONTAINER for e in env):
+            continue
+        names.append(container["name"])
+        flag = next((e for e in env if e.get("name") == contract.FLAG_ENV), {})
+        if isinstance(flag.get("valueFrom"), Mapping) and "fileKeyRef" in flag["valueFrom"]:
+            modes.add(webhook.FILEKEYREF)
+        elif webhook.wrapped(container.get("command")):
+            modes.add(webhook.SHELL)
+    return tuple(names), (modes.pop() if len(modes) == 1 else None)
 
 
 def pod_view(obj: Mapping[str, Any]) -> PodView | None:
@@ -120,7 +154,21 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
         verdict is not None and verdict.flag == "0" and transient,
         any(isinstance(o, Mapping) and o.get("controller") is True for o in meta.get("ownerReferences") or []),
         serving,
+        str(meta.get("uid") or ""),
+        *wiring(spec),
+        verdict.reason if verdict is not None and verdict.held else None,
+        serving_has_command(obj),
     )
+
+
+def serving_has_command(obj: Mapping[str, Any]) -> bool:
+    """Whether the serving container (as the webhook picks it) has a command shell delivery can wrap."""
+    containers = (obj.get("spec") or {}).get("containers")
+    try:
+        container = webhook.serving_container(containers, webhook.annotations_of(obj)) if containers else None
+    except (webhook.NotInjectable, TypeError, KeyError, AttributeError):
+        return True  # a shape nobody can inject: not a delivery matter
+    return bool(container and container.get("command"))
 
 
 def pod_serving(obj: Mapping[str, Any]) -> PodServing | None:

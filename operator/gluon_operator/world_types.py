@@ -27,6 +27,7 @@ class NodeView:
     annotations: Mapping[str, str]
     unschedulable: bool = False
     ready: bool | None = None  # the Ready condition; None when the node reports none (counted as ready)
+    kubelet_version: str | None = None  # status.nodeInfo.kubeletVersion (fileKeyRef needs 1.35 or later)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class PodView:
     transient: bool = False
     controlled: bool = True  # a controller (ReplicaSet, StatefulSet, ...) recreates it when it is restarted
     serving: PodServing | None = None  # what its serving container states of its SGLang setup (serving.py)
+    uid: str = ""
+    wired: tuple[str, ...] = ()  # the containers the webhook gave the flag (contract.ENV_FLAG_CONTAINER)
+    delivery_mode: str | None = None  # how they get it: fileKeyRef | shell (None: no flag file wired)
+    held: str | None = None  # why its preflight holds it (its kubelet ignores fileKeyRef), None when it does not
+    has_command: bool = True  # its serving container has a command (shell delivery can wrap it)
 
     @property
     def running_flag(self) -> str | None:
@@ -58,7 +64,8 @@ class PodView:
             return "0"
         return None
 
-    def facts(self) -> gating.PodFacts:
+    def facts(self, delivered: str | None = None, mismatch: str | None = None) -> gating.PodFacts:
+        """Its facts for the gating, with the flag its processes were seen to run (delivery.py)."""
         return gating.PodFacts(
             self.name,
             self.created,
@@ -69,6 +76,8 @@ class PodView:
             self.injected,
             self.transient,
             self.controlled,
+            delivered,
+            mismatch,
         )
 
 
@@ -83,8 +92,23 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class ApiFacts:
+    """What the operator found out about its API server (apiserver.py): its version, and whether a pod with
+    fileKeyRef passes its admission and validation (None: not known yet, or it could not be checked)."""
+
+    version: str | None = None
+    file_key_ref: bool | None = None
+    reason: str = "not checked yet"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"version": self.version, "fileKeyRef": self.file_key_ref, "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class World:
     nodes: Mapping[str, NodeView]
     agents: Mapping[str, bool]  # node -> its agent pod runs and is ready
     pods: Mapping[tuple[str, str], Sequence[PodView]]  # (namespace, node) -> serving pods there
     rollouts: Sequence[Claim] = ()  # every rollout, this one included
+    api: ApiFacts = ApiFacts()
+    injection_mode: str = "auto"  # the chart's operator.injectionMode (contract.INJECTION_MODES)

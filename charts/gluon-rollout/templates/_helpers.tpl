@@ -64,6 +64,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if lookup "v1" "Namespace" "" "kube-system" -}}
 {{- include "gluon.checks.podSecurity" . -}}
 {{- include "gluon.checks.monitoringCRDs" . -}}
+{{- include "gluon.checks.injectionMode" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* fileKeyRef forced on an API server older than 1.35: every injected pod would be admitted uninjected (the
+       API server drops the field), so the install says so instead. auto takes shell there by itself. */ -}}
+{{- define "gluon.checks.injectionMode" -}}
+{{- if and (eq .Values.operator.injectionMode "fileKeyRef") (not (semverCompare ">=1.35.0-0" .Capabilities.KubeVersion.Version)) -}}
+{{- fail (printf "operator.injectionMode is fileKeyRef but the API server is %s: fileKeyRef (EnvFiles) needs 1.35 or later, and an older API server drops the field. Use operator.injectionMode=auto (shell there) or shell." .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- end -}}
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from gluon_common import contract
 from gluon_common.sglang_routes import ServingConfig
 
-from .. import gating, plan, records, serving, spec, world
+from .. import delivery, gating, plan, records, serving, spec, world
 
 NONE = "-"
 FLAG_ORDER = ("1", "0", "?")
@@ -220,8 +220,21 @@ def status_view(
         "counts": status.get("counts") or {},
         "invalid": status.get("invalid"),
         "nodesOmitted": status.get("nodesOmitted"),
+        "delivery": status.get("delivery"),
         "nodes": status_rows(rollout, nodes, pods),
     }
+
+
+def delivery_lines(found: Mapping[str, Any] | None) -> list[str]:
+    """How the flag reaches the rollout's pods (status.delivery), and any pod seen running another flag."""
+    if not found:
+        return []
+    lines = [f"flag delivery: {found.get('mode')}: {found.get('undeliverable') or found.get('reason')}"]
+    mismatched = found.get("mismatched") or []
+    if mismatched:
+        count = found.get("mismatchedCount") or len(mismatched)
+        lines.append(f"flag delivery MISMATCH on {count} pod(s): {'; '.join(mismatched[:3])}")
+    return lines
 
 
 def render_status(
@@ -246,6 +259,7 @@ def render_status(
         head.append("paused: spec.paused is true (`kubectl gluon resume` resumes)")
     if view.get("aborted"):
         head.append(f"aborted: {describe(view['aborted'])}")
+    head += delivery_lines(view.get("delivery"))
     waiting = (view.get("approval") or {}).get("waitingFor")
     if waiting:
         head.append(f"waiting for approval of {waiting!r} (`kubectl gluon promote` grants it)")
@@ -435,6 +449,7 @@ def explain(
         "analysis": dict((record or {}).get("numbers") or {}),
         "rollback": rollback.model_dump() if rollback else None,
         "rollbackProblem": rollback_problem,
+        "delivery": delivery_view(node, pods_on(name, serving_pods(rollout, pods))),
         "pods": [
             {
                 "name": meta(p).get("name"),
@@ -442,6 +457,31 @@ def explain(
                 "phase": (p.get("status") or {}).get("phase"),
             }
             for p in pods_on(name, serving_pods(rollout, pods))
+        ],
+    }
+
+
+def delivery_view(node: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the node's agent saw each serving pod's processes run, beside what its preflight chose
+    (operator/gluon_operator/delivery.py reads it the same way), and whether it can see at all."""
+    report = plan.delivery_report(world.node_view(node))
+    views = [v for v in map(world.pod_view, pods) if v is not None]
+    found = delivery.node_delivery(views, report)
+    seen = {c.pod_uid: c for c in (report.containers if report else [])}
+    return {
+        "observable": found.unavailable is None,
+        "problem": found.unavailable,
+        "pods": [
+            {
+                "name": v.name,
+                "chose": v.flag,
+                "runs": found.pods[v.name].flag,
+                "state": found.pods[v.name].state,
+                "detail": found.pods[v.name].detail,
+                "observedSince": seen[v.uid].since if v.uid in seen else None,
+            }
+            for v in views
+            if v.name in found.pods
         ],
     }
 
@@ -601,6 +641,15 @@ def render_explain(record: Mapping[str, Any]) -> str:
         out.append(
             f"{'':13} for fingerprint {rollback.get('fingerprint')}, at {ago(record, rollback.get('at'))}; "
             "`kubectl gluon retry NODE` clears it"
+        )
+    observed = record.get("delivery") or {}
+    if observed.get("problem"):
+        line("delivery", observed["problem"])
+    for pod in observed.get("pods") or []:
+        line(
+            "delivery",
+            f"{pod['name']}: preflight chose {pod['chose'] or '?'}, its processes run {pod['runs'] or '?'} "
+            f"({pod['state']}: {pod['detail']})",
         )
     pods = record.get("pods") or []
     line(
