@@ -1,13 +1,15 @@
 """The idle agent daemon's cost: RSS, CPU seconds per idle minute, /metrics latency. Prints JSON.
 
-    python bench/agent_overhead.py --json [--idle-seconds 30] [--requests 500]
+    python bench/agent_overhead.py --json [--idle-seconds 30] [--requests 500] [--pods 40]
     python bench/agent_overhead.py --json --quick      # 5 s idle, 50 requests (CI)
 
 Runs the real `gluon-agent run` (a SIMULATION result source: no GPU here) against a real kube-apiserver
 (gluon_localcluster, the chart installed by helm) for one kwok node, with the agent ServiceAccount's
 token bound to its agent pod on that node (the pod made from the chart's DaemonSet template, as the
 DaemonSet controller would), listening on the node's own address. Waits for its first publish, then
-measures it at rest.
+measures it at rest. With --pods N the node runs N injected serving containers of 10 processes each (real
+processes in cgroups, bench/delivery.py's Pods) and the agent observes them itself every 5 s (the chart
+leaves that to its observer container: this is the daemon's worst case).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from clusterbench import (
     rss_bytes,
     wait_until,
 )
+from delivery import Pods
 
 from gluon_common import contract  # noqa: E402
 from gluon_localcluster import fleet, processes  # noqa: E402
@@ -50,6 +53,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--quick", action="store_true", help="5 s idle and 50 requests (CI)")
+    parser.add_argument("--pods", type=int, default=0, help="serving pods the agent observes itself")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     exit_cleanly_on_sigterm()
@@ -57,6 +61,8 @@ def main() -> None:
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="gluon-agent-overhead-"))).resolve()
     from kubernetes import client
 
+    pods = Pods(args.pods, 10, workdir / "pods") if args.pods else None
+    observing = ["--observe-proc", "/proc", "--observe-cgroup-root", pods.root] if pods else []
     with ControlPlane(workdir / "cp", controllers=False, scheduler=False) as cp:
         installed = install(cp)
         core = client.CoreV1Api(cp.admin_client())
@@ -83,6 +89,7 @@ def main() -> None:
             str(contract.AGENT_PORT),
             "--log-level",
             "WARNING",
+            *observing,
         ]
         agent = processes.Process(
             argv, processes.python_env(PYTHONPATH=child_pythonpath()), workdir / "agent.log"
@@ -111,13 +118,17 @@ def main() -> None:
             latencies.sort()
             rss_after = rss_bytes(pid)
             version = cp.version()["gitVersion"]
+            observed = json.loads(core.read_node(NODE).metadata.annotations[contract.ANNOTATION_DELIVERY])
         finally:
             agent.stop()
+            if pods is not None:
+                pods.close()
     print(
         json.dumps(
             {
                 **provenance("agent_overhead", "agent_overhead.py"),
                 "apiserver_version": version,
+                "observed_pods": len(observed.get("containers", [])),
                 "idle_seconds": idle,
                 "idle_rss_mb": round(rss_idle / 2**20, 1),
                 "rss_after_metrics_mb": round(rss_after / 2**20, 1),

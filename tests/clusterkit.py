@@ -234,6 +234,7 @@ def operator_env(
         "GLUON_METRICS_PORT": "0",
         "GLUON_WATCH_TIMEOUT": "20",
         "GLUON_AGENT_IMAGE": AGENT_IMAGE,
+        "GLUON_NAMESPACE": installed.namespace,  # where the chart lets it ask about fileKeyRef (apiserver.py)
     }
     if webhook:
         env.update(
@@ -286,7 +287,10 @@ class PreflightReporter(Background):
     reports when the init containers completed and the serving container runs, with the preflight's
     termination message. The verdict is what the node's agent answers (flag 1 when the operator enabled the
     node and its self-test passed, as decisions.decide), unless `refuse` names the node: then the serving
-    image's own stack says 0 with that reason, as the real preflight does."""
+    image's own stack says 0 with that reason, as the real preflight does. It also stands in for the nodes'
+    agents' observers (SIMULATION): each node with reported pods gets the delivery annotation its agent would
+    publish when every injected serving process runs the flag its preflight chose (tests.objects.observed),
+    unless `runs` names the pod: then its process runs that raw value."""
 
     def __init__(self, admin: client.ApiClient, namespace: str, interval: float = 0.2) -> None:
         super().__init__(("preflight-reporter", self._run))
@@ -296,6 +300,8 @@ class PreflightReporter(Background):
         self.flags: dict[str, str] = {}  # node -> the flag its latest reported pod got
         self.reported: set[str] = set()
         self.errors: list[str] = []
+        self.runs: dict[str, str] = {}  # pod name -> the raw value its serving process runs instead
+        self.observed: dict[str, str] = {}  # node -> the delivery annotation last written
 
     def agent_answer(self, node: dict[str, Any]) -> dict[str, Any]:
         labels = node["metadata"].get("labels") or {}
@@ -321,13 +327,26 @@ class PreflightReporter(Background):
     def _run(self) -> None:
         while not self.stop_event.is_set():
             try:
-                for pod in json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)[
-                    "items"
-                ]:
+                pods = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]
+                for pod in pods:
                     self._consider(pod)
+                self._observe()
             except Exception as exc:  # a pod deleted meanwhile: reported, the next tick goes on
                 self.errors.append(repr(exc))
             self.stop_event.wait(self.interval)
+
+    def _observe(self) -> None:
+        """Each node's delivery annotation, as its agent would publish it for the pods reported there."""
+        from tests.objects import observed
+
+        pods = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)["items"]
+        running = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        for node in sorted({p["spec"].get("nodeName") for p in running} - {None}):
+            value = observed(node, running, self.runs)
+            if self.observed.get(node) != value:
+                body = {"metadata": {"annotations": {contract.ANNOTATION_DELIVERY: value}}}
+                self.core.patch_node(node, body, _content_type=MERGE, _preload_content=False)
+                self.observed[node] = value
 
     def _consider(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]

@@ -137,7 +137,7 @@ def with_observations(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -
     for node in nodes:
         node = copy.deepcopy(node)
         annotations = node["metadata"].setdefault("annotations", {})
-        annotations.setdefault(contract.ANNOTATION_DELIVERY, observed(node["metadata"]["name"], pods))
+        annotations[contract.ANNOTATION_DELIVERY] = observed(node["metadata"]["name"], pods)
         out.append(node)
     return out
 

@@ -159,7 +159,10 @@ def test_gating_canary_labels_status_and_events(operator, admin, namespace, node
         "Invalid": "False",
         "ServingConfigResolved": "True",
         "RollbackUnsafe": "False",
+        "FlagDelivery": "True",
+        "FlagDeliveryMismatch": "False",
     }
+    assert status["delivery"]["pods"]["verified"] >= 2  # the canary's new pods, seen running flag 1
     assert (
         status["serving"]["sources"]["verifyQLens"] == "default" and status["serving"]["pods"] > 0
     )  # read from the serving pods

@@ -96,10 +96,12 @@ def webhook_url(monkeypatch, installed, namespace, admin):
             timeout=30,
             what="webhook up",
         )
-        wait_for(
-            lambda: review(url, context, sglang_pod(namespace))["response"].get("patch"),
+        wait_for(  # the rollout reconciled: its delivery (auto: fileKeyRef here) is known to the webhook
+            lambda: (
+                "fileKeyRef" in json.dumps(patched(sglang_pod(namespace), review(url, context, sglang_pod(namespace))))
+            ),
             timeout=30,
-            what="rollout indexed",
+            what="rollout indexed and its delivery resolved",
         )
         yield url, context
 
