@@ -33,8 +33,11 @@ def http_json(url: str, timeout: float = 5.0) -> tuple[int, Any]:
 @contextmanager
 def running_agent(kubeconfig: Path, node_name: str, simulate: Path, **overrides: Any) -> Iterator[Any]:
     """A real agent (the daemon's own Agent.run) in a thread, with `kubeconfig`'s credentials (on the local
-    control plane: installed.agent_kubeconfig(node), a token bound to the node's agent pod)."""
+    control plane: installed.agent_kubeconfig(node), a token bound to the node's agent pod). It observes this
+    host's /proc under a cgroup root of its node's own, where no serving process runs (a node without
+    serving pods), unless `observation` says otherwise."""
     from gluon_agent.daemon import Agent, AgentConfig
+    from gluon_agent.delivery import InlineObservation
     from gluon_common.kube import NodeApi, make_api_client
     from gluon_localcluster.fakes.simulated import SimulatedSource
 
@@ -48,11 +51,13 @@ def running_agent(kubeconfig: Path, node_name: str, simulate: Path, **overrides:
         api_backoff_cap=0.5,
         probe_interval=3600.0,
     )
+    observation = overrides.pop("observation", None) or InlineObservation(Path("/proc"), f"/gluon-test-{node_name}")
     settings.update(overrides)
     agent = Agent(
         AgentConfig(**settings),
         NodeApi(make_api_client(kubeconfig=str(kubeconfig)), node_name),
         SimulatedSource(simulate),
+        observation=observation,
     )
     thread = threading.Thread(target=agent.run, name=f"agent-{node_name}", daemon=True)
     thread.start()

@@ -89,7 +89,10 @@ def test_agent_may_patch_its_own_node_agent_keys(agent_core):
         {
             "metadata": {
                 "labels": {contract.LABEL_SELFTEST: "pending"},
-                "annotations": {contract.ANNOTATION_OWNED_KEYS: contract.LABEL_SELFTEST},
+                "annotations": {
+                    contract.ANNOTATION_OWNED_KEYS: contract.LABEL_SELFTEST,
+                    contract.ANNOTATION_DELIVERY: '{"available": true}',
+                },
             }
         },
         _content_type=MERGE,
@@ -103,6 +106,11 @@ def test_agent_may_patch_its_own_node_agent_keys(agent_core):
         (
             "adm-b",
             {"metadata": {"labels": {contract.LABEL_SELFTEST: "pass"}}},
+            "the agent may change only its own node",
+        ),
+        (  # what the agent observed of its serving processes: on its own node only
+            "adm-b",
+            {"metadata": {"annotations": {contract.ANNOTATION_DELIVERY: '{"available": true}'}}},
             "the agent may change only its own node",
         ),
         ("adm-a", {"metadata": {"labels": {contract.LABEL_ENABLED: "true"}}}, "may not change the operator's keys"),

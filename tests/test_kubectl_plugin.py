@@ -22,7 +22,7 @@ from gluon_operator.kubectl_plugin import cli, controls, views
 from gluon_operator.kubectl_plugin.views import PluginError
 from gluon_operator.spec import GROUP, PLURAL, VERSION
 from tests.helpers import wait_for
-from tests.objects import AGENT_LABELS, SERVING_NS, agent_pod, gpu_node, rollout, serving_pod
+from tests.objects import AGENT_LABELS, SERVING_NS, agent_pod, gpu_node, observed, rollout, serving_pod
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 2_000_000_000.0
@@ -208,6 +208,38 @@ def test_explain_an_eligible_node_gives_every_gpu_and_path():
     assert "(SIMULATION)" in views.render_explain(explained(node))
     assert [p["flag"] for p in rec["pods"]] == ["1", "1"]
     json.dumps(rec)
+
+
+def test_explain_and_status_say_what_the_serving_processes_run():
+    """Per pod: what its preflight chose, what the agent saw its processes run; the rollout's delivery line."""
+    node = gpu_node("gpu-01")
+    pods = [serving_pod("gpu-01", i, flag="0") for i in range(2)]
+    hostile = pods[1]["metadata"]["name"]
+    node["metadata"]["annotations"][contract.ANNOTATION_DELIVERY] = observed("gpu-01", pods, runs={hostile: "1"})
+    rec = explained(node, pods=pods)
+    delivered = {p["name"]: (p["chose"], p["runs"], p["state"]) for p in rec["delivery"]["pods"]}
+    assert delivered == {pods[0]["metadata"]["name"]: ("0", "0", "verified"), hostile: ("0", "1", "mismatch")}
+    text = views.render_explain(rec)
+    assert f"{hostile}: preflight chose 0, its processes run 1 (mismatch: container sglang" in text
+    node["metadata"]["annotations"][contract.ANNOTATION_DELIVERY] = observed("gpu-01", pods, available=False)
+    blind = explained(node, pods=pods)
+    assert not blind["delivery"]["observable"] and "cannot observe" in views.render_explain(blind)
+    view = {
+        "namespace": SERVING_NS,
+        "rollout": "kimi",
+        "phase": "Progressing",
+        "counts": {},
+        "nodes": [],
+        "delivery": {
+            "mode": "shell",
+            "reason": "auto: shell, as 1 of the rollout's nodes run a kubelet older than 1.35",
+            "mismatched": [f"gpu-01/{hostile}: container sglang runs 1"],
+            "mismatchedCount": 1,
+        },
+    }
+    head = views.render_status(view, wide=True)
+    assert "flag delivery: shell: auto: shell, as 1 of the rollout's nodes run a kubelet older than 1.35" in head
+    assert f"flag delivery MISMATCH on 1 pod(s): gpu-01/{hostile}" in head
 
 
 def test_explain_says_why_a_node_is_ineligible():

@@ -10,11 +10,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "localcluster" / "k8s" / "build.sh"
+PINS = ROOT / "localcluster" / "k8s" / "pins.env"
 NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "kwokctl")
 
 
 def bin_dir() -> Path:
     return Path(os.environ.get("CLUSTER_BIN") or ROOT / ".cluster" / "bin")
+
+
+@lru_cache(maxsize=1)
+def pins() -> dict[str, str]:
+    """The pinned versions (pins.env: KEY=value lines, as build.sh sources them)."""
+    lines = (line.strip() for line in PINS.read_text().splitlines())
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#") and "=" in line)
+
+
+def kubernetes_version() -> str:
+    """The pinned Kubernetes version, e.g. v1.36.3: the control plane's and the real nodes' kubelet's."""
+    return pins()["KUBERNETES_VERSION"]
 
 
 def stages_dir() -> Path:

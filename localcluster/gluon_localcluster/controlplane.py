@@ -128,6 +128,13 @@ def _clean_env() -> dict[str, str]:
     }
 
 
+def feature_gate_args(gates: dict[str, bool]) -> list[str]:
+    """`--feature-gates=Name=true,...` as Kubernetes' components take it (none for no gates)."""
+    if not gates:
+        return []
+    return ["--feature-gates=" + ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))]
+
+
 def write_kubeconfig(path: Path, server: str, ca: Path | None, user: dict[str, str], name: str = "local") -> Path:
     """A kubeconfig (JSON is valid YAML) for one user: client certificate or bearer token."""
     cluster: dict[str, Any] = {"server": server}
@@ -149,13 +156,16 @@ def write_kubeconfig(path: Path, server: str, ca: Path | None, user: dict[str, s
 @dataclass
 class ControlPlane:
     """`controllers`: kube-controller-manager (ReplicaSets, DaemonSets, the disruption controller behind
-    PodDisruptionBudgets, node lifecycle, garbage collection, service-account tokens); `scheduler`; `kwok`."""
+    PodDisruptionBudgets, node lifecycle, garbage collection, service-account tokens); `scheduler`; `kwok`.
+    `feature_gates`: Kubernetes feature gates (e.g. {"EnvFiles": False}) for the API server, the
+    controller-manager and the scheduler alike (a real node's kubelet takes its own: realnode.RealNode)."""
 
     directory: Path | None = None
     controllers: bool = True
     scheduler: bool = True
     kwok: bool = True
     extra_apiserver_args: tuple[str, ...] = ()
+    feature_gates: dict[str, bool] = field(default_factory=dict)
     components: list[Component] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -175,16 +185,7 @@ class ControlPlane:
             if self.controllers:
                 self._start("kube-controller-manager", self._controller_manager_args())
             if self.scheduler:
-                self._start(
-                    "kube-scheduler",
-                    [
-                        binary("kube-scheduler"),
-                        f"--kubeconfig={self._component_kubeconfig('scheduler', '/CN=system:kube-scheduler')}",
-                        "--leader-elect=false",
-                        "--bind-address=127.0.0.1",
-                        f"--secure-port={free_port()}",
-                    ],
-                )
+                self._start("kube-scheduler", self._scheduler_args())
             if self.kwok:
                 self._start(
                     "kwok",
@@ -288,7 +289,11 @@ class ControlPlane:
         self._wait(lambda: _http_ok(f"{client}/health"), etcd, 30, "etcd /health")
 
     def _start_apiserver(self) -> None:
-        argv = [
+        apiserver = self._start("kube-apiserver", self._apiserver_args())
+        self._wait(self._ready, apiserver, 90, "kube-apiserver /readyz")
+
+    def _apiserver_args(self) -> list[str]:
+        return [
             binary("kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             "--bind-address=127.0.0.1",
@@ -310,10 +315,19 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             "--endpoint-reconciler-type=none",
+            *feature_gate_args(self.feature_gates),
             *self.extra_apiserver_args,
         ]
-        apiserver = self._start("kube-apiserver", argv)
-        self._wait(self._ready, apiserver, 90, "kube-apiserver /readyz")
+
+    def _scheduler_args(self) -> list[str]:
+        return [
+            binary("kube-scheduler"),
+            f"--kubeconfig={self._component_kubeconfig('scheduler', '/CN=system:kube-scheduler')}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            *feature_gate_args(self.feature_gates),
+        ]
 
     def _controller_manager_args(self) -> list[str]:
         kubeconfig = self._component_kubeconfig("controller-manager", "/CN=system:kube-controller-manager")
@@ -333,6 +347,7 @@ class ControlPlane:
             "--concurrent-deployment-syncs=10",
             "--concurrent-replicaset-syncs=10",
             "--node-monitor-grace-period=60s",
+            *feature_gate_args(self.feature_gates),
         ]
 
     # ------------------------------------------------------------ readiness

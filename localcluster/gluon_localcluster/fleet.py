@@ -10,13 +10,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gluon_agent import decisions
+from gluon_agent import decisions, delivery
 from gluon_agent.daemon import node_report, selftest_summary
 from gluon_agent.fingerprint import fingerprint
 from gluon_common import contract
+from gluon_common.delivery import DeliveryReport
 from gluon_common.sglang_routes import ServingConfig
 from gluon_operator.spec import GROUP, KIND, VERSION
 
+from .binaries import kubernetes_version
 from .controlplane import KWOK_NODE_ANNOTATION
 from .fakes.simulated import simulated_node
 
@@ -42,17 +44,28 @@ def pod_cidr(index: int) -> str:
     return f"10.244.{index}.0/24"
 
 
+def node_info(kubelet_version: str) -> dict[str, str]:
+    """status.nodeInfo with every field the API's schema requires: the kubelet's version, and empty values
+    that kwok's node stage fills with its own (its template keeps each value set, `or` its default)."""
+    empty = ("bootID", "containerRuntimeVersion", "kernelVersion", "kubeProxyVersion", "machineID", "osImage")
+    filled = {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": kubelet_version}
+    return dict.fromkeys((*empty, "systemUUID"), "") | filled
+
+
 def kwok_node(
     name: str,
     index: int,
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
     pod_index: int | None = None,
+    kubelet_version: str | None = None,
 ) -> dict[str, Any]:
     """A node kwok keeps Ready (SIMULATION of its kubelet), with room for a serving pod and an agent.
     `pod_index`: its pods get IPs of their own (pod_cidr(pod_index)), reachable through podnet.py. Apart
     from `index` (its address on the host's loopback, up to 62,500): each cluster's pod network is a
-    namespace of its own with 256 /24s (SimCluster passes index % 256)."""
+    namespace of its own with 256 /24s (SimCluster passes index % 256). `kubelet_version`: the version its
+    status reports (kwok's node stage keeps it; what the operator reads to choose fileKeyRef), by default
+    the pinned Kubernetes version (kubelet_sim's behaviour is that version's unless told to ignore fileKeyRef)."""
     capacity = {"cpu": "128", "memory": "2Ti", "pods": "110", "amd.com/gpu": "8"}
     return {
         "apiVersion": "v1",
@@ -73,6 +86,7 @@ def kwok_node(
             "allocatable": capacity,
             "capacity": capacity,
             "addresses": [{"type": "InternalIP", "address": node_ip(index)}, {"type": "Hostname", "address": name}],
+            "nodeInfo": node_info(kubelet_version or kubernetes_version()),
         },
     }
 
@@ -87,7 +101,8 @@ def agent_published(
     sglang: str = "0.5.19",
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The labels and annotations a node's agent publishes for these (simulated) self-test results, the
-    self-test having proved `serving` (the configuration a rollout derives from pods that say nothing)."""
+    self-test having proved `serving` (the configuration a rollout derives from pods that say nothing), and
+    its observer seeing no injected serving process on the node (none runs there yet)."""
     spec = simulated_node(capable=capable, accelerated=accelerated, fallback=fallback, driver="6.12.12", sglang=sglang)
     probe = spec["probe"]
     fp = fingerprint(probe)
@@ -100,7 +115,8 @@ def agent_published(
     )
     summary = selftest_summary(selftest, "start", selftest["fingerprint"])
     report = node_report(name, probe, fp, summary, selftest["result"], None)
-    desired = decisions.desired_state(probe, selftest["result"], report.annotation_value())
+    observed = delivery.annotation(DeliveryReport(available=True))
+    desired = decisions.desired_state(probe, selftest["result"], report.annotation_value(), observed)
     return dict(desired.labels), dict(desired.annotations)
 
 

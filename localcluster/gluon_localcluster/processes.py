@@ -104,6 +104,7 @@ def operator(
         GLUON_WEBHOOK_ADDR="127.0.0.1",
         GLUON_WEBHOOK_PORT=str(installed.webhook_port),
         GLUON_AGENT_IMAGE=agent_image or AGENT_IMAGE,  # a real node runs images.AGENT_IMAGE
+        GLUON_NAMESPACE=installed.namespace,  # the chart's (downward API): where it checks fileKeyRef (apiserver.py)
     )
     settings = python_env(**{**defaults, **env})
     argv = [
@@ -126,8 +127,12 @@ def agent(
     server: str | None = None,
     env: dict[str, str] | None = None,
     *extra: Any,
+    cgroup_root: str | None = None,
 ) -> Process:
-    """`gluon-agent run` for `node` with a token bound to its DaemonSet pod, listening on `host` (the node's IP)."""
+    """`gluon-agent run` for `node` with a token bound to its DaemonSet pod, listening on `host` (the node's IP).
+    `cgroup_root`: the node's kubelet cgroup root (kubelet_sim.KubeletSim.cgroup_root): the agent observes the
+    flag its serving processes run by reading /proc itself (it runs as root on this host), under that root."""
+    observing = ["--observe-proc", "/proc", "--observe-cgroup-root", cgroup_root] if cgroup_root else []
     argv = [
         sys.executable,
         "-m",
@@ -150,6 +155,7 @@ def agent(
         "10",
         "--log-level",
         "INFO",
+        *observing,
         *map(str, extra),
     ]
     return Process(argv, python_env(**(env or {})), installed.cp.dir / f"agent-{node}.log").start()

@@ -204,6 +204,7 @@ class RealNode:
     labels: dict[str, str] = field(default_factory=dict)
     gpus: int = 0  # AMD GPU device files (SIMULATION) in the node's own /dev; 0: the host's /dev
     pod_network: str = ""  # the node's pod CIDR; default 10.244.<its number>.0/24
+    feature_gates: dict[str, bool] = field(default_factory=dict)  # the kubelet's (e.g. {"EnvFiles": False})
     components: list[Component] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -263,9 +264,11 @@ class RealNode:
 
     def summary(self) -> str:
         """One line saying this node is real (kwok's are SIMULATION), for the screen and the logs."""
+        gates = ", ".join(f"{name}={str(on).lower()}" for name, on in sorted(self.feature_gates.items()))
         return (
-            f"REAL node {self.name}: kubelet {self.cp.version()['gitVersion']} (localcluster/node/build.sh), "
-            f"Debian containerd+runc, pods {self.pod_cidr} in network namespace {self.netns}, "
+            f"REAL node {self.name}: kubelet {self.cp.version()['gitVersion']} (localcluster/node/build.sh)"
+            + (f" with feature gates {gates}" if gates else "")
+            + f", Debian containerd+runc, pods {self.pod_cidr} in network namespace {self.netns}, "
             f"Ready after {self.started_seconds:.1f} s"
         )
 
@@ -528,7 +531,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.cp.pki.ca.cert,
             {"client-certificate": str(pair.cert), "client-key": str(pair.key)},
         )
-        config = {
+        config_path = self.dir / "kubelet.json"
+        config_path.write_text(json.dumps(self.kubelet_config(), indent=1))
+        labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
+        argv = self.in_netns(
+            kubelet,
+            f"--config={config_path}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={self.dir}/kubelet",
+            f"--cert-dir={self.dir}/kubelet-pki",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.ip}",
+            *([f"--node-labels={labels}"] if labels else []),
+            "--v=1",
+        )
+        self._start_component(Component("kubelet", argv, self.dir / "kubelet.log"), lambda: None)
+
+    def kubelet_config(self) -> dict[str, object]:
+        """The kubelet's KubeletConfiguration (written as kubelet.json), its feature gates included."""
+        config: dict[str, object] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             # cgroup v1 without systemd (KEP-5573: refused from v1.35 unless told otherwise).
@@ -563,21 +584,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "enforceNodeAllocatable": ["pods"],
             "localStorageCapacityIsolation": True,
         }
-        config_path = self.dir / "kubelet.json"
-        config_path.write_text(json.dumps(config, indent=1))
-        labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
-        argv = self.in_netns(
-            kubelet,
-            f"--config={config_path}",
-            f"--kubeconfig={kubeconfig}",
-            f"--root-dir={self.dir}/kubelet",
-            f"--cert-dir={self.dir}/kubelet-pki",
-            f"--hostname-override={self.name}",
-            f"--node-ip={self.ip}",
-            *([f"--node-labels={labels}"] if labels else []),
-            "--v=1",
-        )
-        self._start_component(Component("kubelet", argv, self.dir / "kubelet.log"), lambda: None)
+        if self.feature_gates:
+            config["featureGates"] = dict(self.feature_gates)
+        return config
 
     def wait_ready(self, timeout: float) -> None:
         from kubernetes import client

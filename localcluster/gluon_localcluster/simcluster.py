@@ -7,7 +7,9 @@ the chart installed by helm, one `gluon-agent run` process per node with a token
 pod, the operator process with its own token and its TLS webhook called by the API server, the preflight
 (run from the injected init containers' own commands), Prometheus, the analysis.
 SIMULATION (named so everywhere): kwok's nodes and pod lifecycle (no kubelet), the kubelet's part for
-injected pods and the agents' readiness probes (kubelet_sim.py), the pods' network (podnet.py: each
+injected pods (their init containers, and a real process per serving container, which each node's agent
+observes through /proc under that node's cgroup root) and the agents' readiness probes (kubelet_sim.py),
+the pods' network (podnet.py: each
 pod's port at its pod IP relays to the local process standing in for its container; Prometheus, run by the
 harness on the Prometheus Operator's generated config, finds them by Kubernetes service discovery and
 labels their series through the chart's monitors: monitoring.py), each agent's self-test results (no AMD
@@ -138,6 +140,29 @@ def fake_stacks() -> tuple[Path, dict[str, str]]:
     from .fakes.stacks import AITER_STACK, TORCH_GFX950
 
     return AITER_STACK, TORCH_GFX950
+
+
+def sim_images(directory: Path) -> dict[str, Image]:
+    """The images kubelet_sim runs on kwok's nodes (their stacks written under `directory`)."""
+    aiter, torch_files = fake_stacks()
+    from .fakes.stacks import triton_site, write_tree
+
+    torch_stack = write_tree(directory / "serving-image", torch_files)
+    shim = directory / "serving-image-bin"
+    shim.mkdir(parents=True, exist_ok=True)
+    python3 = shim / "python3"
+    if not python3.exists():
+        python3.symlink_to(sys.executable)
+    venv_bin = str(Path(sys.executable).parent)
+    return {
+        processes.AGENT_IMAGE: Image(path=(venv_bin,)),
+        images.AGENT_IMAGE: Image(path=(venv_bin,)),  # the webhook's, once real nodes need it pullable
+        # SIMULATION: the serving image's python3 with a fake aiter and a gfx950 torch on its PYTHONPATH
+        # (its own ENV), and the real Triton of our environment (Gluon with cga_layout).
+        SERVING_IMAGE: Image(
+            env={"PYTHONPATH": os.pathsep.join([str(aiter), str(torch_stack), triton_site()])}, path=(str(shim),)
+        ),
+    }
 
 
 @dataclass
@@ -334,25 +359,7 @@ class SimCluster:
                     self._on_init(outcome)
 
     def images(self) -> dict[str, Image]:
-        aiter, torch_files = fake_stacks()
-        from .fakes.stacks import triton_site, write_tree
-
-        torch_stack = write_tree(self.dir / "serving-image", torch_files)
-        shim = self.dir / "serving-image-bin"
-        shim.mkdir(exist_ok=True)
-        python3 = shim / "python3"
-        if not python3.exists():
-            python3.symlink_to(sys.executable)
-        venv_bin = str(Path(sys.executable).parent)
-        return {
-            processes.AGENT_IMAGE: Image(path=(venv_bin,)),
-            images.AGENT_IMAGE: Image(path=(venv_bin,)),  # the webhook's, once real nodes need it pullable
-            # SIMULATION: the serving image's python3 with a fake aiter and a gfx950 torch on its PYTHONPATH
-            # (its own ENV), and the real Triton of our environment (Gluon with cga_layout).
-            SERVING_IMAGE: Image(
-                env={"PYTHONPATH": os.pathsep.join([str(aiter), str(torch_stack), triton_site()])}, path=(str(shim),)
-            ),
-        }
+        return sim_images(self.dir)
 
     def _spawn(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -377,7 +384,13 @@ class SimCluster:
         sim = self.dir / f"sim-{running.node.name}.json"
         sim.write_text(json.dumps(spec))
         running.agent = processes.agent(
-            self.installed, running.node.name, running.ip, sim, server=self._server(), env=env
+            self.installed,
+            running.node.name,
+            running.ip,
+            sim,
+            server=self._server(),
+            env=env,
+            cgroup_root=self.kubelet.cgroup_root(running.node.name) if self.kubelet else None,
         )
 
     def start_operator(self) -> None:
