@@ -3,6 +3,8 @@ restarted while the API injects 500s, 409s and dropped watches; self-tests whose
 
 from __future__ import annotations
 
+import pytest
+
 from gluon_localcluster import faultsim
 
 # What the demo fleet must end in (tests/test_e2e.py checks the same fleet without faults).
@@ -37,6 +39,7 @@ def test_kernel_abort_and_hang_leave_the_agent_up_and_the_node_ineligible(tmp_pa
     assert "SIGABRT" in outcome["gpu-abort"]["reason"] and "timed out" in outcome["gpu-hang"]["reason"]
 
 
+@pytest.mark.timeout(600)  # the scenario's own bound is 300 s for the rollout, after a cluster's start
 def test_the_operator_writes_again_within_15_s_of_an_api_server_outage(tmp_path):
     """issue 34: kube-apiserver stopped for 20 s mid-rollout and started again (its RBAC caches cold). The
     operator's first write landed 46-60 s after the API server was back (the caches' 30 s back-off, then

@@ -12,27 +12,34 @@ import uuid
 import pytest
 from kubernetes import client
 
+from tests.helpers import wait_for
 from tests.test_chart import GPU_MODES, by_kind, render
 
 LEVELS = ("privileged", "baseline", "restricted")
 # The PodSecurity checks each mode fails, by level (the names the API server gives them in its denial).
-# Every mode fails baseline on the hostPort the preflight needs; the default adds "privileged".
+# Every mode fails baseline on the hostPort the preflight needs, and on the observer container: the host's
+# /proc (a hostPath) and CAP_SYS_PTRACE (a non-default capability), as root; the default adds "privileged".
+OBSERVER = {
+    "baseline": {"hostPath volumes", "non-default capabilities"},
+    "restricted": {"restricted volume types", "runAsNonRoot != true", "runAsUser=0", "unrestricted capabilities"},
+}
 VIOLATIONS = {
     "unprivileged": {
-        "baseline": {"hostPort", "hostPath volumes"},
-        "restricted": {"hostPort", "restricted volume types"},
+        "baseline": {"hostPort", "hostPath volumes"} | OBSERVER["baseline"],
+        "restricted": {"hostPort", "restricted volume types"} | OBSERVER["restricted"],
     },
     "privileged": {
-        "baseline": {"privileged", "hostPort", "hostPath volumes"},
+        "baseline": {"privileged", "hostPort", "hostPath volumes"} | OBSERVER["baseline"],
         "restricted": {
             "privileged",
             "hostPort",
             "restricted volume types",
             "allowPrivilegeEscalation != false",
             "unrestricted capabilities",
-        },
+        }
+        | OBSERVER["restricted"],
     },
-    "resource": {"baseline": {"hostPort"}, "restricted": {"hostPort"}},
+    "resource": {"baseline": {"hostPort"} | OBSERVER["baseline"], "restricted": {"hostPort"} | OBSERVER["restricted"]},
 }
 
 
@@ -54,6 +61,14 @@ def levels(control_plane):
             }
         )
         names[level] = name
+    for name in names.values():  # the controller-manager makes it; a pod's admission looks it up first
+        wait_for(
+            lambda name=name: [
+                a for a in core.list_namespaced_service_account(name).items if a.metadata.name == "default"
+            ],
+            timeout=30,
+            what=f"the default service account of {name}",
+        )
     yield names
     for name in names.values():
         core.delete_namespace(name, _preload_content=False)

@@ -309,8 +309,9 @@ MODES = {
 
 
 def process_status(node, pod_uid: str) -> dict[str, str]:
-    """/proc/<pid>/status of the pod's main process, found by its cgroup under the node's own root: what the
-    runtime really enforced (user, capabilities, no_new_privs, seccomp), whatever the pod spec asked."""
+    """/proc/<pid>/status of the pod's agent process (`gluon-agent run`; its observer container runs as root
+    beside it), found by its cgroup under the node's own root: what the runtime really enforced (user,
+    capabilities, no_new_privs, seccomp), whatever the pod spec asked."""
     root = CGROUP_FS / "pids" / node.cgroup
     pod_dirs = [d for d in root.rglob(f"*{pod_uid.replace('-', '_')}*") if d.is_dir()]
     pod_dirs += [d for d in root.rglob(f"*{pod_uid}*") if d.is_dir()]
@@ -319,7 +320,8 @@ def process_status(node, pod_uid: str) -> dict[str, str]:
             for pid in procs.read_text().split():
                 status = Path(f"/proc/{pid}/status").read_text()
                 fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-                if "gluon-agent" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if any(a.endswith(b"gluon-agent") for a in argv) and b"run" in argv:  # the agent, not its observer
                     return {k: v.strip() for k, v in fields.items()}
     raise AssertionError(f"no gluon-agent process in a cgroup of pod {pod_uid} under {root}")
 

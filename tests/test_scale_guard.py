@@ -56,14 +56,16 @@ def test_one_reconcile_visits_each_node_a_fixed_number_of_times_and_parses_only_
     fleet = Fleet(NODES, pods_per_node=PODS_PER_NODE, strategy={"canaryNodes": 1, "maxParallel": 2})
     per_node = {"node_work": NODES, "node_plan": NODES, "selects_node": NODES, "eligibility": NODES}
     first = counted_plan(monkeypatch, fleet)
-    # Every node's report is new text: one parse each; no record, rollback or preflight verdict exists yet.
-    assert first == Counter(plan=1, **per_node, _read_json=NODES)
+    # Every node's report is new text: one parse each; no record, rollback or preflight verdict exists yet. The
+    # agents' delivery observations are one text (no injected pod runs yet): one parse for all.
+    assert first == Counter(plan=1, **per_node, _read_json=NODES + 1)
     # The first plan wrote a record on every node: one text shared by the 39 Eligible nodes (the same
     # fields, the same `since`), one for the canary, Enabling.
     assert counted_plan(monkeypatch, fleet) == Counter(plan=1, **per_node, _read_json=2)
-    # The canary's record gained its restarted-pod count, and its pods came back with a preflight verdict
-    # (one text for both): 2 new readings. The plan moves it on to Analyzing.
-    assert counted_plan(monkeypatch, fleet) == Counter(plan=1, **per_node, _read_json=2)
+    # The canary's record gained its restarted-pod count, its pods came back with a preflight verdict (one text
+    # for both), and its agent saw them run it (its delivery observation): 3 new readings. The plan moves it
+    # on to Analyzing.
+    assert counted_plan(monkeypatch, fleet) == Counter(plan=1, **per_node, _read_json=3)
     assert counted_plan(monkeypatch, fleet) == Counter(plan=1, **per_node, _read_json=1)  # the Analyzing record
     for _ in range(2):  # steady: nothing new to read
         assert counted_plan(monkeypatch, fleet) == Counter(plan=1, **per_node)

@@ -119,6 +119,9 @@ def operator(
     return Process(argv, settings, installed.cp.dir / f"operator-{free_port()}.log").start()
 
 
+OBSERVE_SECONDS = 2  # the harness's agents read their pods' processes this often (the chart's observer: 5 s)
+
+
 def agent(
     installed: Installed,
     node: str,
@@ -133,6 +136,7 @@ def agent(
     `cgroup_root`: the node's kubelet cgroup root (kubelet_sim.KubeletSim.cgroup_root): the agent observes the
     flag its serving processes run by reading /proc itself (it runs as root on this host), under that root."""
     observing = ["--observe-proc", "/proc", "--observe-cgroup-root", cgroup_root] if cgroup_root else []
+    observing += ["--observe-interval", str(OBSERVE_SECONDS)] if cgroup_root else []
     argv = [
         sys.executable,
         "-m",
