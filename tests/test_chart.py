@@ -120,28 +120,24 @@ def test_every_object_validates(name, version):
         kubernetes_validate.validate(doc, version, strict=True)
 
 
+def rules_by_role(docs: list[dict], kind: str) -> dict[str, list[tuple[str, str, str]]]:
+    """Each Role or ClusterRole's rules as (apiGroup, resource, verbs) rows."""
+    return {
+        r["metadata"]["name"]: [
+            (g, res, " ".join(rule["verbs"]))
+            for rule in r["rules"]
+            for g in rule["apiGroups"]
+            for res in rule["resources"]
+        ]
+        for r in by_kind(docs, kind)
+    }
+
+
 def test_rbac_is_exactly_the_listed_rules():
     docs = render([])
-    roles = {
-        r["metadata"]["name"]: [
-            (g, res, " ".join(rule["verbs"]))
-            for rule in r["rules"]
-            for g in rule["apiGroups"]
-            for res in rule["resources"]
-        ]
-        for r in by_kind(docs, "ClusterRole")
-    }
-    assert roles == EXPECTED_RBAC
-    namespaced = {
-        r["metadata"]["name"]: [
-            (g, res, " ".join(rule["verbs"]))
-            for rule in r["rules"]
-            for g in rule["apiGroups"]
-            for res in rule["resources"]
-        ]
-        for r in by_kind(docs, "Role")
-    }
-    assert namespaced == EXPECTED_ROLES and all(r["metadata"]["namespace"] == NAMESPACE for r in by_kind(docs, "Role"))
+    assert rules_by_role(docs, "ClusterRole") == EXPECTED_RBAC
+    assert rules_by_role(docs, "Role") == EXPECTED_ROLES
+    assert all(r["metadata"]["namespace"] == NAMESPACE for r in by_kind(docs, "Role"))
     assert all(b["roleRef"]["kind"] == "ClusterRole" for b in by_kind(docs, "ClusterRoleBinding"))
     assert [(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in by_kind(docs, "RoleBinding")] == [
         ("Role", "t-gluon-rollout-operator-filekeyref-check")
