@@ -419,3 +419,14 @@ class PreflightReporter(Background):
             "initContainerStatuses": init,
             "containerStatuses": containers,
         }
+
+
+def finish(core: Any, custom: Any, namespace: str, name: str = "kimi") -> None:
+    """Remove a test's rollout while its operator still runs (it takes its finalizer off), then its namespace."""
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    wait_for(
+        lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
+        timeout=60,
+        what="the rollout gone",
+    )
+    core.delete_namespace(namespace)

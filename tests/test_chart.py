@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from gluon_common import contract
+from gluon_operator import proving
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts/gluon-rollout"
@@ -47,6 +48,8 @@ VALUE_SETS = {
     "gpu-resource": ["--set", "agent.gpuAccess=resource", "--set", "agent.gpuResourceCount=8"],
     "gpu-unprivileged": ["--set", "agent.privileged=false"],
     "webhook-opt-in": ["--set", "webhook.namespaceOptIn=true", "--set", "webhook.podOptIn=false"],
+    "selftest-in-serving-image": ["--set", "selfTest.inServingImage=true"],
+    "selftest-gpu-resource": ["--set", "selfTest.inServingImage=true", "--set", "agent.gpuAccess=resource"],
 }
 # The agent's GPU access modes (README "What each GPU access mode grants"): the value set of each.
 GPU_MODES = {
@@ -512,7 +515,7 @@ def admit(
     if not all(cel.evaluate(m["expression"], context) for m in spec["matchConditions"]):
         return []
     variables = {}
-    for v in spec["variables"]:
+    for v in spec.get("variables") or []:
         variables[v["name"]] = cel.evaluate(v["expression"], {**context, "variables": variables})
     return [
         v["message"]
@@ -555,7 +558,7 @@ def test_policy_lets_the_agent_write_its_own_keys_on_its_own_node():
         ("foreign label", f"the agent may change only {contract.PREFIX} labels and annotations"),
         (
             "operator key",
-            "the agent may not change the operator's keys (enabled, state, rollback, record, serving-config)",
+            "the agent may not change the operator's keys (enabled, state, rollback, record, serving-config, proofs)",
         ),
         ("spec", "the agent may not change a node's spec"),
     ],
@@ -668,3 +671,106 @@ def test_restart_policy_follows_the_webhook_selectors():
 
 
 # ---------------------------------------------------------------- the post-delete hook's command
+
+
+# ---------------------------------------------------------------- self-tests in the serving images
+
+IN_SERVING_IMAGE = VALUE_SETS["selftest-in-serving-image"]
+SELFTESTS = "-operator-selftests"
+
+
+def selftest_settings(values: list[str]) -> tuple[proving.PodSettings, proving.Limits]:
+    """The operator's settings as the chart renders them into its env."""
+    deployment = [d for d in by_kind(render(values), "Deployment") if d["metadata"]["name"].endswith("-operator")][0]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    settings = proving.settings_from_env(env)
+    assert settings is not None
+    return settings
+
+
+def test_selftest_pods_are_off_by_default_and_add_only_their_rules_when_on():
+    assert (
+        proving.settings_from_env(
+            {
+                e["name"]: e.get("value")
+                for e in by_kind(render([]), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+            }
+        )
+        is None
+    )
+    docs = render(IN_SERVING_IMAGE)
+    expected = {
+        **EXPECTED_RBAC,
+        "t-gluon-rollout-agent": [*EXPECTED_RBAC["t-gluon-rollout-agent"], ("", "pods", "get")],
+    }
+    assert rules_by_role(docs, "ClusterRole") == expected
+    assert rules_by_role(docs, "Role") == {
+        **EXPECTED_ROLES,
+        "t-gluon-rollout-operator-selftests": [("", "pods", "create")],
+    }
+    (priority,) = by_kind(docs, "PriorityClass")
+    assert (priority["value"], priority["preemptionPolicy"]) == (-10, "Never")
+    (account,) = [a for a in by_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "t-gluon-rollout-selftest"]
+    assert account["automountServiceAccountToken"] is False
+    agent = by_kind(docs, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "--image-proofs" in agent["args"]
+
+
+@pytest.mark.parametrize("values", ["selftest-in-serving-image", "selftest-gpu-resource"])
+def test_selftest_pods_get_the_agents_gpu_access_and_the_policy_admits_them(values):
+    settings, limits = selftest_settings(VALUE_SETS[values])
+    demand = proving.Demand("gpu-7", proving.Stack("sha256:" + "a" * 64, "r/sglang@sha256:" + "a" * 64, "c", "{}"))
+    pod = proving.selftest_pod(demand, settings)
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    container = pod["spec"]["containers"][0]
+    if values == "selftest-gpu-resource":
+        assert container["resources"]["limits"]["amd.com/gpu"] == 1 and "privileged" not in container["securityContext"]
+        assert [v["name"] for v in pod["spec"]["volumes"]] == ["tmp", "gluon-selftest"]
+    else:
+        assert container["securityContext"]["privileged"] is True
+        assert {"name": "kfd", "mountPath": "/dev/kfd"} in container["volumeMounts"]
+    assert pod["spec"]["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert limits.run_seconds > settings.deadline_seconds + 120  # the kubelet's deadline ends it first
+    create = {"operation": "CREATE", "namespace": NAMESPACE, "userInfo": {"username": OPERATOR_USER}}
+    spec = policy(SELFTESTS, VALUE_SETS[values])
+    assert admit(create, None, pod, spec) == []
+    assert admit({**create, "userInfo": {"username": "system:admin"}}, None, {"metadata": {}, "spec": {}}, spec) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda p: p["metadata"]["labels"].clear(), "may create only self-test pods"),
+        (lambda p: p["spec"].update(automountServiceAccountToken=True), "without an API token"),
+        (lambda p: p["spec"].update(serviceAccountName="default"), "without an API token"),
+        (lambda p: p["spec"].update(priorityClassName="system-node-critical"), "priority class"),
+        (lambda p: p["spec"].update(hostPID=True), "shares no host namespace"),
+        (lambda p: p["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}}), "mounts only emptyDirs"),
+        (lambda p: p["spec"]["initContainers"][0].update(image="evil/image"), "install step in the agent image"),
+        (lambda p: p["spec"]["containers"].append({"name": "x", "image": "y"}), "one self-test container"),
+    ],
+)
+def test_selftest_policy_denies_any_other_pod_from_the_operator(change, message):
+    settings, _ = selftest_settings(IN_SERVING_IMAGE)
+    demand = proving.Demand("n1", proving.Stack("sha256:" + "a" * 64, "r/s@sha256:" + "a" * 64, "c", "{}"))
+    pod = proving.selftest_pod(demand, settings)
+    change(pod)
+    create = {"operation": "CREATE", "namespace": NAMESPACE, "userInfo": {"username": OPERATOR_USER}}
+    assert any(message in m for m in admit(create, None, pod, policy(SELFTESTS, IN_SERVING_IMAGE)))
+
+
+def test_the_operator_may_delete_its_own_selftest_pods_in_its_namespace_and_nothing_else_there():
+    spec = policy(RESTARTS, IN_SERVING_IMAGE)
+    own = namespace_object(NAMESPACE)
+    selftest = serving_pod({contract.LABEL_SELFTEST_POD: "true"})
+    assert restart(spec, "delete", own, selftest) == []
+    assert NOT_HERE in restart(spec, "delete", own, serving_pod({"app": "agent"}))
+    assert NOT_HERE in restart(spec, "evict", own)
+
+
+def test_the_operator_may_write_the_proofs_on_nodes():
+    spec = policy("-operator-reach", IN_SERVING_IMAGE)
+    old = node("n1", {}, {})
+    new = node("n1", {}, {contract.ANNOTATION_PROOFS: "{}"})
+    update = {"operation": "UPDATE", "resource": {"resource": "nodes"}, "userInfo": {"username": OPERATOR_USER}}
+    assert admit(update, old, new, spec) == []

@@ -14,7 +14,8 @@ from gluon_agent import decisions
 from gluon_agent.daemon import restore
 from gluon_common import contract
 from gluon_common.backoff import backoff
-from gluon_common.report import SelfTest
+from gluon_common.report import ImageProof, NodeProofs, SelfTest
+from gluon_common.sglang_routes import ServingConfig
 
 PROBE = {"capable": True, "gpus": [{"arch": "gfx950"}, {"arch": "gfx950"}]}
 OTHER = "example.com/keep"
@@ -247,3 +248,101 @@ def test_import_crash_metric():
     )
     m.observe_probe({"capable": True}, "fp")
     assert m.registry.get_sample_value(contract.M_AGENT_IMPORT_CRASH) == 0
+
+
+# ---------------------------------------------------------------- the pod's own image (self-tests in serving images)
+
+IMAGE = "sha256:" + "a" * 64
+OTHER_IMAGE = "sha256:" + "b" * 64
+SERVING = ServingConfig()
+YES = {"flag": "1", "current": True, "enabled": True, "state": "Promoted", "reason": "enabled by the operator"}
+
+
+def node_annotations(*proofs: ImageProof, serving: ServingConfig | None = SERVING) -> dict[str, str]:
+    out = {contract.ANNOTATION_PROOFS: NodeProofs(proofs=list(proofs)).model_dump_json()}
+    if serving is not None:
+        out[contract.ANNOTATION_SERVING_CONFIG] = json.dumps(serving.as_dict())
+    return out
+
+
+def proved(digest: str = IMAGE, result: str = "pass", serving: str = SERVING.digest) -> ImageProof:
+    return ImageProof(digest=digest, serving=serving, result=result, reason="both paths pass on 8 GPU(s)", at=1.0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "annotations", "digest", "flag", "reason"),
+    [
+        (YES, node_annotations(proved()), IMAGE, "1", "this pod's image sha256:aaaaaaaaaaaa is proved"),
+        ({**YES, "flag": "0", "reason": "not enabled"}, node_annotations(proved()), IMAGE, "0", "not enabled"),
+        (YES, node_annotations(proved()), None, "0", "this pod's image is not known: no imageID yet"),
+        (YES, node_annotations(proved(), serving=None), IMAGE, "0", "no serving configuration from the operator"),
+        (YES, node_annotations(proved(OTHER_IMAGE)), IMAGE, "0", f"this pod runs {IMAGE}, not proved on this node"),
+        (YES, node_annotations(proved(serving="x")), IMAGE, "0", "(proved: none); a test is on its way"),
+        (YES, node_annotations(proved(result="fail")), IMAGE, "0", f"the self-test of {IMAGE} on this node: fail"),
+        (YES, {contract.ANNOTATION_PROOFS: "{", **node_annotations()}, IMAGE, "0", "not proved"),
+        (YES, {**node_annotations(), contract.ANNOTATION_PROOFS: "[1]"}, IMAGE, "0", "unreadable"),
+    ],
+)
+def test_image_decision(answer, annotations, digest, flag, reason):
+    out = decisions.image_decision(answer, annotations, digest, "no imageID yet")
+    assert out["flag"] == flag and reason in out["reason"] and out["image"] == digest
+
+
+def asking_pod(uid: str = "u1", node: str = "n1", image_id: str | None = "registry.example/sglang@" + IMAGE) -> dict:
+    status = {"name": contract.PREFLIGHT_CONTAINER, "image": "registry.example/sglang:v1", "imageID": image_id or ""}
+    return {"metadata": {"uid": uid}, "spec": {"nodeName": node}, "status": {"initContainerStatuses": [status]}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "uid", "digest", "problem"),
+    [
+        (asking_pod(), "u1", IMAGE, ""),
+        (asking_pod(), None, IMAGE, ""),
+        (asking_pod(uid="u2"), "u1", None, "has uid u2, not u1"),
+        (asking_pod(node="n2"), "u1", None, "runs on 'n2', not on this agent's node 'n1'"),
+        (asking_pod(image_id=None), "u1", None, "no imageID"),
+        ({"metadata": {"uid": "u1"}, "spec": {"nodeName": "n1"}, "status": {}}, "u1", None, "no gluon-preflight"),
+    ],
+)
+def test_asking_pod_image(pod, uid, digest, problem):
+    found, why = decisions.asking_pod_image(pod, uid, "n1", contract.PREFLIGHT_CONTAINER)
+    assert found == digest and problem in why
+
+
+class PodReader:
+    """The agent's API as far as the decision reads it: one pod, whose preflight's image shows up late."""
+
+    def __init__(self, pods: list[dict]) -> None:
+        self.pods = pods
+        self.reads = 0
+
+    def read_pod(self, namespace: str, name: str) -> dict:
+        self.reads += 1
+        return self.pods[min(self.reads, len(self.pods)) - 1]
+
+
+def agent_with(pods: list[dict], proofs: list[ImageProof]):
+    from gluon_agent.daemon import Agent, AgentConfig
+
+    agent = Agent(AgentConfig("n1", image_proofs=True, image_wait=2.0), PodReader(pods), source=None)
+    agent.probe_report, agent.verdict = {"capable": True}, "pass"
+    node = {
+        "metadata": {
+            "labels": {contract.LABEL_ENABLED: "true", contract.LABEL_STATE: "Analyzing"},
+            "annotations": node_annotations(*proofs),
+        }
+    }
+    agent.view.set(node)
+    return agent
+
+
+def test_the_agent_answers_per_image_and_waits_for_the_kubelet_to_report_it():
+    late = [asking_pod(image_id=None), asking_pod(image_id=None), asking_pod()]
+    agent = agent_with(late, [proved()])
+    answer = agent.decision({"namespace": "ns", "name": "p", "uid": "u1"})
+    assert (answer["flag"], answer["proved"], answer["image"]) == ("1", True, IMAGE) and agent.api.reads == 3
+    other = agent_with([asking_pod()], [proved(OTHER_IMAGE)])
+    answer = other.decision({"namespace": "ns", "name": "p", "uid": "u1"})
+    assert (answer["flag"], answer["proved"]) == ("0", False) and "not proved on this node" in answer["reason"]
+    unnamed = agent_with([asking_pod()], [proved()]).decision({})
+    assert unnamed["flag"] == "0" and "did not say which pod it is" in unnamed["reason"]

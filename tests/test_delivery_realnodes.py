@@ -41,6 +41,7 @@ from gluon_localcluster.processes import operator as start_operator
 from gluon_localcluster.realnode import REAL_NODE_TAINT, RealNode
 from gluon_operator import webhook
 from gluon_operator.spec import GROUP, PLURAL, VERSION
+from tests.clusterkit import finish
 from tests.helpers import free_port, wait_for
 
 ON, OFF = "kubelet-on", "kubelet-off"
@@ -205,17 +206,6 @@ def rollout(custom, namespace: str, paused: bool) -> None:
     )
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     wait_for(lambda: status(custom, namespace).get("delivery"), timeout=60, what="the rollout reconciled")
-
-
-def finish(core, custom, namespace: str) -> None:
-    """Remove the test's rollout while its operator still runs (it takes its finalizer off), then its pods."""
-    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "kimi")
-    wait_for(
-        lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
-        timeout=60,
-        what="the rollout gone",
-    )
-    core.delete_namespace(namespace)
 
 
 def status(custom, namespace: str) -> dict[str, Any]:

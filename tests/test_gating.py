@@ -385,6 +385,20 @@ def test_stray_pods_are_restarted_not_waited_for_nor_a_refusal(pod):
     assert waiting.state == ENABLING and "to start, to restart them" in waiting.reason
 
 
+def test_a_pod_waiting_for_its_images_proof_is_neither_a_refusal_nor_restarted_until_the_proof_is_there():
+    """Self-tests in serving images: a new image's pod gets '0' until its node proves that image; the node keeps
+    enabling (never RolledBack for it), and once the proof is there the pod is restarted to get '1'."""
+    waiting = gating.PodFacts("p1", NOW + 2, "0", "agent says 0: this pod runs sha256:b..", True, False, unproved=True)
+    summary = gating.summarize_pods([waiting], NOW)
+    assert summary.unproved == ["p1"] and summary.refused == [] and summary.retry == [] and summary.new_flags == {}
+    el = gating.Eligibility(True, "ok", "fp")
+    enabling = NodeStatus(ENABLING, since=1.0, changed_at=NOW)
+    step = gating.advance(enabling, el, summary, None, NOW + 3, True).status
+    assert step.state == ENABLING and "waiting for the self-tests of the images of 1 serving pods" in step.reason
+    proved = gating.summarize_pods([replace(waiting, unproved=False, transient=True)], NOW)
+    assert proved.retry == ["p1"] and proved.unproved == []
+
+
 # ---------------------------------------------------------------- hostile numbers in records (issue 34)
 
 

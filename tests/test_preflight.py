@@ -526,3 +526,15 @@ def test_the_operator_reads_a_long_stack_refusal_as_a_refusal_not_as_transient()
             and view.transient is transient
             and view.preflight_reason.startswith("this image's stack is not capable")
         )
+
+
+def test_the_preflight_names_its_own_pod_to_the_agent():
+    environ = {
+        contract.ENV_PREFLIGHT_POD_NAMESPACE: "inference",
+        contract.ENV_PREFLIGHT_POD_NAME: "sglang-0",
+        contract.ENV_PREFLIGHT_POD_UID: "1234-ab",
+    }
+    url = "http://10.0.0.1:9477" + contract.DECISION_PATH
+    assert preflight.asking_url(url, environ) == url + "?namespace=inference&name=sglang-0&uid=1234-ab"
+    assert preflight.asking_url(url + "?x=1", environ).startswith(url + "?x=1&namespace=")
+    assert preflight.asking_url(url, {}) == url and preflight.asking_url(None, environ) is None

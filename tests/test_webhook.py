@@ -27,6 +27,16 @@ FILE_KEY_REF = {
     }
 }
 
+# What the preflight container sets itself, after the serving container's own env (fileKeyRef mode).
+PREFLIGHT_OWN_ENV = [
+    "HOST_IP",
+    "NODE_NAME",
+    contract.ENV_PREFLIGHT_POD_NAMESPACE,
+    contract.ENV_PREFLIGHT_POD_NAME,
+    contract.ENV_PREFLIGHT_POD_UID,
+    contract.ENV_FILEKEYREF_CHECK,
+]
+
 
 def mutate(pod: dict, config: webhook.Injection = CONFIG, mode: str = webhook.FILEKEYREF) -> dict | None:
     changes, _ = webhook.mutation(pod, "kimi", config, mode)
@@ -86,7 +96,7 @@ def test_mutation_injects_and_is_idempotent():
     ]
     # the serving container's env reaches the preflight (less the flag); ours comes last, with the kubelet's own
     # reading of the flag file (the preflight holds the pod where it is not '0')
-    assert [e["name"] for e in preflight["env"]] == ["HF_HOME", "HOST_IP", "NODE_NAME", contract.ENV_FILEKEYREF_CHECK]
+    assert [e["name"] for e in preflight["env"]] == ["HF_HOME", *PREFLIGHT_OWN_ENV]
     assert preflight["env"][-1] == {"name": contract.ENV_FILEKEYREF_CHECK, **FILE_KEY_REF}
     serving, sidecar = spec["containers"]
     ours = [e for e in serving["env"] if e["name"] in (contract.FLAG_ENV, contract.ENV_FLAG_CONTAINER)]
@@ -424,9 +434,7 @@ def test_the_preflight_sees_the_serving_containers_env_and_mounts():
     assert preflight["env"][0] == {"name": "PYTHONPATH", "value": "/models/code"}
     assert [e["name"] for e in preflight["env"]] == [
         "PYTHONPATH",
-        "HOST_IP",
-        "NODE_NAME",
-        contract.ENV_FILEKEYREF_CHECK,
+        *PREFLIGHT_OWN_ENV,
     ]
     assert preflight["env"][1]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"  # ours, not the spoof
     assert preflight["envFrom"] == serving["envFrom"]

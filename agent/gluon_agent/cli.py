@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from gluon_common.sglang_routes import ServingConfig
 
-from . import __version__
+from . import __version__, selftest_pod
 from .probe import DEFAULT_TIMEOUT_S, format_table, probe
 from .selftest import runner
 
@@ -37,10 +37,7 @@ def q_lens(text: str) -> tuple[int, ...]:
 def serving_config(text: str) -> ServingConfig:
     """--serving-config: the JSON object (or @FILE holding it) the operator writes on the node."""
     try:
-        if text.startswith("@"):
-            with open(text[1:]) as handle:
-                text = handle.read()
-        return ServingConfig.from_dict(json.loads(text), "--serving-config")
+        return selftest_pod.read_serving_config(text)
     except (OSError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
@@ -130,6 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         watch_timeout=args.watch_timeout,
         tick=args.tick,
         observe_interval=args.observe_interval,
+        image_proofs=args.image_proofs,
     )
     api = NodeApi(make_api_client(args.api_url, args.kubeconfig), args.node_name)
     agent = Agent(config, api, source, observation=observation(args))
@@ -216,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--observe-cgroup-root", default="auto", help="with --observe-proc: auto | any | a cgroup path")
     r.add_argument("--observe-interval", type=positive_float, default=5.0, help="seconds between observations")
+    r.add_argument(
+        "--image-proofs",
+        action="store_true",
+        help="answer '1' only for a pod whose own image digest this node proved (chart selfTest.inServingImage)",
+    )
     r.add_argument("--log-level", default="INFO")
     r.set_defaults(func=cmd_run)
 
@@ -238,6 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "preflight", add_help=False, help="serving pod init step: decide the flag (gluon-agent preflight --help)"
     )
+    # Likewise `selftest-pod ...` goes to selftest_pod.main.
+    sub.add_parser(
+        "selftest-pod",
+        add_help=False,
+        help="self-test pod steps: --install DIR (agent image), then the self-test in the serving image "
+        "(gluon-agent selftest-pod --help)",
+    )
     return parser
 
 
@@ -247,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import preflight
 
         return preflight.main(argv[1:])
+    if argv[:1] == ["selftest-pod"]:
+        return selftest_pod.main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

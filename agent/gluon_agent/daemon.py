@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,16 +23,15 @@ from gluon_common import contract
 from gluon_common.backoff import backoff
 from gluon_common.delivery import DeliveryReport
 from gluon_common.kube import ApiFailure, NodeApi
-from gluon_common.report import REPORT_SCHEMA_VERSION, AgentReport, GpuResult, LastAttempt, Probe, SelfTest
+from gluon_common.report import REPORT_SCHEMA_VERSION, AgentReport, LastAttempt, Probe, SelfTest
 from gluon_common.sglang_routes import DEFAULT_SERVING, ServingConfig
 
-from . import __version__, decisions, delivery, isolation
+from . import __version__, decisions, delivery, isolation, selftest_pod
 from .fingerprint import fingerprint, fingerprint_parts
 from .metrics import AgentMetrics
 from .sources import ResultSource
 
 log = logging.getLogger("gluon_agent")
-MAX_REASONS = 5
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class AgentConfig:
     api_backoff_base: float = 0.5
     api_backoff_cap: float = 30.0
     observe_interval: float = delivery.DEFAULT_INTERVAL  # how often the delivery observation is read
+    image_proofs: bool = False  # '1' only for a pod whose own image this node proved (selfTest.inServingImage)
+    image_wait: float = 3.0  # how long to wait for the kubelet to report the asking preflight's image
 
 
 # ---------------------------------------------------------------- report building (pure)
@@ -59,40 +61,8 @@ class AgentConfig:
 def selftest_summary(report: Mapping[str, Any], trigger: str, fingerprint: str | None = None) -> SelfTest:
     """The self-test report, cut to what the operator and a person need on the Node (annotations are
     small); the full report stays in the agent's log and metrics. `fingerprint`: the one the verdict is
-    published for, when not the report's own."""
-    gpus = []
-    for gpu in report.get("gpus", []):
-        paths = gpu.get("paths", {})
-        max_error = {}
-        for path, info in paths.items():
-            errors = [c["rel_l2"] for c in (info.get("child") or {}).get("cases", []) if c.get("rel_l2") is not None]
-            max_error[path] = max(errors) if errors else None
-        gpus.append(
-            GpuResult(
-                index=gpu.get("index"),
-                result=gpu.get("result", {}),
-                speedup=gpu.get("speedup", {}),
-                max_rel_l2=max_error,
-                reasons={p: i.get("reasons", [])[:MAX_REASONS] for p, i in paths.items() if i.get("reasons")},
-            )
-        )
-    return SelfTest(
-        result=report.get("result"),
-        fingerprint=fingerprint or report.get("fingerprint"),
-        tested_at=report.get("finished_at"),
-        seconds=report.get("seconds"),
-        trigger=trigger,
-        mode=report.get("mode"),
-        backend_set=report.get("backend_set"),
-        thresholds=report.get("thresholds"),
-        problems=report.get("problems", []),
-        simulated=bool(report.get("simulated")),
-        serving=report.get("serving"),  # the configuration proved, with its digest (the operator gates on it)
-        no_route={
-            path: info.get("no_route") for path, info in (report.get("routes") or {}).items() if info.get("no_route")
-        },
-        gpus=gpus,
-    )
+    published for, when not the report's own. The cut is selftest_pod's, which self-test pods write too."""
+    return SelfTest.model_validate(selftest_pod.selftest_summary(report, trigger, fingerprint))
 
 
 def node_report(
@@ -110,15 +80,7 @@ def node_report(
         fingerprint=fp,
         fingerprint_parts=fingerprint_parts(dict(probe)),
         verdict=verdict,
-        probe=Probe(
-            capable=bool(probe.get("capable")),
-            ready=probe.get("ready"),
-            missing_for_capable=probe.get("missing_for_capable", []),
-            summary=probe.get("summary"),
-            import_crash=probe.get("import_crash"),
-            sglang=probe.get("sglang"),
-            simulated=bool(probe.get("simulated")),
-        ),
+        probe=Probe.model_validate(selftest_pod.probe_summary(probe)),
         selftest=selftest,
         last_attempt=last_attempt,
     )
@@ -469,17 +431,42 @@ class Agent:
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < max(30.0, 10 * self.config.tick)
 
-    def decision(self) -> dict[str, Any]:
+    def decision(self, asking: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The flag for the asking preflight; `asking`: its pod (namespace, name, uid), which decides when this
+        node's proofs are per image (config.image_proofs)."""
         node, age = self.view.snapshot()
         labels = (node or {}).get("metadata", {}).get("labels") or {} if node else None
         capable = bool(self.probe_report and self.probe_report.get("capable"))
         answer = decisions.flag_decision(labels, age, self.config.max_view_age, self.verdict, capable)
+        if self.config.image_proofs:
+            digest, problem = self.asking_image(asking or {}) if answer["flag"] == "1" else (None, "")
+            annotations = (node or {}).get("metadata", {}).get("annotations") or {}
+            answer = decisions.image_decision(answer, annotations, digest, problem)
         return answer | {
             "node": self.config.node_name,
             "fingerprint": self.fingerprint,
             "selftest": self.verdict,
             "view_age_seconds": None if age is None else round(age, 3),
         }
+
+    def asking_image(self, asking: Mapping[str, str]) -> tuple[str | None, str]:
+        """The digest the asking preflight's image resolved to on this node, read from its pod's status (the
+        kubelet writes it a moment after the container starts: waited for, up to config.image_wait)."""
+        namespace, name = asking.get("namespace"), asking.get("name")
+        if not namespace or not name:
+            return None, "the preflight did not say which pod it is (an older webhook?)"
+        deadline = time.monotonic() + self.config.image_wait
+        while True:
+            try:
+                pod = self.api.read_pod(namespace, name)
+            except ApiFailure as failure:
+                return None, f"reading pod {namespace}/{name} failed: {failure}"
+            digest, problem = decisions.asking_pod_image(
+                pod, asking.get("uid"), self.config.node_name, contract.PREFLIGHT_CONTAINER
+            )
+            if digest is not None or time.monotonic() >= deadline:
+                return digest, problem
+            time.sleep(0.25)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -511,7 +498,8 @@ class Handler(BaseHTTPRequestHandler):
             ok = self.agent.published_once
             self._json(200 if ok else 503, {"ok": ok, "published": ok})
         elif path == contract.DECISION_PATH:
-            answer = self.agent.decision()
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            answer = self.agent.decision({key: values[0] for key, values in query.items() if values})
             self._json(200 if answer["current"] else 503, answer)
         else:
             self._json(404, {"error": f"no such path {path}"})

@@ -9,8 +9,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from gluon_common import contract
+from gluon_common import contract, image_ref
 from gluon_common.backoff import backoff
+from gluon_common.report import NodeProofs
+from gluon_common.sglang_routes import ServingConfig
 
 CONCLUSIVE = ("pass", "fail", "error")
 REQUEST_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,62}")  # e.g. a timestamp or a UUID
@@ -232,3 +234,68 @@ def flag_decision(
     if verdict != "pass":
         return base | {"flag": "0", "reason": f"this node's self-test is {verdict}"}
     return base | {"flag": "1", "reason": f"enabled by the operator (state={state}), capable, self-test pass"}
+
+
+def image_decision(
+    answer: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    digest: str | None,
+    digest_problem: str | None,
+) -> dict[str, Any]:
+    """With self-tests in the serving images: `answer` (flag_decision's) stands at '1' only when this node holds
+    a passing proof of the asking pod's own image digest (as its runtime resolved it) with the node's serving
+    configuration; else '0', saying what was proved and what this pod runs. The agent's own verdict is not
+    enough: it is about the agent's image."""
+    out = dict(answer) | {"image": digest, "proved": None}
+    if answer.get("flag") != "1":
+        return out
+    if digest is None:
+        return out | {"flag": "0", "reason": f"this pod's image is not known: {digest_problem}"}
+    serving = node_serving_digest(annotations.get(contract.ANNOTATION_SERVING_CONFIG))
+    if serving is None:
+        return out | {"flag": "0", "reason": "the node has no serving configuration from the operator yet"}
+    proofs, problem = NodeProofs.parse(annotations.get(contract.ANNOTATION_PROOFS), contract.ANNOTATION_PROOFS)
+    proof = proofs.find(digest, serving)
+    if proof is None:
+        proved = ", ".join(f"{p.digest[:19]} ({p.result})" for p in proofs.proofs if p.serving == serving) or "none"
+        return out | {
+            "flag": "0",
+            "proved": False,
+            "reason": f"this pod runs {digest}, not proved on this node for serving config {serving} (proved: "
+            f"{proved}{'; ' + problem if problem else ''}); a test is on its way",
+        }
+    if proof.result != "pass":  # an error is tried again (the pod waits for it); a failure is a refusal
+        return out | {
+            "flag": "0",
+            "proved": False if proof.result == "error" else None,
+            "reason": f"the self-test of {digest} on this node: {proof.result} ({proof.reason})",
+        }
+    return out | {
+        "proved": True,
+        "reason": f"{answer.get('reason')}; this pod's image {digest[:19]} is proved on this node",
+    }
+
+
+def asking_pod_image(pod: Mapping[str, Any], uid: str | None, node: str, container: str) -> tuple[str | None, str]:
+    """(digest, why none) of the image `container` of the asking pod runs, as its node's runtime resolved it: only a
+    pod on this node, of the uid it gave (a pod name reused by a later pod is another pod)."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    if uid and meta.get("uid") != uid:
+        return None, f"the pod of that name has uid {meta.get('uid')}, not {uid}"
+    if spec.get("nodeName") != node:
+        return None, f"the pod runs on {spec.get('nodeName')!r}, not on this agent's node {node!r}"
+    for seen in status.get("initContainerStatuses") or []:
+        if isinstance(seen, Mapping) and seen.get("name") == container:
+            identity = image_ref.identify("", seen.get("image"), seen.get("imageID"))
+            return identity.digest, identity.problem or ""
+    return None, f"the pod's status has no {container} container yet"
+
+
+def node_serving_digest(raw: str | None) -> str | None:
+    """The digest of the serving configuration the operator wrote on the node; None when absent or unreadable."""
+    if not raw:
+        return None
+    try:
+        return ServingConfig.from_dict(json.loads(raw), contract.ANNOTATION_SERVING_CONFIG).digest
+    except ValueError:
+        return None

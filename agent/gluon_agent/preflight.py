@@ -18,6 +18,7 @@ import shutil
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -33,19 +34,37 @@ TERMINATION_LIMIT = 4096  # the kubelet keeps at most this much of a termination
 DEFAULT_DEADLINE_S = 80.0  # the webhook passes its own (its shell's deadline less a grace)
 PROBE_MARGIN_S = 2.0  # of the deadline, kept for writing the verdict after the probe
 ANSWER_LIMIT = 64 * 1024  # the agent's decision is a few hundred bytes
+# A set of modules to copy into a foreign image: package (dotted, e.g. "gluon_agent.selftest") -> its files.
+ModuleSet = Mapping[str, Sequence[str]]
 # The modules the preflight needs in a foreign image, by package: all stdlib-only.
-PORTABLE_MODULES = {
+PORTABLE_MODULES: ModuleSet = {
     "gluon_agent": ("__init__.py", "isolation.py", "probe.py", "probe_child.py", "preflight.py"),
     "gluon_common": ("__init__.py", "contract.py", "sglang_env.py", "sglang_routes.py"),
 }
 
 
-def portable_sources() -> list[tuple[Path, str]]:
-    """(this install's file, its path under the copy's lib/) for every module of PORTABLE_MODULES."""
-    folders = {"gluon_agent": Path(__file__).parent, "gluon_common": Path(gluon_common.__file__).parent}
+def package_folder(package: str) -> Path:
+    """This install's folder of `package` (gluon_agent, gluon_common or one of their subpackages)."""
+    root, *subpackages = package.split(".")
+    roots = {"gluon_agent": Path(__file__).parent, "gluon_common": Path(gluon_common.__file__).parent}
+    return roots[root].joinpath(*subpackages)
+
+
+def portable_sources(modules: ModuleSet = PORTABLE_MODULES) -> list[tuple[Path, str]]:
+    """(this install's file, its path under the copy's lib/) for every module of `modules`."""
     return [
-        (folders[package] / name, f"{package}/{name}") for package, names in PORTABLE_MODULES.items() for name in names
+        (package_folder(package) / name, "/".join([*package.split("."), name]))
+        for package, names in modules.items()
+        for name in names
     ]
+
+
+def copy_modules(target: Path, modules: ModuleSet = PORTABLE_MODULES) -> None:
+    """Copy `modules` into `target/lib`, the folder a foreign image's python3 gets as its PYTHONPATH."""
+    for source, relative in portable_sources(modules):
+        copy = target / "lib" / relative
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, copy)
 
 
 def flag_line(value: str) -> str:
@@ -60,10 +79,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 def install(target: Path) -> None:
     """Copy the preflight package into `target/lib` and write the safe default flag."""
-    for source, relative in portable_sources():
-        copy = target / "lib" / relative
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, copy)
+    copy_modules(target, PORTABLE_MODULES)
     write_atomically(target / FLAG_FILE_NAME, flag_line("0"))
 
 
@@ -138,7 +154,8 @@ def decide(agent_url: str | None, agent_timeout: float, probe_timeout: float, de
         return {**verdict, "reason": f"agent at {agent_url} did not answer: {type(exc).__name__}: {exc}"}
     # current/enabled let the operator tell "the agent had not seen the enable yet" (retry) from a refusal
     verdict["agent"] = {
-        k: answer.get(k) for k in ("flag", "reason", "state", "node", "fingerprint", "current", "enabled")
+        k: answer.get(k)
+        for k in ("flag", "reason", "state", "node", "fingerprint", "current", "enabled", "proved", "image")
     }
     budget = min(probe_timeout, deadline.left() - PROBE_MARGIN_S)
     if budget <= 0:
@@ -161,7 +178,7 @@ def decide(agent_url: str | None, agent_timeout: float, probe_timeout: float, de
 
 # What the operator decides on besides flag and reason: `final` and these fields of `agent` tell a refusal
 # by the stack (the node rolls back) from the agent's view not having caught up yet (the pod restarts).
-DECIDING_AGENT_KEYS = ("current", "enabled", "asked", "flag")
+DECIDING_AGENT_KEYS = ("current", "enabled", "asked", "flag", "proved")
 
 
 def termination_message(verdict: dict[str, Any]) -> str:
@@ -234,6 +251,20 @@ def default_agent_url(port: int = contract.AGENT_PORT) -> str | None:
     return f"http://{host}:{port}{contract.DECISION_PATH}" if host else None
 
 
+def asking_url(url: str | None, environ: Mapping[str, str]) -> str | None:
+    """The agent's URL with this preflight's own pod (the webhook's downward-API env) as its query: an agent that
+    answers per image reads that pod's status for the digest its runtime resolved."""
+    pod = {
+        "namespace": environ.get(contract.ENV_PREFLIGHT_POD_NAMESPACE),
+        "name": environ.get(contract.ENV_PREFLIGHT_POD_NAME),
+        "uid": environ.get(contract.ENV_PREFLIGHT_POD_UID),
+    }
+    query = urllib.parse.urlencode({k: v for k, v in pod.items() if v})
+    if url is None or not query:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
 def port_number(text: str) -> int:
     port = int(text)
     if not 1 <= port <= 65535:
@@ -247,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--flag-dir", default=contract.FLAG_MOUNT, help="the shared emptyDir")
     parser.add_argument("--agent-url", default=None, help="default: http://$HOST_IP:PORT" + contract.DECISION_PATH)
     parser.add_argument("--agent-port", type=port_number, default=contract.AGENT_PORT, help="the node's agent's port")
-    parser.add_argument("--agent-timeout", type=float, default=3.0)
+    # the agent may wait up to 3 s for the kubelet to report this container's image (per-image answers)
+    parser.add_argument("--agent-timeout", type=float, default=6.0)
     parser.add_argument("--probe-timeout", type=float, default=60.0)
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
     parser.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds for the whole preflight")
@@ -257,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     run(
         Path(args.flag_dir),
-        args.agent_url or default_agent_url(args.agent_port),
+        asking_url(args.agent_url or default_agent_url(args.agent_port), os.environ),
         args.agent_timeout,
         args.probe_timeout,
         Path(args.termination_log),

@@ -129,6 +129,11 @@ ANNOTATION_SERVING_CONFIG: Final = PREFIX + "serving-config"
 # node really runs, read from its processes' own environment, beside the flag its preflight wrote for it.
 ANNOTATION_DELIVERY: Final = PREFIX + "delivery"
 
+# Operator-owned. JSON (gluon_common.report.NodeProofs): what self-test pods proved on this node, one entry per
+# (serving image digest, serving configuration digest), newest first and bounded: the verdict belongs to the
+# image the serving pods really run, not to the agent's image.
+ANNOTATION_PROOFS: Final = PREFIX + "proofs"
+
 # Keys the agent may write and remove; it never touches the operator's or a person's keys.
 AGENT_LABELS: Final = (LABEL_CAPABLE, LABEL_SELFTEST, LABEL_GPU_ARCH)
 AGENT_ANNOTATIONS: Final = (ANNOTATION_REPORT, ANNOTATION_OWNED_KEYS, ANNOTATION_DELIVERY)
@@ -139,6 +144,7 @@ OPERATOR_NODE_KEYS: Final = (
     ANNOTATION_ROLLBACK,
     ANNOTATION_NODE_RECORD,
     ANNOTATION_SERVING_CONFIG,
+    ANNOTATION_PROOFS,
 )
 
 # ---------------------------------------------------------------- agent metrics
@@ -220,6 +226,28 @@ ENV_ANALYSIS_DEADLINE: Final = "GLUON_ANALYSIS_DEADLINE_SECONDS"
 # The module the webhook's preflight container runs, from the copy the agent image's install step puts in
 # the pod's shared volume (gluon-agent preflight --install).
 PREFLIGHT_MODULE: Final = "gluon_agent.preflight"
+# The webhook's init container that runs it, in the serving image: its status carries the image digest the
+# node's runtime resolved, which the agent reads to answer per image (self-tests in serving images).
+PREFLIGHT_CONTAINER: Final = "gluon-preflight"
+
+# ---------------------------------------------------------------- self-test pods, operator-owned
+# A self-test pod runs the self-test in a serving image itself, by the digest serving pods resolved to, pinned
+# to one node: the operator creates them in waves in its own namespace and deletes them once read.
+# Pod label "true" on every one (the operator's selector), and the node it tests.
+LABEL_SELFTEST_POD: Final = PREFIX + "selftest-pod"
+LABEL_SELFTEST_POD_NODE: Final = PREFIX + "selftest-node"
+# Pod annotation: JSON {image, digest, pinned, serving} - what the pod proves (the operator's own words, not
+# the pod's: a pod cannot know its image's digest).
+ANNOTATION_SELFTEST_POD_STACK: Final = PREFIX + "selftest-stack"
+# The module the self-test pod's container runs in the serving image, from the copy the agent image's install
+# step puts in the pod's shared volume (gluon-agent selftest-pod --install).
+SELFTEST_POD_MODULE: Final = "gluon_agent.selftest_pod"
+
+# The preflight container's own pod (downward API, set by the webhook): the agent reads that pod's status for
+# the image digest its runtime resolved, and answers '1' only for a proved one (self-tests in serving images).
+ENV_PREFLIGHT_POD_NAMESPACE: Final = "GLUON_POD_NAMESPACE"
+ENV_PREFLIGHT_POD_NAME: Final = "GLUON_POD_NAME"
+ENV_PREFLIGHT_POD_UID: Final = "GLUON_POD_UID"
 
 # ---------------------------------------------------------------- agent HTTP
 AGENT_PORT: Final = 9477

@@ -83,6 +83,16 @@ class NodeApi:
         except Exception as exc:
             raise classify(exc) from exc
 
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod by name (the preflight that asks for its flag): `get` only, never a list of pods."""
+        try:
+            response = self.core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+            return json.loads(response.data)
+        except Exception as exc:
+            raise classify(exc) from exc
+
     def watch(self, resource_version: str | None, timeout_seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
         stream = watch.Watch().stream(
             self.core.list_node,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -102,3 +102,57 @@ class AgentReport(Lenient):
     def annotation_value(self) -> dict[str, Any]:
         """The report as plain JSON data, every field written (decisions.desired_state serialises it)."""
         return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------- proofs in the serving image
+
+PROOF_MESSAGE_LIMIT = 4096  # the kubelet keeps at most this much of a container's termination message
+
+
+class PodProof(Lenient):
+    """A self-test pod's termination message: the probe of the serving image it ran in and the self-test
+    there, cut to PROOF_MESSAGE_LIMIT bytes (gluon_agent.selftest_pod writes it with the stdlib alone; the
+    full report is the pod's log). `truncated`: details were dropped to fit."""
+
+    schema_version: int = REPORT_SCHEMA_VERSION
+    probe: Probe = Field(default_factory=Probe)
+    selftest: SelfTest = Field(default_factory=SelfTest)
+    truncated: bool = False
+
+
+class ImageProof(Lenient):
+    """What one self-test pod proved on a node, keyed by the serving image's digest and the serving
+    configuration's digest (the operator writes it from the pod it created and the pod's message)."""
+
+    digest: StrictStr  # sha256:<hex>, the image content the serving pods resolved to
+    serving: StrictStr  # the serving configuration's digest (sglang_routes.ServingConfig.digest)
+    image: str | None = None  # the reference the pod ran by (repo@sha256:...), for people
+    result: StrictStr  # pass | fail | error (contract.SELFTEST_VALUES)
+    reason: str = ""
+    at: float | None = None  # when the operator read it (unix seconds)
+    fingerprint: str | None = None
+    capable: bool | None = None  # the probe in that image
+    sglang: dict[StrictStr, Any] | None = None  # its decode routes (sglang_routes.decode_routes)
+    seconds: float | None = None  # the pod's own self-test time
+    request: str | None = None  # the node's selftest-request value it answered (a new value asks again)
+
+
+class NodeProofs(Lenient):
+    """contract.ANNOTATION_PROOFS: a node's proofs, newest first."""
+
+    proofs: list[ImageProof] = Field(default_factory=list)
+
+    def find(self, digest: str, serving: str) -> ImageProof | None:
+        return next((p for p in self.proofs if p.digest == digest and p.serving == serving), None)
+
+    @classmethod
+    def parse(cls, raw: str | None, where: str = "the proofs annotation") -> tuple["NodeProofs", str | None]:
+        """The annotation's proofs; an unreadable one reads as none, with why (naming the field)."""
+        if not raw:
+            return cls(), None
+        try:
+            return cls.model_validate_json(raw), None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first.get("loc", ())) or "the value"
+            return cls(), f"{where} unreadable ({field}: {first.get('msg')})"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -222,37 +223,75 @@ def _copy_tree(source: Path, target: Path) -> None:
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
 
 
-def serving_image() -> Built:
+HARNESS = ROOT / "localcluster" / "gluon_localcluster"
+# The harness's SimulatedSource (stdlib and the agent's portable modules), for images that simulate a self-test.
+SIMULATED_SOURCE_MODULES = (
+    HARNESS / "__init__.py",
+    HARNESS / "fakes" / "__init__.py",
+    HARNESS / "fakes" / "simulated.py",
+)
+SIMULATION_NODE_FILE = NODE_DIR / "agent-simulation" / "node.json"
+# The self-test pods' extra arguments (chart selfTest.extraArgs) that make their outcome the serving SIMULATION
+# image's node file: the probe is the real one, of that image; only the kernels are SIMULATION.
+SELFTEST_SIMULATION_ARGS = (
+    "--source=gluon_localcluster.fakes.simulated:SimulatedSource",
+    "--source-arg=/opt/simulation/agent/node.json",
+)
+SERVING_IMAGE_NEXT = "localhost/gluon-serving-simulation:next"  # SIMULATION: the same with another aiter version
+NEXT_AITER_VERSION = "0.2.0+fake"
+
+
+def copy_simulated_source(context: Path) -> None:
+    for module in SIMULATED_SOURCE_MODULES:
+        target = context / "harness" / module.relative_to(HARNESS.parent)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(module, target)
+    shutil.copy(SIMULATION_NODE_FILE, context / "node.json")
+
+
+def serving_image(name: str = SERVING_IMAGE, aiter_version: str | None = None) -> Built:
     """SIMULATION of the serving image (localcluster/node/serving): the fake aiter, the gfx950 torch stand-in,
     the real Triton of this environment (its CUDA backend left out: a ROCm image has none), the fake SGLang
-    exporter, and serve.py, which reports the flag its process sees."""
+    exporter, serve.py, which reports the flag its process sees, and the harness's SimulatedSource with its node
+    file, for self-test pods (SELFTEST_SIMULATION_ARGS). `aiter_version`: the fake aiter's version string
+    replaced, for a second image of another digest (a serving upgrade)."""
     from .fakes.stacks import AITER_STACK, TORCH_GFX950_ON_DEVICES, triton_site, write_tree
 
     triton = Path(triton_site()) / "triton"
     serving = NODE_DIR / "serving"
-    exporter = ROOT / "localcluster" / "gluon_localcluster" / "fake_sglang.py"
+    exporter = HARNESS / "fake_sglang.py"
     torch_text = json.dumps(TORCH_GFX950_ON_DEVICES, sort_keys=True)
     triton_version = (triton / "__init__.py").read_text()
 
     def assemble(context: Path) -> None:
         _copy_tree(AITER_STACK, context / "aiter")
+        if aiter_version is not None:
+            init = context / "aiter" / "aiter" / "__init__.py"
+            text = init.read_text()
+            init.write_text(re.sub(r'__version__ = "[^"]*"', f'__version__ = "{aiter_version}"', text, count=1))
         write_tree(context / "torch-gfx950", TORCH_GFX950_ON_DEVICES)
         _copy_tree(triton, context / "triton" / "triton")
         shutil.rmtree(context / "triton" / "triton" / "backends" / "nvidia", ignore_errors=True)
         (context / "sglang").mkdir()
         shutil.copy(exporter, context / "sglang" / "fake_sglang.py")
         shutil.copy(serving / "serve.py", context / "serve.py")
+        copy_simulated_source(context)
 
-    inputs = [serving / "serve.py", exporter, *_tree(AITER_STACK)]
+    inputs = [serving / "serve.py", exporter, *_tree(AITER_STACK), *SIMULATED_SOURCE_MODULES, SIMULATION_NODE_FILE]
     return build(
-        SERVING_IMAGE,
+        name,
         serving / "Containerfile",
         inputs,
         {},
         prepare=assemble,
-        key_extra="triton without backends/nvidia" + torch_text + triton_version,
+        key_extra="triton without backends/nvidia" + torch_text + triton_version + (aiter_version or ""),
         base=("PYTHON_IMAGE", base_image()),
     )
+
+
+def serving_image_next() -> Built:
+    """SIMULATION: the serving image rebuilt with another aiter stand-in version, so another digest."""
+    return serving_image(SERVING_IMAGE_NEXT, NEXT_AITER_VERSION)
 
 
 def dockerfile_inputs(dockerfile: Path = ROOT / "Dockerfile") -> list[Path]:
@@ -282,22 +321,12 @@ def agent_simulation_image() -> Built:
     node file (localcluster/node/agent-simulation) under which the probe is the agent's own and each GPU it
     finds passes the self-test. The chart selects it with agent.extraArgs = AGENT_SIMULATION_ARGS."""
     recipe = NODE_DIR / "agent-simulation"
-    harness = ROOT / "localcluster" / "gluon_localcluster"
-    modules = [harness / "__init__.py", harness / "fakes" / "__init__.py", harness / "fakes" / "simulated.py"]
-
-    def assemble(context: Path) -> None:
-        for module in modules:
-            target = context / "harness" / module.relative_to(harness.parent)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(module, target)
-        shutil.copy(recipe / "node.json", context / "node.json")
-
     return build(
         AGENT_SIMULATION_IMAGE,
         recipe / "Containerfile",
-        [recipe / "node.json", *modules],
+        [SIMULATION_NODE_FILE, *SIMULATED_SOURCE_MODULES],
         {},
-        prepare=assemble,
+        prepare=copy_simulated_source,
         base=("AGENT_IMAGE", agent_image()),
     )
 

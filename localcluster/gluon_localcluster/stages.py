@@ -24,7 +24,7 @@ from gluon_common import contract
 from .binaries import ensure_built, stages_dir
 
 PREFLIGHT_MESSAGE = "kubelet-sim.gluonrollout.io/preflight-message"  # SIMULATION only: never read by the product
-PREFLIGHT_CONTAINER = "gluon-preflight"
+PREFLIGHT_CONTAINER = contract.PREFLIGHT_CONTAINER
 INJECTED_KEY = f'.metadata.annotations["{contract.ANNOTATION_POD_INJECTED}"]'
 MESSAGE_KEY = f'.metadata.annotations["{PREFLIGHT_MESSAGE}"]'
 TERMINATED = "reason: Completed\n"

@@ -28,7 +28,7 @@ from kubernetes import client
 from gluon_common import contract
 from gluon_common.kube import MERGE_PATCH, REQUEST_TIMEOUT, ApiFailure, classify, make_api_client
 
-from . import records
+from . import proving, records
 from .metrics import METRICS
 from .plan import NodeWrite, Plan, Restart
 from .spec import GROUP, PLURAL, VERSION
@@ -167,7 +167,9 @@ async def restart_strays(runtime: Runtime, restart: Restart, policy: str, logger
     if last is not None and time.monotonic() - last < STRAY_RESTART_SECONDS:
         return
     logger.warning(
-        "node %s: restarting %s (not injected, or refused by a stale agent view)", restart.node, ", ".join(restart.pods)
+        "node %s: restarting %s (not injected, refused by a stale agent view, or its image proved by now)",
+        restart.node,
+        ", ".join(restart.pods),
     )
     await restart_pods(runtime, restart, policy, logger)
     runtime.stray_restarts[restart.node] = (
@@ -356,3 +358,42 @@ async def execute(
             (len(plan.agent_loss.lost), plan.agent_loss.paused) if plan.agent_loss else (0, False),
         )
     return after
+
+
+# ---------------------------------------------------------------- proofs in the serving image
+
+
+async def carry_out_proving(
+    runtime: Runtime, planned: proving.ProvingPlan, settings: proving.PodSettings, logger: logging.Logger
+) -> None:
+    """Record what finished on its node (before deleting the pod that said it: a crash between the two reads
+    the pod again, never loses it), delete what was read or is stale, then start the next wave. Each step
+    fails alone and is retried by the next reconcile."""
+    proofs = runtime.caches.node_proofs()
+    for node, new in planned.record.items():
+        merged_proofs = proving.merged(proofs.get(node, proving.NodeProofs()), new)
+        value = merged_proofs.model_dump_json(exclude_none=True)
+        try:
+            await patch_node(runtime, node, {}, {contract.ANNOTATION_PROOFS: value})
+        except ApiFailure as failure:
+            logger.warning("proofs of node %s not written: %s", node, failure)
+            planned = proving.keep_pods_of(planned, node)  # read again next time
+            continue
+        runtime.caches.wrote(node, {}, {contract.ANNOTATION_PROOFS: value})
+        for proof in new:
+            logger.info(
+                "node %s: image %s serving %s: %s (%s)", node, proof.digest, proof.serving, proof.result, proof.reason
+            )
+    core = runtime.core_api()
+    for name in planned.delete:
+        try:
+            await call(core.delete_namespaced_pod, name, settings.namespace, grace_period_seconds=0)
+        except ApiFailure as failure:
+            if failure.status != 404:
+                logger.warning("self-test pod %s not deleted: %s", name, failure)
+    for demand in planned.create:
+        try:
+            await call(core.create_namespaced_pod, settings.namespace, proving.selftest_pod(demand, settings))
+        except ApiFailure as failure:
+            if failure.status != 409:  # 409: a twin by name already runs (an earlier reconcile's): fine
+                logger.warning("self-test pod for node %s not created: %s", demand.node, failure)

@@ -202,6 +202,7 @@ class PodFacts:
     controlled: bool = True  # a controller recreates it when it is restarted (a bare pod is just gone)
     delivered: str | None = None  # the flag its serving processes were seen to run (delivery.py), None: not yet
     mismatch: str | None = None  # how what they run differs from what its preflight chose, None: it does not
+    unproved: bool = False  # at '0' until its own image is proved on the node (self-tests in serving images)
 
 
 JUDGE_STATE = ("sequential", "failStreak", "inconclusiveSince")  # the judge's working numbers, look to look
@@ -223,6 +224,7 @@ class PodSummary:
     starting: list[str] = field(default_factory=list)  # such pods not ready yet: restarted once they run
     replaced: int = 0  # old pods a controller recreates once they are restarted
     mismatched: list[str] = field(default_factory=list)  # pods whose processes run another flag than chosen
+    unproved: list[str] = field(default_factory=list)  # new pods at '0' until their image is proved here
 
 
 def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSummary:
@@ -241,7 +243,8 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
     old = sorted(p.name for p in pods if p.created < cutoff)
     new = [p for p in pods if p.created >= cutoff]
     stray = [p for p in new if not p.injected or (p.flag == "0" and p.transient)]
-    settled = [p for p in new if p not in stray]
+    unproved = sorted(p.name for p in new if p.flag == "0" and p.unproved and p not in stray)
+    settled = [p for p in new if p not in stray and p.name not in unproved]
     refused = [f"{p.name}: {p.preflight_reason or 'no reason given'}" for p in settled if p.flag == "0"]
     retry = sorted(p.name for p in stray if p.ready)
     starting = sorted(p.name for p in stray if not p.ready)
@@ -255,6 +258,7 @@ def summarize_pods(pods: Iterable[PodFacts], changed_at: float | None) -> PodSum
         starting,
         replaced,
         mismatched,
+        unproved,
     )
 
 
@@ -437,7 +441,18 @@ def advance(
                 move(
                     prev,
                     ENABLING,
-                    f"restarting {len(pods.retry)} serving pods not injected or refused by a stale agent view",
+                    f"restarting {len(pods.retry)} serving pods not injected, refused by a stale agent view, "
+                    "or whose image is proved by now",
+                    now,
+                )
+            )
+        if pods.unproved:  # their images' self-tests are on their way; they restart once proved
+            return Step(
+                move(
+                    prev,
+                    ENABLING,
+                    f"waiting for the self-tests of the images of {len(pods.unproved)} serving pods "
+                    f"(flag 0 until proved on this node): {', '.join(pods.unproved[:5])}",
                     now,
                 )
             )

@@ -26,7 +26,7 @@ from gluon_common import contract
 from gluon_common.backoff import backoff
 from gluon_common.kube import ApiFailure
 
-from . import gating, webhook
+from . import gating, proving, webhook
 from .admission import AdmissionServer
 from .apiserver import ApiServerFacts
 from .evaluation import analyse, analysis_due, deadline_seconds
@@ -34,6 +34,7 @@ from .executor import (
     Runtime,
     api_client_from_env,
     api_url_from_env,
+    carry_out_proving,
     execute,
     own_write_overdue,
     own_write_pending,
@@ -91,6 +92,18 @@ class Reconciles:
 
 
 @dataclass
+class Proving:
+    """Self-tests in the serving images (proving.py), when the chart turns them on: every rollout's last
+    demands (the pods of a fleet are planned over all of them at once, one wave bound), and one lock."""
+
+    settings: proving.PodSettings
+    limits: proving.Limits
+    # (namespace, name) of each rollout -> its demands; stale pods are deleted only once every rollout has said
+    demands: dict[tuple[str, str], list[proving.Demand]] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
 class OperatorState:
     """Everything one operator run keeps between handler calls, built once by the startup handler and kept
     in kopf's memo (memo.state): a fresh one per run, so nothing is reset by hand."""
@@ -100,6 +113,7 @@ class OperatorState:
     apiserver: ApiServerFacts  # whether the API server accepts fileKeyRef (checked now and then)
     analyses: Analyses = field(default_factory=Analyses)
     reconciles: Reconciles = field(default_factory=Reconciles)
+    proving: Proving | None = None
 
     @property
     def caches(self) -> Caches:
@@ -133,6 +147,7 @@ def retry_backoffs(rng: random.Random, window: float = API_RETRY_WINDOW_SECONDS)
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     injection = webhook.injection_from_env(os.environ)  # a bad setting stops the start, named
+    proving_settings = proving.settings_from_env(os.environ)  # likewise
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = int(env_float("GLUON_WATCH_TIMEOUT", 300))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
@@ -171,7 +186,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     caches = Caches(
         client.CoreV1Api(api), int(env_float("GLUON_WATCH_TIMEOUT", 300)), count, (rollouts, rollout_entry)
     ).start()
-    memo.state = OperatorState(Runtime(api, caches), injection, ApiServerFacts(api).start())
+    state = OperatorState(Runtime(api, caches), injection, ApiServerFacts(api).start())
+    if proving_settings is not None:
+        state.proving = Proving(*proving_settings)
+        caches.watch_selftests(proving_settings[0].namespace)
+    memo.state = state
 
 
 @kopf.on.cleanup()
@@ -333,14 +352,42 @@ async def reconcile_once(
             raise kopf.TemporaryError("waiting for the node and pod caches to fill", delay=API_RETRY_SECONDS)
         verdicts, summary = finished_analysis(state.analyses, uid, logger)
         world = replace(
-            caches.world(claims(rollout_index), pods), api=state.apiserver.facts, injection_mode=state.injection.mode
+            caches.world(claims(rollout_index), pods),
+            api=state.apiserver.facts,
+            injection_mode=state.injection.mode,
+            proving=state.proving is not None,
         )
         with METRICS.cpu("plan"):
             planned = plan(view, world, verdicts, summary, now)
         METRICS.reconciles.labels("planned").inc()
     after = await execute(runtime, planned, namespace, name, uid, status, body, logger)
+    if state.proving is not None and planned.spec is not None and not planned.dry_run:
+        rollouts = {(c.namespace, c.name) for c in claims(rollout_index)}
+        await prove(state.proving, runtime, (namespace, name), planned.proving, rollouts, logger)
     if planned.spec is not None and uid not in state.analyses.tasks and analysis_due(planned.spec, after, now):
         start_analysis(state.analyses, uid, namespace, name, planned.spec, planned.statuses, now, logger)
+
+
+async def prove(
+    proving_state: Proving,
+    runtime: Runtime,
+    rollout: tuple[str, str],
+    demands: list[proving.Demand],
+    rollouts: set[tuple[str, str]],
+    logger: logging.Logger,
+) -> None:
+    """One step of the self-tests in the serving images, over every rollout's demands: what finished is
+    recorded, the next wave starts. Not before the self-test pods' cache has listed (never a blind twin); a pod
+    no demand names is deleted only once every rollout of `rollouts` has said what it wants."""
+    proving_state.demands[rollout] = demands
+    async with proving_state.lock:
+        pods = runtime.caches.selftest_pods()
+        if pods is None:
+            return
+        wanted = [d for each in proving_state.demands.values() for d in each]
+        prune = rollouts <= set(proving_state.demands)
+        planned = proving.plan(wanted, pods, runtime.caches.node_proofs(), time.time(), proving_state.limits, prune)
+        await carry_out_proving(runtime, planned, proving_state.settings, logger)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -367,6 +414,8 @@ async def clean_nodes(
     state: OperatorState, uid: str, namespace: str, name: str, status: Mapping[str, Any], logger: logging.Logger
 ) -> None:
     state.runtime.status_writes.pop(uid, None)
+    if state.proving is not None:
+        state.proving.demands.pop((namespace, name), None)  # no longer tested for it (its pods: next step)
     task = state.analyses.tasks.pop(uid, None)
     if task is not None:
         task.cancel()

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 from gluon_common import contract
 from gluon_common.delivery import DeliveryReport
 
-from . import delivery, disruption, gating
+from . import delivery, disruption, gating, proving
 from .gating import (
     DISABLED,
     ELIGIBLE,
@@ -138,7 +138,8 @@ class NodeWrite:
 class Restart:
     """Restart these pods of one node, in order, stopping at the first a disruption budget blocks.
     why: "old" (they predate the node's persisted change) or "stray" (new, but not on the flag the node
-    has: admitted without the webhook, or refused by a stale agent view; the executor rate-limits these)."""
+    has: admitted without the webhook, refused by a stale agent view, or at 0 until its image was proved, which it
+    is by now; the executor rate-limits these)."""
 
     namespace: str
     node: str
@@ -184,6 +185,7 @@ class Plan:
     agent_loss: disruption.AgentLoss | None = None  # its flag-on nodes whose agents are gone
     restart_turns: set[str] | None = None  # nodes whose old pods may be restarted now (None: every node)
     delivery_counts: dict[str, int] = field(default_factory=dict)  # its serving pods by delivery state
+    proving: list[proving.Demand] = field(default_factory=list)  # (node, image, configuration) to be proved
     # rollout annotations to remove once the status is written, each only while it still has this value:
     # an approve annotation an abort revoked (else it would grant its gate again after the abort is lifted)
     spent_annotations: dict[str, str] = field(default_factory=dict)
@@ -271,6 +273,8 @@ def plan(
         for name in owned
     }
     out.no_safe_rollback = sorted(n for n, w in work.items() if w.no_safe_rollback)
+    if world.proving:
+        out.proving = proving_demands(rollout, spec, world, owned, serving)
 
     aborted = abort_record(rollout, spec, work)
     if aborted:
@@ -426,6 +430,41 @@ def rollout_pods(rollout: RolloutView, spec: GluonRolloutSpec, world: World, nod
     return [p for p in world.pods.get((rollout.namespace, node), ()) if selector_matches(selector, p.labels)]
 
 
+def proving_demands(
+    rollout: RolloutView, spec: GluonRolloutSpec, world: World, owned: list[str], serving: Resolution
+) -> list[proving.Demand]:
+    """The images this rollout's serving pods run, to be proved with its serving configuration on each of its
+    nodes that can run a self-test now: a live agent, ready, schedulable, not skipped by a person."""
+    if serving.config is None:
+        return []  # nothing to prove until the configuration is resolved
+    selector = spec.podSelector.model_dump()
+    served = [
+        proving.ServedImage(pod.node, pod.image_digest, pod.image_pinned, pod.created)
+        for (namespace, _), pods in world.pods.items()
+        if namespace == rollout.namespace
+        for pod in pods
+        if pod.image_digest and selector_matches(selector, pod.labels)
+    ]
+    nodes = [
+        name
+        for name in owned
+        if world.agents.get(name)
+        and world.nodes[name].ready is not False
+        and not world.nodes[name].unschedulable
+        and world.nodes[name].labels.get(contract.LABEL_SKIP) != "true"
+    ]
+    requests = {name: world.nodes[name].annotations.get(contract.ANNOTATION_SELFTEST_REQUEST) for name in nodes}
+    return proving.demands(nodes, served, serving.config.digest, dumps(serving.config.as_dict()), requests)
+
+
+def proved_images(view: NodeView, serving: Resolution | None) -> set[str]:
+    """The image digests this node holds a passing proof of, for the rollout's serving configuration."""
+    if serving is None or serving.config is None:
+        return set()
+    proofs, _ = proving.read_proofs(view.annotations.get(contract.ANNOTATION_PROOFS))
+    return {p.digest for p in proofs.proofs if p.serving == serving.config.digest and p.result == "pass"}
+
+
 def delivery_report(view: NodeView) -> DeliveryReport | None:
     """The node's delivery observation (its agent's annotation); None when absent or unreadable."""
     report, _ = read_json(DeliveryReport, view.annotations.get(contract.ANNOTATION_DELIVERY), "the delivery annotation")
@@ -527,7 +566,8 @@ def node_work(
     found = found if found is not None else delivery.node_delivery(pods, delivery_report(view))
     mode = mode or delivery.resolve_mode(world.injection_mode, world.api, {view.name: view.kubelet_version}, {})
     el = delivery_eligibility(el, view, prior, found, mode)
-    facts = [p.facts(found.delivered(p.name), found.mismatch(p.name)) for p in pods]
+    proved = proved_images(view, serving)
+    facts = [p.facts(found.delivered(p.name), found.mismatch(p.name), p.image_digest in proved) for p in pods]
     summary = gating.summarize_pods(facts, prior.changed_at)
     step = gating.advance(prior, el, summary, verdict, now, cleared, None if cleared else rollback)
     status = step.status

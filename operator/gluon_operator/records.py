@@ -155,6 +155,10 @@ class NodeRecord(Lenient):
 class AgentAnswer(Lenient):
     current: StrictBool | None = None
     enabled: StrictBool | None = None
+    # False: the node is enabled but holds no passing proof of this pod's own image (selfTest.inServingImage):
+    # the pod waits at 0 for its image's self-test, and is restarted once the proof is there, never rolled back
+    proved: StrictBool | None = None
+    image: StrictStr | None = None  # the digest the agent found this pod's image resolved to
 
 
 class PreflightVerdict(Lenient):

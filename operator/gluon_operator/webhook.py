@@ -29,7 +29,7 @@ from .spec import selector_matches
 VOLUME = "gluon-flag"
 MOUNT = contract.FLAG_MOUNT
 INSTALL_CONTAINER = "gluon-install"
-PREFLIGHT_CONTAINER = "gluon-preflight"
+PREFLIGHT_CONTAINER = contract.PREFLIGHT_CONTAINER
 FLAG_FILE = contract.FLAG_FILE
 TERMINATION_LOG = "/dev/termination-log"
 SMALL = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}
@@ -43,6 +43,9 @@ PREFLIGHT_OWN_ENV = (
     contract.FLAG_ENV,
     contract.ENV_FILEKEYREF_CHECK,
     contract.ENV_FLAG_CONTAINER,
+    contract.ENV_PREFLIGHT_POD_NAMESPACE,
+    contract.ENV_PREFLIGHT_POD_NAME,
+    contract.ENV_PREFLIGHT_POD_UID,
 )
 AUTO, FILEKEYREF, SHELL = contract.INJECTION_MODES
 HOLD_EXIT = 3  # the preflight's exit status when it holds its pod (the kubelet ignores fileKeyRef)
@@ -334,7 +337,14 @@ def preflight_environment(serving: Mapping[str, Any]) -> dict[str, Any]:
         {k: v for k, v in m.items() if k != "mountPropagation"} | {"readOnly": True} for m in serving["volumeMounts"]
     ]
     out: dict[str, Any] = {
-        "env": env + [downward("HOST_IP", "status.hostIP"), downward("NODE_NAME", "spec.nodeName")],
+        "env": env
+        + [
+            downward("HOST_IP", "status.hostIP"),
+            downward("NODE_NAME", "spec.nodeName"),
+            downward(contract.ENV_PREFLIGHT_POD_NAMESPACE, "metadata.namespace"),
+            downward(contract.ENV_PREFLIGHT_POD_NAME, "metadata.name"),
+            downward(contract.ENV_PREFLIGHT_POD_UID, "metadata.uid"),
+        ],
         "volumeMounts": mounts + [{"name": VOLUME, "mountPath": MOUNT}],
     }
     if serving["envFrom"]:

@@ -17,10 +17,11 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
-from gluon_common import contract
+from gluon_common import contract, image_ref
 from gluon_common.kube import ApiFailure
+from gluon_common.report import NodeProofs
 
-from . import webhook
+from . import proving, webhook
 from .informer import Informer
 from .records import PreflightVerdict, read_json
 from .serving import PodServing, container_serving
@@ -80,6 +81,11 @@ def agent_entry(obj: Mapping[str, Any]) -> dict[str, bool] | None:
         and bool(condition_true(status, "Ready"))
         and not meta.get("deletionTimestamp")
     }
+
+
+def selftest_entry(obj: Mapping[str, Any]) -> dict[str, proving.ProvingPod] | None:
+    view = proving.proving_pod_view(obj, unix((obj.get("metadata") or {}).get("creationTimestamp")))
+    return {view.name: view} if view is not None else None
 
 
 def preflight_verdict(status: Mapping[str, Any]) -> tuple[PreflightVerdict | None, str | None]:
@@ -158,15 +164,48 @@ def pod_view(obj: Mapping[str, Any]) -> PodView | None:
         *wiring(spec),
         verdict.reason if verdict is not None and verdict.held else None,
         serving_has_command(obj),
+        *serving_image(obj),
+        verdict is not None and verdict.flag == "0" and agent is not None and agent.proved is False,
     )
+
+
+def serving_image(obj: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(digest, pinned reference) of the image the serving container runs, as its node's runtime resolved it;
+    (None, None) before it has started, or for a shape the webhook could not read."""
+    container, status = picked_container(obj), obj.get("status") or {}
+    if not container or container is UNREADABLE:
+        return None, None
+    seen = next(
+        (
+            c
+            for c in status.get("containerStatuses") or []
+            if isinstance(c, Mapping) and c.get("name") == container["name"]
+        ),
+        None,
+    )
+    if seen is None:
+        return None, None
+    identity = image_ref.identify(str(container.get("image") or ""), seen.get("image"), seen.get("imageID"))
+    return identity.digest, identity.pinned
+
+
+UNREADABLE: Any = object()  # a pod shape nobody can inject
+
+
+def picked_container(obj: Mapping[str, Any]) -> Any:
+    """The serving container as the webhook picks it, None without containers, UNREADABLE for a shape the
+    webhook could not read either."""
+    containers = (obj.get("spec") or {}).get("containers")
+    try:
+        return webhook.serving_container(containers, webhook.annotations_of(obj)) if containers else None
+    except (webhook.NotInjectable, TypeError, KeyError, AttributeError):
+        return UNREADABLE
 
 
 def serving_has_command(obj: Mapping[str, Any]) -> bool:
     """Whether the serving container (as the webhook picks it) has a command shell delivery can wrap."""
-    containers = (obj.get("spec") or {}).get("containers")
-    try:
-        container = webhook.serving_container(containers, webhook.annotations_of(obj)) if containers else None
-    except (webhook.NotInjectable, TypeError, KeyError, AttributeError):
+    container = picked_container(obj)
+    if container is UNREADABLE:
         return True  # a shape nobody can inject: not a delivery matter
     return bool(container and container.get("command"))
 
@@ -233,6 +272,7 @@ class Caches:
         self.pods: dict[PodsKey, Informer] = {}
         self.written: dict[str, tuple[float, dict[str, Any], dict[str, Any]]] = {}
         self.agent_lost_since: dict[str, float] = {}  # node -> when (unix) its agent was first seen gone
+        self.selftests: Informer | None = None  # the self-test pods in the operator's namespace (proving.py)
 
     def start(self) -> Caches:
         self.nodes = Informer(
@@ -257,6 +297,35 @@ class Caches:
             ).start()
         return self
 
+    def watch_selftests(self, namespace: str) -> None:
+        """Start the cache of self-test pods: the operator's own namespace, by their label."""
+        if self.selftests is not None:
+            return
+        self.selftests = Informer(
+            f"self-test pods {namespace}",
+            functools.partial(self.core.list_namespaced_pod, namespace),
+            {"selftests": selftest_entry},
+            label_selector=f"{contract.LABEL_SELFTEST_POD}=true",
+            watch_timeout=self.timeout,
+            on_error=self.on_error,
+        ).start()
+
+    def selftest_pods(self) -> list[proving.ProvingPod] | None:
+        """Every self-test pod, once their cache has listed; None before (nothing is planned blind)."""
+        if self.selftests is None or not self.selftests.synced.is_set():
+            return None
+        index = self.selftests.snapshot("selftests")
+        return [pod for name in index for pod in index.get(name) or []]
+
+    def node_proofs(self, world: World | None = None) -> dict[str, NodeProofs]:
+        """Every node's proofs annotation, read (an unreadable one as none: it is rewritten whole)."""
+        nodes = (world or self.world([])).nodes
+        return {
+            name: proving.read_proofs(view.annotations.get(contract.ANNOTATION_PROOFS))[0]
+            for name, view in nodes.items()
+            if contract.ANNOTATION_PROOFS in view.annotations
+        }
+
     def live_rollouts(self) -> Any | None:
         """Every rollout by namespace (an Index) once the rollout informer has listed; None before."""
         if self.rollouts is None or not self.rollouts.synced.is_set():
@@ -264,7 +333,7 @@ class Caches:
         return self.rollouts.snapshot("rollouts")
 
     def close(self) -> None:
-        for informer in (self.nodes, self.agents, self.rollouts, *self.pods.values()):
+        for informer in (self.nodes, self.agents, self.rollouts, self.selftests, *self.pods.values()):
             if informer is not None:
                 informer.close()
 

@@ -57,6 +57,9 @@ class PodView:
     delivery_mode: str | None = None  # how they get it: fileKeyRef | shell (None: no flag file wired)
     held: str | None = None  # why its preflight holds it (its kubelet ignores fileKeyRef), None when it does not
     has_command: bool = True  # its serving container has a command (shell delivery can wrap it)
+    image_digest: str | None = None  # the serving container's image as its runtime resolved it (image_ref)
+    image_pinned: str | None = None  # a reference that runs exactly that image, None: none (or not started)
+    awaiting_proof: bool = False  # its preflight got '0' only because its image was not proved on the node yet
 
     @property
     def running_flag(self) -> str | None:
@@ -69,8 +72,11 @@ class PodView:
             return "0"
         return None
 
-    def facts(self, delivered: str | None = None, mismatch: str | None = None) -> gating.PodFacts:
-        """Its facts for the gating, with the flag its processes were seen to run (delivery.py)."""
+    def facts(
+        self, delivered: str | None = None, mismatch: str | None = None, proved_now: bool = False
+    ) -> gating.PodFacts:
+        """Its facts for the gating, with the flag its processes were seen to run (delivery.py). `proved_now`: its
+        node holds a passing proof of its image by now (a pod that waited for it restarts to get 1)."""
         return gating.PodFacts(
             self.name,
             self.created,
@@ -79,10 +85,11 @@ class PodView:
             self.ready,
             self.deleting,
             self.injected,
-            self.transient,
+            self.transient or (self.awaiting_proof and proved_now),
             self.controlled,
             delivered,
             mismatch,
+            self.awaiting_proof and not proved_now,
         )
 
 
@@ -119,3 +126,4 @@ class World:
     # node -> since when (unix seconds) its agent has not been running and ready, as the caches saw it
     agents_lost_since: Mapping[str, float] = field(default_factory=dict)
     injection_mode: str = "auto"  # the chart's operator.injectionMode (contract.INJECTION_MODES)
+    proving: bool = False  # self-tests run in the serving images (the chart's selfTest.inServingImage)

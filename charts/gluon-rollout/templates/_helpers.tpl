@@ -184,3 +184,41 @@ capabilities:
 {{- end -}}
 {{- if $terms -}}{{- join " && " $terms -}}{{- else -}}true{{- end -}}
 {{- end -}}
+
+{{- /* The self-test pods' settings (operator env GLUON_SELFTEST_POD, read by gluon_operator.proving): the
+       agent's GPU access, groups and tolerations, below serving in priority, no API token. The operator fills
+       in the node, the serving image by digest and the commands. */ -}}
+{{- define "gluon.selftestPod" -}}
+{{- $v := .Values -}}
+{{- $hostDevices := eq $v.agent.gpuAccess "hostDevices" -}}
+{{- $security := dict "runAsNonRoot" true "runAsUser" 65532 "runAsGroup" 65532 "fsGroup" 65532 "seccompProfile" $v.agent.seccompProfile -}}
+{{- with $v.agent.supplementalGroups }}{{ $_ := set $security "supplementalGroups" . }}{{ end -}}
+{{- $volumes := list (dict "name" "tmp" "emptyDir" (dict "sizeLimit" "8Gi")) -}}
+{{- $mounts := list (dict "name" "tmp" "mountPath" "/tmp") -}}
+{{- if $hostDevices -}}
+{{- $volumes = append $volumes (dict "name" "kfd" "hostPath" (dict "path" "/dev/kfd" "type" "CharDevice")) -}}
+{{- $volumes = append $volumes (dict "name" "dri" "hostPath" (dict "path" "/dev/dri" "type" "Directory")) -}}
+{{- $mounts = append $mounts (dict "name" "kfd" "mountPath" "/dev/kfd") -}}
+{{- $mounts = append $mounts (dict "name" "dri" "mountPath" "/dev/dri") -}}
+{{- end -}}
+{{- $pod := dict "serviceAccountName" (printf "%s-selftest" (include "gluon.fullname" .)) "automountServiceAccountToken" false "enableServiceLinks" false "priorityClassName" (default (printf "%s-selftest" (include "gluon.fullname" .)) $v.selfTest.priorityClassName) "securityContext" $security "volumes" $volumes -}}
+{{- with $v.agent.tolerations }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
+{{- with $v.imagePullSecrets }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
+{{- $resources := deepCopy $v.selfTest.resources -}}
+{{- if not $hostDevices -}}
+{{- $_ := set $resources "limits" (merge (dict "amd.com/gpu" $v.agent.gpuResourceCount) (default dict $resources.limits)) -}}
+{{- end -}}
+{{- $containerSecurity := include "gluon.containerSecurity" . | fromYaml -}}
+{{- if and $hostDevices $v.agent.privileged -}}
+{{- $containerSecurity = dict "privileged" true "readOnlyRootFilesystem" true -}}
+{{- end -}}
+{{- $env := list (dict "name" "HOME" "value" "/tmp") (dict "name" "TRITON_CACHE_DIR" "value" "/tmp/triton") -}}
+{{- $container := dict "resources" $resources "securityContext" $containerSecurity "volumeMounts" $mounts "env" $env -}}
+{{- $settings := dict "namespace" .Release.Namespace "agentImage" (include "gluon.image" (dict "root" . "name" "agent")) "pullPolicy" $v.agent.image.pullPolicy "pod" $pod "container" $container -}}
+{{- range $key := list "maxParallel" "deadlineSeconds" "scheduleSeconds" "startSeconds" "retrySeconds" "periodSeconds" -}}
+{{- $_ := set $settings $key (index $v.selfTest $key) -}}
+{{- end -}}
+{{- $_ := set $settings "runSeconds" (add $v.selfTest.deadlineSeconds 300) -}}
+{{- $_ := set $settings "extraArgs" $v.selfTest.extraArgs -}}
+{{- toJson $settings -}}
+{{- end -}}

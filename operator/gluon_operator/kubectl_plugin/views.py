@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from gluon_common import contract
 from gluon_common.sglang_routes import ServingConfig
 
-from .. import delivery, gating, plan, records, serving, spec, world
+from .. import delivery, gating, plan, proving, records, serving, spec, world
 
 NONE = "-"
 FLAG_ORDER = ("1", "0", "?")
@@ -448,6 +448,7 @@ def explain(
         }
         if report
         else None,
+        "proofs": proofs_view(node, pods_on(name, serving_pods(rollout, pods))),
         "analysis": dict((record or {}).get("numbers") or {}),
         "rollback": rollback.model_dump() if rollback else None,
         "rollbackProblem": rollback_problem,
@@ -460,6 +461,18 @@ def explain(
             }
             for p in pods_on(name, serving_pods(rollout, pods))
         ],
+    }
+
+
+def proofs_view(node: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What self-tests in the serving images proved on this node (contract.ANNOTATION_PROOFS), newest first,
+    and which of them the node's serving pods run."""
+    held, problem = proving.read_proofs(annotations(node).get(contract.ANNOTATION_PROOFS))
+    running = {digest for digest in (world.serving_image(p)[0] for p in pods) if digest}
+    return {
+        "problem": problem,
+        "running": sorted(running),
+        "proofs": [p.model_dump(exclude_none=True) | {"served": p.digest in running} for p in held.proofs],
     }
 
 
@@ -637,6 +650,8 @@ def render_explain(record: Mapping[str, Any]) -> str:
         first, *rest = selftest_words(selftest)
         line("self-test", first)
         out.extend(f"{'':13} {text}" for text in rest)
+    for text in proof_lines(record.get("proofs") or {}):
+        line("proved", text)
     rollback = record.get("rollback")
     line("rollback", rollback.get("reason") if rollback else record.get("rollbackProblem") or "none recorded")
     if rollback:
@@ -662,6 +677,19 @@ def render_explain(record: Mapping[str, Any]) -> str:
     )
     out.append("  (every number: kubectl gluon explain NODE -o json)")
     return "\n".join(out) + "\n"
+
+
+def proof_lines(proofs: Mapping[str, Any]) -> list[str]:
+    """One line per image a self-test pod proved on the node: which, for what configuration, and the verdict."""
+    lines = [f"unreadable: {proofs['problem']}"] if proofs.get("problem") else []
+    for p in proofs.get("proofs") or []:
+        lines.append(
+            f"{p['digest'][:19]} config {p['serving']}: {p['result']} ({p.get('reason') or 'no reason'})"
+            + (", served here" if p.get("served") else "")
+        )
+    unproved = sorted(set(proofs.get("running") or []) - {p["digest"] for p in proofs.get("proofs") or []})
+    lines += [f"{digest[:19]}: served here, not proved yet" for digest in unproved]
+    return lines
 
 
 def indent(text: str, by: str = "    ") -> str:
