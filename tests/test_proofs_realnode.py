@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import time
+import urllib.request
 from typing import Any, Iterator
 
 import pytest
@@ -95,16 +97,19 @@ def cluster(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def operator_with(installed: Any, extra: dict[str, Any] | None = None) -> Iterator[None]:
-    """The operator, its self-test pods set as the chart renders them (with `extra` values), for one test."""
+def operator_with(installed: Any, extra: dict[str, Any] | None = None) -> Iterator[int]:
+    """The operator, its self-test pods set as the chart renders them (with `extra` values), for one test;
+    yields its metrics port."""
+    port = free_port()
     operator = start_operator(
         installed,
         agent_image=AGENT_IMAGE,
+        metrics_port=port,
         GLUON_NAMESPACE=installed.namespace,
         **{proving.SETTINGS_ENV: operator_settings(extra)},
     )
     try:
-        yield
+        yield port
     finally:
         print(operator.tail(60))
         operator.stop()
@@ -182,10 +187,14 @@ def test_the_flag_follows_the_proof_of_the_image_each_pod_runs(cluster):
     api = cp.admin_client()
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
     namespace = "proofs"
-    with operator_with(installed):
+    with operator_with(installed) as port:
         start_rollout(core, custom, namespace)
         apps.create_namespaced_deployment(namespace, serving_deployment(SERVING_IMAGE))
         upgrade_and_check(api, core, apps, custom, installed, namespace)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        passed = re.search(rf'^{contract.M_ROLLOUT_PROOFS}_total{{result="pass"}} ([0-9.]+)$', metrics, re.M)
+        assert passed and float(passed.group(1)) >= 2, metrics[:2000]
+        assert re.search(rf'^{contract.M_ROLLOUT_SELFTEST_PODS}{{state="waiting"}} 0.0$', metrics, re.M)
         finish(core, custom, namespace)
 
 

@@ -211,6 +211,10 @@ M_ROLLOUT_DELIVERY_MODE: Final = ROLLOUT_METRIC_PREFIX + "injection_mode"
 # control plane's or network's trouble, disruption.py).
 M_ROLLOUT_LOST_AGENTS: Final = ROLLOUT_METRIC_PREFIX + "lost_agents"
 M_ROLLOUT_DISABLING_PAUSED: Final = ROLLOUT_METRIC_PREFIX + "disabling_paused"
+# Self-tests in the serving images (selfTest.inServingImage): pods by state (running: created, no verdict read
+# yet; waiting: proofs due, left for a later wave), and proofs recorded on nodes by result (a counter).
+M_ROLLOUT_SELFTEST_PODS: Final = ROLLOUT_METRIC_PREFIX + "selftest_pods"
+M_ROLLOUT_PROOFS: Final = ROLLOUT_METRIC_PREFIX + "image_proofs"
 
 # ---------------------------------------------------------------- operator environment
 # Bearer token and CA file for Prometheus (the chart sets them from operator.prometheusAuth).

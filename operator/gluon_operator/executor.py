@@ -381,6 +381,7 @@ async def carry_out_proving(
             continue
         runtime.caches.wrote(node, {}, {contract.ANNOTATION_PROOFS: value})
         for proof in new:
+            METRICS.proofs.labels(proof.result).inc()
             logger.info(
                 "node %s: image %s serving %s: %s (%s)", node, proof.digest, proof.serving, proof.result, proof.reason
             )

@@ -387,6 +387,8 @@ async def prove(
         wanted = [d for each in proving_state.demands.values() for d in each]
         prune = rollouts <= set(proving_state.demands)
         planned = proving.plan(wanted, pods, runtime.caches.node_proofs(), time.time(), proving_state.limits, prune)
+        METRICS.selftest_pods.labels("running").set(len(pods) - len(planned.delete) + len(planned.create))
+        METRICS.selftest_pods.labels("waiting").set(planned.waiting)
         await carry_out_proving(runtime, planned, proving_state.settings, logger)
 
 

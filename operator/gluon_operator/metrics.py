@@ -90,6 +90,19 @@ class OperatorMetrics:
             ["namespace", "rollout"],
             registry=r,
         )
+        self.selftest_pods = Gauge(
+            contract.M_ROLLOUT_SELFTEST_PODS,
+            "Self-test pods in the serving images: running (no verdict read yet) and waiting (due, left for a "
+            "later wave)",
+            ["state"],
+            registry=r,
+        )
+        self.proofs = Counter(
+            contract.M_ROLLOUT_PROOFS,
+            "Proofs recorded on nodes from self-test pods in the serving images, by result (pass, fail, error)",
+            ["result"],
+            registry=r,
+        )
         self.disabling_paused = Gauge(
             contract.M_ROLLOUT_DISABLING_PAUSED,
             "1 while so many flag-on nodes lost their agents at once that none is disabled for it",
