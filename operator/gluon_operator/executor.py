@@ -364,12 +364,15 @@ async def execute(
 
 
 async def carry_out_proving(
-    runtime: Runtime, planned: proving.ProvingPlan, settings: proving.PodSettings, logger: logging.Logger
+    runtime: Runtime,
+    planned: proving.ProvingPlan,
+    proofs: Mapping[str, proving.NodeProofs],
+    settings: proving.PodSettings,
+    logger: logging.Logger,
 ) -> None:
-    """Record what finished on its node (before deleting the pod that said it: a crash between the two reads
-    the pod again, never loses it), delete what was read or is stale, then start the next wave. Each step
-    fails alone and is retried by the next reconcile."""
-    proofs = runtime.caches.node_proofs()
+    """Record what finished on its node (merged into `proofs`, the nodes' proofs the plan was made from; before
+    deleting the pod that said it: a crash between the two reads the pod again, never loses it), delete what was
+    read or is stale, then start the next wave. Each step fails alone and is retried by the next reconcile."""
     for node, new in planned.record.items():
         merged_proofs = proving.merged(proofs.get(node, proving.NodeProofs()), new)
         value = merged_proofs.model_dump_json(exclude_none=True)

@@ -386,10 +386,11 @@ async def prove(
             return
         wanted = [d for each in proving_state.demands.values() for d in each]
         prune = rollouts <= set(proving_state.demands)
-        planned = proving.plan(wanted, pods, runtime.caches.node_proofs(), time.time(), proving_state.limits, prune)
+        proofs = runtime.caches.node_proofs()
+        planned = proving.plan(wanted, pods, proofs, time.time(), proving_state.limits, prune)
         METRICS.selftest_pods.labels("running").set(len(pods) - len(planned.delete) + len(planned.create))
         METRICS.selftest_pods.labels("waiting").set(planned.waiting)
-        await carry_out_proving(runtime, planned, proving_state.settings, logger)
+        await carry_out_proving(runtime, planned, proofs, proving_state.settings, logger)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -317,9 +317,10 @@ class Caches:
         index = self.selftests.snapshot("selftests")
         return [pod for name in index for pod in index.get(name) or []]
 
-    def node_proofs(self, world: World | None = None) -> dict[str, NodeProofs]:
-        """Every node's proofs annotation, read (an unreadable one as none: it is rewritten whole)."""
-        nodes = (world or self.world([])).nodes
+    def node_proofs(self) -> dict[str, NodeProofs]:
+        """Every node's proofs annotation, our own writes not yet shown included, read (an unreadable one as
+        none: it is rewritten whole)."""
+        nodes = self.current_nodes()
         return {
             name: proving.read_proofs(view.annotations.get(contract.ANNOTATION_PROOFS))[0]
             for name, view in nodes.items()
@@ -376,10 +377,10 @@ class Caches:
     def wrote(self, node: str, labels: Mapping[str, Any], annotations: Mapping[str, Any]) -> None:
         self.written[node] = (time.monotonic(), dict(labels), dict(annotations))
 
-    def world(self, claims: list[Claim], pods: PodsKey | None = None) -> World:
-        """What the caches see, with our own node writes not yet shown; the serving pods of `pods` only."""
-        assert self.nodes is not None and self.agents is not None
-        nodes_index, agents_index = self.nodes.snapshot("nodes"), self.agents.snapshot("agents")
+    def current_nodes(self) -> dict[str, NodeView]:
+        """Every node as the cache sees it, with our own writes the watch has not shown yet laid over it."""
+        assert self.nodes is not None
+        nodes_index = self.nodes.snapshot("nodes")
         nodes = {name: (nodes_index.get(name) or [None])[0] for name in nodes_index}
         for name, (at, labels, own_annotations) in list(self.written.items()):
             view = nodes.get(name)
@@ -394,6 +395,12 @@ class Caches:
             nodes[name] = replace(
                 view, labels=merged(view.labels, labels), annotations=merged(view.annotations, own_annotations)
             )
+        return {n: v for n, v in nodes.items() if v is not None}
+
+    def world(self, claims: list[Claim], pods: PodsKey | None = None) -> World:
+        """What the caches see, with our own node writes not yet shown; the serving pods of `pods` only."""
+        assert self.agents is not None
+        nodes, agents_index = self.current_nodes(), self.agents.snapshot("agents")
         agents = {node: any(agents_index.get(node) or []) for node in agents_index}
         lost = self.lost_since(nodes, agents)
         serving: dict[tuple[str, str], list[PodView]] = {}
@@ -401,7 +408,7 @@ class Caches:
         if informer is not None and pods is not None:
             index = informer.snapshot("serving")
             serving = {(pods[0], node): list(index.get(node) or []) for node in index}
-        return World({n: v for n, v in nodes.items() if v is not None}, agents, serving, claims, agents_lost_since=lost)
+        return World(nodes, agents, serving, claims, agents_lost_since=lost)
 
     def lost_since(self, nodes: Iterable[str], agents: Mapping[str, bool]) -> dict[str, float]:
         """Since when each node's agent has been gone, continuously, as these caches saw it (a restarted
